@@ -1,0 +1,113 @@
+"""Timing on the GPU, done one way for the CLI and the asv suite alike.
+
+Kernels are asynchronous, so each repetition is bracketed by CUDA events and the median of
+the per-repetition times is reported, after a warm-up that also absorbs the compile.
+Competitors (torch SDPA's cuDNN and flash backends) run in the same process on the same
+inputs, in their own [batch, nheads, seqlen, headdim] layout prepared before timing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fa_kernel.interface import flash_attn_func
+from fa_kernel.reference import attention_flops
+
+
+def cuda_median_ms(fn: Callable[[], object], warmup: int = 10, repeats: int = 50) -> float:
+    """Median milliseconds of `fn` over `repeats` event-timed calls, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for start, end in zip(starts, ends, strict=True):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    nheads: int
+    seqlen_q: int
+    head_dim: int
+    causal: bool
+    dtype: torch.dtype = torch.float16
+    nheads_kv: int | None = None  # None: as nheads (MHA)
+    seqlen_k: int | None = None  # None: as seqlen_q
+
+    @property
+    def heads_kv(self) -> int:
+        return self.nheads_kv or self.nheads
+
+    @property
+    def keys(self) -> int:
+        return self.seqlen_k or self.seqlen_q
+
+    @property
+    def flops(self) -> float:
+        return attention_flops(self.batch, self.nheads, self.seqlen_q, self.keys, self.head_dim, self.causal)
+
+    def label(self) -> str:
+        heads = f"{self.nheads}" if self.heads_kv == self.nheads else f"{self.nheads}/{self.heads_kv}"
+        lens = f"{self.seqlen_q}" if self.keys == self.seqlen_q else f"{self.seqlen_q}x{self.keys}"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{self.batch}x{heads}x{lens}x{self.head_dim} {dtype}{' causal' if self.causal else ''}"
+
+    def inputs(self, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(self.batch, self.seqlen_q, self.nheads, self.head_dim, generator=gen, device="cuda")
+        kv_shape = (self.batch, self.keys, self.heads_kv, self.head_dim)
+        k = torch.randn(kv_shape, generator=gen, device="cuda")
+        v = torch.randn(kv_shape, generator=gen, device="cuda")
+        return q.to(self.dtype), k.to(self.dtype), v.to(self.dtype)
+
+
+def sdpa_backends() -> dict[str, object]:
+    from torch.nn.attention import SDPBackend
+
+    return {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+
+
+def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
+    """A zero-argument callable per implementation, inputs prepared once.
+
+    torch SDPA gets [B, H, S, D] contiguous tensors (its native layout), GQA through
+    enable_gqa, and bottom-right causal only where seqlen_q == seqlen_k (its is_causal is
+    top-left aligned otherwise, a different function, so it is left out there).
+    """
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    q, k, v = shape.inputs(seed)
+    result: dict[str, Callable[[], object]] = {"fa_kernel": lambda: flash_attn_func(q, k, v, causal=shape.causal)}
+    if shape.causal and shape.keys != shape.seqlen_q:
+        return result
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    gqa = shape.heads_kv != shape.nheads
+    for name, backend in sdpa_backends().items():
+
+        def call(backend=backend):
+            with sdpa_kernel(backend):
+                return scaled_dot_product_attention(qt, kt, vt, is_causal=shape.causal, enable_gqa=gqa)
+
+        try:
+            call()
+        except RuntimeError:  # this backend does not take this shape (dtype, head_dim, GQA)
+            continue
+        result[name] = call
+    return result
+
+
+def measure(shape: Shape, warmup: int = 10, repeats: int = 50) -> dict[str, float]:
+    """TFLOP/s of each implementation on this shape, measured in this process."""
+    return {
+        name: shape.flops / (cuda_median_ms(fn, warmup, repeats) * 1e-3) / 1e12 for name, fn in runners(shape).items()
+    }

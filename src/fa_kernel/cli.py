@@ -1,0 +1,300 @@
+"""`fa-kernel` (also `python -m fa_kernel`): verify, bench, tune, info.
+
+Exit codes: 0 success; 1 a verification failed; 2 the command needs a CUDA GPU and there is
+none; 3 `verify` without a GPU compiled the kernels for sm_90a but ran nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import platform
+import shutil
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from fa_kernel import __version__
+from fa_kernel.bench import Shape, cuda_median_ms, measure
+from fa_kernel.configs import TUNED, TileConfig, arch_of, select_config
+from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
+from fa_kernel.kernel import LOG2E, compiled_forward
+from fa_kernel.reference import attention_ref, error_report, lse_bound, output_bound
+
+EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
+
+# (batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim): odd lengths, GQA/MQA, seqlen_q != seqlen_k.
+VERIFY_SHAPES = [
+    (1, 4, 4, 1, 1, 64),
+    (2, 4, 4, 127, 127, 64),
+    (2, 4, 4, 129, 129, 128),
+    (1, 8, 8, 1000, 1000, 128),
+    (1, 2, 2, 4097, 4097, 128),
+    (2, 4, 4, 257, 257, 256),
+    (2, 8, 2, 113, 203, 128),
+    (2, 8, 1, 799, 3, 64),
+    (1, 8, 4, 1, 239, 128),
+    (1, 32, 8, 1023, 1024, 128),
+    (1, 16, 2, 1024, 3000, 64),
+]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+BENCH_SHAPES = (
+    [Shape(8, 32, 4096, 128, causal) for causal in (False, True)]
+    + [Shape(2, 16, 16384, 128, causal) for causal in (False, True)]
+    + [Shape(8, 32, 4096, 64, causal) for causal in (False, True)]
+    + [
+        Shape(8, 32, 4096, 128, False, nheads_kv=8),  # GQA 4:1
+        Shape(8, 32, 2048, 128, False, seqlen_k=8192),  # prefill against a 4x longer cache
+    ]
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fa-kernel", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fa_kernel {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    verify = commands.add_parser("verify", help="check the kernel against the fp32 reference on a sweep of shapes")
+    verify.add_argument("--markdown", action="store_true", help="print a markdown table (for CI summaries)")
+    verify.set_defaults(run=cmd_verify)
+
+    bench = commands.add_parser("bench", help="TFLOP/s beside torch SDPA's cuDNN and flash backends")
+    bench.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16"])
+    bench.add_argument("--repeats", type=int, default=50, help="timed calls per case (median reported)")
+    bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench.add_argument("--markdown", action="store_true", help="print a markdown table")
+    bench.add_argument("--plot", metavar="FILE.png", help="also plot TFLOP/s against seq_len to this file")
+    bench.set_defaults(run=cmd_bench)
+
+    tune = commands.add_parser("tune", help="measure tile configs and print the table for configs.py")
+    tune.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    tune.set_defaults(run=cmd_tune)
+
+    info = commands.add_parser("info", help="GPU, versions, and the tile config each case uses")
+    info.set_defaults(run=cmd_info)
+
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def cmd_verify(args) -> int:
+    console = Console()
+    if not torch.cuda.is_available():
+        return _compile_only(console)
+    rows, failed = [], 0
+    cases = list(itertools.product(VERIFY_SHAPES, DTYPES.items(), (False, True)))
+    for (batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim), (dtype_name, dtype), causal in track(
+        cases, description="verifying", console=console, transient=True, disable=args.markdown
+    ):
+        gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 7919 + seqlen_k)
+        q = torch.randn(batch, seqlen_q, nheads, head_dim, device="cuda", generator=gen).to(dtype)
+        k = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
+        v = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
+        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        ref, ref_lse = attention_ref(q, k, v, causal)
+        baseline, _ = attention_ref(q, k, v, causal, upcast=False)
+        bound = output_bound(ref, baseline, dtype)
+        report = error_report(out, ref, bound.atol, bound.rtol)
+        lse_tol = lse_bound(q, k, 1.0 / head_dim**0.5)
+        lse_report = error_report(lse, ref_lse, lse_tol.atol)
+        ok = bound.admits(report) and lse_tol.admits(lse_report)
+        failed += not ok
+        heads = f"{nheads}/{nheads_kv}" if nheads_kv != nheads else f"{nheads}"
+        lens = f"{seqlen_q}" if seqlen_q == seqlen_k else f"{seqlen_q}x{seqlen_k}"
+        rows.append(
+            [
+                f"{batch}x{heads}x{lens}x{head_dim}",
+                dtype_name,
+                "causal" if causal else "",
+                f"{report.max_abs:.2e}",
+                f"{bound.atol:.2e}",
+                f"{report.mismatches}/{report.numel}",
+                f"{lse_report.max_abs:.1e}",
+                "pass" if ok else "FAIL",
+            ]
+        )
+    headers = ["shape BxHxSxD", "dtype", "mask", "max err", "bound", "mismatches", "LSE err", "result"]
+    _print_table(console, headers, rows, args.markdown, title=f"fa-kernel verify on {torch.cuda.get_device_name()}")
+    console.print(f"{len(rows) - failed}/{len(rows)} cases pass" + ("" if not failed else f", {failed} FAIL"))
+    return EXIT_FAILED if failed else 0
+
+
+def _compile_only(console: Console) -> int:
+    if shutil.which("nvcc") is None:
+        console.print("No CUDA GPU and no nvcc: nothing was compiled and nothing was run.")
+        return EXIT_NO_GPU
+    console.print("No CUDA GPU here: compiling the kernels for sm_90a with nvcc instead.")
+    for head_dim, causal, dtype in itertools.product(SUPPORTED_HEAD_DIMS, (False, True), ("float16", "bfloat16")):
+        config = select_config("sm_90", head_dim, causal)
+        start = time.perf_counter()
+        compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch="sm_90a")
+        console.print(
+            f"  compiled {dtype} head_dim={head_dim} causal={causal} {config} in {time.perf_counter() - start:.1f} s"
+        )
+    console.print("[bold]Nothing was run on a GPU[/]: the kernels compile, but correctness is unverified here.")
+    return EXIT_COMPILED_ONLY
+
+
+def cmd_bench(args) -> int:
+    console = Console(stderr=args.json)
+    if not torch.cuda.is_available():
+        console.print("fa-kernel bench needs a CUDA GPU; torch.cuda.is_available() is False here.")
+        return EXIT_NO_GPU
+    shapes = [
+        Shape(s.batch, s.nheads, s.seqlen_q, s.head_dim, s.causal, DTYPES[d], s.nheads_kv, s.seqlen_k)
+        for d in args.dtype
+        for s in BENCH_SHAPES
+    ]
+    results = []
+    for shape in track(shapes, description="benchmarking", console=console, transient=True):
+        tflops = measure(shape, repeats=args.repeats)
+        results.append(
+            {
+                "shape": shape.label(),
+                "tflops": tflops,
+                "ratio_to_cudnn": tflops["fa_kernel"] / tflops["cudnn"] if "cudnn" in tflops else None,
+            }
+        )
+    if args.json:
+        print(
+            json.dumps(
+                {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, indent=2
+            )
+        )
+    else:
+        rows = [
+            [
+                r["shape"],
+                *(f"{r['tflops'][n]:.0f}" if n in r["tflops"] else "-" for n in ("fa_kernel", "cudnn", "flash")),
+                f"{r['ratio_to_cudnn']:.2f}x" if r["ratio_to_cudnn"] else "-",
+            ]
+            for r in results
+        ]
+        headers = ["shape BxHxSxD", "fa_kernel", "SDPA cuDNN", "SDPA flash", "vs cuDNN"]
+        _print_table(
+            console,
+            headers,
+            rows,
+            args.markdown,
+            title=f"TFLOP/s on {torch.cuda.get_device_name()}, median of {args.repeats}",
+        )
+    if args.plot:
+        _plot(args.plot, args.dtype[0], args.repeats, console)
+    return 0
+
+
+def _plot(path: str, dtype: str, repeats: int, console: Console) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seqlens = [512, 1024, 2048, 4096, 8192, 16384]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.5), sharey=True)
+    for ax, (head_dim, causal) in zip(axes, itertools.product((64, 128), (False, True)), strict=True):
+        series: dict[str, list[float]] = {}
+        for seqlen in track(
+            seqlens, description=f"plot d{head_dim}{' causal' if causal else ''}", console=console, transient=True
+        ):
+            shape = Shape(max(1, 32768 // seqlen), 16, seqlen, head_dim, causal, DTYPES[dtype])
+            for name, value in measure(shape, repeats=repeats).items():
+                series.setdefault(name, []).append(value)
+        for name, values in series.items():
+            ax.plot(seqlens, values, marker="o", label=name)
+        ax.set(
+            xscale="log",
+            xlabel="seq_len (batch = 32k tokens / seq_len, 16 heads)",
+            title=f"head_dim {head_dim}{', causal' if causal else ''}",
+        )
+        ax.set_xticks(seqlens, [str(s) for s in seqlens])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"TFLOP/s ({dtype})")
+    axes[0].legend()
+    fig.suptitle(f"fa_kernel vs torch SDPA on {torch.cuda.get_device_name()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    console.print(f"plot written to {path}")
+
+
+def cmd_tune(args) -> int:
+    console = Console()
+    if not torch.cuda.is_available():
+        console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
+        return EXIT_NO_GPU
+    arch = arch_of(torch.cuda.get_device_capability())
+    candidates = [TileConfig(m, n, s, t) for m, n, s, t in itertools.product((64, 128), (64, 128), (1, 2), (128, 256))]
+    winners = {}
+    for head_dim, causal in itertools.product(args.head_dim, (False, True)):
+        shape = Shape(8, 32, 4096, head_dim, causal)
+        q, k, v = shape.inputs()
+        timings = []
+        for config in track(candidates, description=f"d{head_dim} causal={causal}", console=console, transient=True):
+            try:
+                kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config)
+            except Exception as error:  # a config that does not fit (shared memory, registers) is skipped
+                console.print(f"  {config}: does not compile ({type(error).__name__})")
+                continue
+            out = torch.empty_like(q)
+            lse = q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
+            scale_log2 = LOG2E / head_dim**0.5
+            ms = cuda_median_ms(functools.partial(kernel, q, k, v, out, lse, scale_log2), warmup=5, repeats=20)
+            timings.append((shape.flops / ms / 1e9, config))
+            console.print(f"  d{head_dim} causal={causal} {config}: {shape.flops / ms / 1e9:.0f} TFLOP/s")
+        best_tflops, best = max(timings, key=lambda t: t[0])
+        winners[(arch, head_dim, causal)] = (best, best_tflops)
+    console.print("\n# Paste into TUNED in src/fa_kernel/configs.py:")
+    for (arch, head_dim, causal), (config, tflops) in winners.items():
+        console.print(
+            f'    ("{arch}", {head_dim}, {causal}): TileConfig({config.block_m}, {config.block_n}, '
+            f"{config.num_stages}, {config.threads}),  # {tflops:.0f} TFLOP/s",
+            highlight=False,
+        )
+    return 0
+
+
+def cmd_info(args) -> int:
+    console = Console()
+    import tilelang
+
+    console.print(
+        f"fa_kernel {__version__}, tilelang {tilelang.__version__}, torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}, Python {platform.python_version()}"
+    )
+    if torch.cuda.is_available():
+        arch = arch_of(torch.cuda.get_device_capability())
+        console.print(f"GPU: {torch.cuda.get_device_name()} ({arch})")
+    else:
+        arch = "sm_90"
+        console.print("GPU: none (torch.cuda.is_available() is False); showing the configs an sm_90 GPU would use")
+    rows = []
+    for head_dim, causal in itertools.product(SUPPORTED_HEAD_DIMS, (False, True)):
+        config = select_config(arch, head_dim, causal)
+        source = "tuned" if (arch, head_dim, causal) in TUNED else "fallback"
+        rows.append([str(head_dim), "causal" if causal else "", str(config), source])
+    _print_table(console, ["head_dim", "mask", "tile config", "source"], rows, False, title=f"tile configs for {arch}")
+    return 0
+
+
+def _print_table(console: Console, headers: list[str], rows: list[list[str]], markdown: bool, title: str) -> None:
+    if markdown:
+        print(f"**{title}**\n")
+        print("| " + " | ".join(headers) + " |")
+        print("|" + "---|" * len(headers))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    table = Table(*headers, title=title)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

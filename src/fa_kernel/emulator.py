@@ -1,0 +1,102 @@
+"""The kernel's tile loop in plain torch: an executable specification that runs on a CPU.
+
+Same block sizes, same mask placement (written into the score accumulator before the
+Q·Kᵀ GEMM adds to it), exp2 with softmax_scale·log2(e) folded in once, the cast of P to
+the input dtype before P·V, fp32 row state, one normalisation after the loop. Each
+statement matches one in `kernel.py`; a change to the algorithm there belongs here too, and
+the CPU property suite checks this loop on every push.
+
+Tensor cores multiply fp16/bf16 operands exactly and accumulate in fp32, which upcasting
+the operands to fp32 before each matmul reproduces up to summation order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fa_kernel.configs import TileConfig, select_config
+from fa_kernel.kernel import LN2, LOG2E
+
+
+def attention_tiled(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    config: TileConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) as the kernel computes them; inputs [batch, seqlen, nheads, headdim].
+
+    `config` defaults to the tiles the kernel uses on the H200 (sm_90).
+    """
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    group_size = nheads // nheads_kv
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    scale_log2 = softmax_scale * LOG2E
+    config = config or select_config("sm_90", head_dim, causal)
+    block_m, block_n = config.block_m, config.block_n
+    # [batch, nheads, seqlen, head_dim], fp32; K/V repeated per query head (the kernel
+    # indexes the shared K/V head instead; the arithmetic is the same).
+    # The last K/V tile reads past seqlen_k; like TMA, it gets zeros there, which the mask must hide.
+    padded_k = -(-seqlen_k // block_n) * block_n
+    q_all = q.float().transpose(1, 2)
+    k_all = _pad_seq(k.float().transpose(1, 2).repeat_interleave(group_size, dim=1), padded_k)
+    v_all = _pad_seq(v.float().transpose(1, 2).repeat_interleave(group_size, dim=1), padded_k)
+    out = torch.empty(batch, nheads, seqlen_q, head_dim, dtype=q.dtype)
+    lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32)
+    diagonal_offset = seqlen_k - seqlen_q
+    for q_start in range(0, seqlen_q, block_m):
+        q_tile = q_all[:, :, q_start : q_start + block_m]
+        rows = q_tile.shape[2]
+        q_idx = torch.arange(q_start, q_start + rows)[:, None]
+        acc_o = torch.zeros(batch, nheads, rows, head_dim)
+        row_sum = torch.zeros(batch, nheads, rows)
+        row_max = torch.full((batch, nheads, rows), -math.inf)
+        num_kv_blocks = -(-seqlen_k // block_n)
+        if causal:
+            # Tiles right of this block's last visible key are never loaded.
+            last_visible = q_start + block_m + diagonal_offset
+            num_kv_blocks = max(0, min(num_kv_blocks, -(-last_visible // block_n)))
+        for kv_block in range(num_kv_blocks):
+            kv_start = kv_block * block_n
+            k_tile = k_all[:, :, kv_start : kv_start + block_n]
+            v_tile = v_all[:, :, kv_start : kv_start + block_n]
+            k_idx = torch.arange(kv_start, kv_start + block_n)[None, :]
+            masked = k_idx >= seqlen_k
+            if causal:
+                masked = masked | (k_idx > q_idx + diagonal_offset)
+            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
+            acc_s = torch.zeros(rows, block_n).masked_fill(masked, -math.inf)
+            acc_s = acc_s + q_tile @ k_tile.transpose(-1, -2)
+
+            row_max_prev = row_max
+            row_max = torch.maximum(row_max_prev, acc_s.amax(dim=-1))
+            # 0 stands in for the max of a row with no visible key yet: -inf - 0, not NaN.
+            row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
+            alpha = torch.exp2(row_max_prev * scale_log2 - row_max_scaled)
+            acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[..., None])
+            row_sum = row_sum * alpha + acc_s.sum(dim=-1)
+            acc_p = acc_s.to(q.dtype)  # the only down-cast
+
+            acc_o = acc_o * alpha[..., None]  # rescale before P.V adds this tile
+            acc_o = acc_o + acc_p.float() @ v_tile
+
+        has_keys = row_sum > 0
+        out[:, :, q_start : q_start + rows] = torch.where(has_keys[..., None], acc_o / row_sum[..., None], 0.0).to(
+            q.dtype
+        )
+        row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
+        lse[:, :, q_start : q_start + rows] = torch.where(
+            has_keys, (row_max_scaled + torch.log2(row_sum)) * LN2, -math.inf
+        )
+    return out.transpose(1, 2), lse
+
+
+def _pad_seq(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad [batch, heads, seqlen, dim] along seqlen to `length`."""
+    return torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[2]))

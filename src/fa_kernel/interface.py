@@ -1,0 +1,146 @@
+"""The public API: `flash_attn_func`, shaped like flash-attn's, over the TileLang kernel.
+
+Everything a caller can get wrong is checked here, before anything is compiled or launched,
+and each error names the argument, what was expected and what came. The kernel itself is
+registered as the torch custom op `fa_kernel::forward`, so `torch.compile` traces through
+`flash_attn_func` without a graph break.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from fa_kernel.configs import TileConfig, arch_of, select_config
+from fa_kernel.kernel import LOG2E, compiled_forward
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention-2 forward kernel.
+
+    Args:
+        q: [batch, seqlen_q, nheads, headdim], float16 or bfloat16, on a CUDA device.
+        k, v: [batch, seqlen_k, nheads_kv, headdim], same dtype and device as q.
+            nheads must be a multiple of nheads_kv (GQA/MQA): query head h reads
+            K/V head h // (nheads // nheads_kv). K/V are never copied per query head.
+        softmax_scale: a positive finite number; default 1 / sqrt(headdim).
+        causal: mask aligned to the bottom-right corner, as flash-attn >= 2.1 does:
+            query i sees key j iff j <= i + seqlen_k - seqlen_q. A query row that sees
+            no key (possible when seqlen_q > seqlen_k) gets output 0 and LSE -inf.
+        return_lse: also return the log-sum-exp of the scaled scores, natural log,
+            float32, [batch, nheads, seqlen_q].
+
+    headdim 64, 128 and 256 are supported; seqlen_q, seqlen_k and batch can be any size,
+    including 0 (an empty result, nothing launched). Inputs whose memory is not
+    contiguous (for example q, k, v sliced out of one packed qkv tensor) are copied once
+    to contiguous memory before the launch; contiguous inputs are never copied.
+
+    Returns:
+        out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
+    """
+    softmax_scale = _check_inputs(q, k, v, softmax_scale, causal)
+    out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal)
+    return (out, lse) if return_lse else out
+
+
+def tile_config_for(device: torch.device, head_dim: int, causal: bool) -> TileConfig:
+    """The tile configuration the kernel uses on this device for this case."""
+    return select_config(arch_of(torch.cuda.get_device_capability(device)), head_dim, causal)
+
+
+def _check_inputs(q, k, v, softmax_scale, causal) -> float:
+    """Validate everything; return the softmax scale to use."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name}: expected a 4-d tensor [batch, seqlen, nheads, headdim], got shape {tuple(t.shape)}"
+            )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name}: expected dtype float16 or bfloat16, got {t.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"k, v: expected the dtype of q ({q.dtype}), got k {k.dtype} and v {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
+    batch, _, nheads, head_dim = q.shape
+    if k.shape[0] != batch:
+        raise ValueError(f"k: expected batch {batch} (as q), got {k.shape[0]}")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"k: expected headdim {head_dim} (as q), got {k.shape[3]}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"q: expected headdim in {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    nheads_kv = k.shape[2]
+    if nheads_kv == 0 or nheads % nheads_kv != 0:
+        raise ValueError(f"k: expected nheads_kv dividing nheads of q ({nheads}), got {nheads_kv}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    elif not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale: expected a real number or None, got {type(softmax_scale).__name__}")
+    elif not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        # A non-positive scale would turn the -inf of masked keys into +inf or NaN.
+        raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: expected a tensor on a CUDA device, got device {t.device}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"k, v: expected q's device {q.device}, got k on {k.device} and v on {v.device}")
+    return float(softmax_scale)
+
+
+@torch.library.custom_op("fa_kernel::forward", mutates_args=(), device_types="cuda")
+def _forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, seqlen_q, nheads, head_dim = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if k.shape[1] == 0:
+        # No keys at all: every row is fully masked (and a zero-length TMA box is invalid).
+        return out.zero_(), lse.fill_(-math.inf)
+    kernel = compiled_forward(
+        head_dim=head_dim,
+        causal=causal,
+        dtype=_DTYPE_NAMES[q.dtype],
+        config=tile_config_for(q.device, head_dim, causal),
+        arch=_compile_arch(q.device),
+    )
+    # The kernel assumes dense BSHD strides; this is the one documented copy.
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+    with torch.cuda.device(q.device):
+        kernel(q, k, v, out, lse, softmax_scale * LOG2E)
+    return out, lse
+
+
+@_forward.register_fake
+def _forward_fake(q, k, v, softmax_scale, causal):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+def _compile_arch(device: torch.device) -> str:
+    """The nvcc architecture to compile for: the 'a' variants unlock wgmma/setmaxnreg on sm_90+."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"

@@ -1,0 +1,172 @@
+"""Reference attention, the same-precision baseline, and error metrics.
+
+Tolerances follow flash-attn's tests: a kernel is judged against an fp32 (or fp64)
+reference, and may be at most twice as far from it as the same computation done by
+PyTorch in the input dtype, plus the error that rounding the exact output to that dtype
+alone causes. A bound derived this way scales with shape, dtype and input distribution by
+itself; no number in it was tuned to make a test pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    upcast: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain attention over [batch, seqlen, nheads, headdim] inputs; returns (out, lse).
+
+    upcast=True is the reference: every step in `compute_dtype` (fp32, or fp64 where fp32
+    is not enough), out returned in that dtype. upcast=False is the same-precision
+    baseline: what PyTorch does with these inputs on tensor cores, keeping in the input
+    dtype everything the kernel keeps there (inputs, the probabilities P fed to P.V, the
+    output) and accumulating in fp32. It differs from the kernel only in algorithm (no
+    tiles, no online softmax, P normalised before the cast), so its error is the error any
+    correct kernel of this precision has.
+
+    Semantics match `fa_kernel.flash_attn_func`: GQA by head groups, bottom-right causal
+    alignment, output 0 and LSE -inf for a query that sees no key.
+    """
+    dtype = q.dtype
+    work_dtype = compute_dtype if upcast else torch.float32
+    q, k, v = (t.to(work_dtype) for t in (q, k, v))
+    seqlen_q, nheads, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    seqlen_k = k.shape[1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    k, v = _repeat_kv(k, nheads), _repeat_kv(v, nheads)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
+    visible = visible_keys(seqlen_q, seqlen_k, causal, device=q.device)
+    scores = scores.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1).float()
+    # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0.
+    probs = torch.softmax(scores, dim=-1).masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)
+    if not upcast:
+        probs = probs.to(dtype).to(work_dtype)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    return (out if upcast else out.to(dtype)), lse
+
+
+def visible_keys(seqlen_q: int, seqlen_k: int, causal: bool, device=None) -> torch.Tensor:
+    """[seqlen_q, seqlen_k] bool: may query i attend to key j (bottom-right causal)."""
+    if not causal:
+        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    rows = torch.arange(seqlen_q, device=device)[:, None]
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    return cols <= rows + (seqlen_k - seqlen_q)
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """How far `out` is from `ref`; counts are over all elements."""
+
+    max_abs: float
+    mean_abs: float
+    rel_l2: float
+    mismatches: int  # elements with |out - ref| > atol + rtol * |ref|
+    nonfinite: int  # NaN or Inf in out where ref is finite
+    numel: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def error_report(out: torch.Tensor, ref: torch.Tensor, atol: float = 0.0, rtol: float = 0.0) -> ErrorReport:
+    """Compare out against ref elementwise, in float64. Positions where ref is -inf
+    (LSE of a row that sees no key) must match exactly and count as zero error."""
+    out, ref = out.double(), ref.double()
+    same_inf = torch.isinf(ref) & (out == ref)
+    diff = torch.where(same_inf, 0.0, (out - ref).abs())
+    diff = torch.where(torch.isnan(diff), math.inf, diff)
+    finite_ref = torch.where(torch.isinf(ref), 0.0, ref)
+    numel = diff.numel()
+    return ErrorReport(
+        max_abs=diff.max().item() if numel else 0.0,
+        mean_abs=diff.mean().item() if numel else 0.0,
+        rel_l2=(
+            torch.linalg.vector_norm(torch.where(torch.isinf(diff), 0.0, diff))
+            / torch.linalg.vector_norm(finite_ref).clamp_min(1e-30)
+        ).item()
+        if numel
+        else 0.0,
+        mismatches=int((diff > atol + rtol * finite_ref.abs()).sum()),
+        nonfinite=int((~torch.isfinite(out) & ~same_inf).sum()),
+        numel=numel,
+    )
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half an ulp at 1.0: the largest relative error of rounding one value to `dtype`."""
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The pass/fail criterion for one comparison, with its ingredients kept for reports."""
+
+    baseline_max_abs: float  # same-precision PyTorch against the reference
+    rounding_max_abs: float  # the reference rounded once to the output dtype
+    atol: float
+    rtol: float
+
+    def admits(self, report: ErrorReport) -> bool:
+        return report.nonfinite == 0 and report.max_abs <= self.atol and report.mismatches == 0
+
+
+def output_bound(ref: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype) -> Bound:
+    """Kernel error must be <= 2 x (baseline error) + (error of rounding the exact output).
+
+    The factor 2 is flash-attn's: the kernel may reorder sums and use exp2 with a folded
+    scale, but it must not be a different class of accurate than PyTorch in the same
+    dtype. The rounding term keeps the bound honest where the baseline happens to be
+    exact (a single key, say) yet the kernel must still round its fp32 result once.
+    The elementwise count uses the same atol plus one rounding relative to |ref|.
+    """
+    baseline_err = error_report(baseline, ref).max_abs
+    rounding_err = error_report(ref.to(dtype), ref).max_abs
+    return Bound(
+        baseline_max_abs=baseline_err,
+        rounding_max_abs=rounding_err,
+        atol=2 * baseline_err + rounding_err,
+        rtol=2 * unit_roundoff(dtype),
+    )
+
+
+def lse_bound(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> Bound:
+    """A worst-case bound on the kernel's LSE error, from fp32 error analysis.
+
+    The kernel computes each score as a fp32 dot product of length D of exactly
+    representable products: |error| <= D·u·(|q|·|k|) with u = 2^-24. LSE moves by at
+    most the largest score error times the scale, plus the relative error of the sum of
+    Sk exponentials in fp32 (Sk·u) and of the hardware ex2/lg2 approximations (2^-22
+    each, PTX ISA). Roundings of the scaled scores and of the final log are each below
+    u·|score|, which the D·u term (D >= 64) already covers. The baseline is no help
+    here: it computes the same fp32 scores.
+    A wrong scale, a missing max or a mask error moves LSE by O(1).
+    """
+    u = torch.finfo(torch.float32).eps / 2
+    head_dim, seqlen_k = q.shape[-1], k.shape[1]
+    abs_dots = torch.einsum("bqhd,bkhd->bhqk", q.float().abs(), _repeat_kv(k, q.shape[2]).float().abs())
+    score_err = head_dim * u * (abs_dots.max().item() if abs_dots.numel() else 0.0) * softmax_scale
+    atol = score_err + seqlen_k * u + 2 * 2.0**-22
+    return Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=atol, rtol=0.0)
+
+
+def _repeat_kv(k: torch.Tensor, nheads: int) -> torch.Tensor:
+    return k.repeat_interleave(nheads // k.shape[2], dim=2)
+
+
+def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
+    """4·B·H·Sq·Sk·D (two GEMMs), halved for causal: the convention flash-attn and cuDNN report."""
+    flops = 4.0 * batch * nheads * seqlen_q * seqlen_k * head_dim
+    return flops / 2 if causal else flops

@@ -1,0 +1,68 @@
+"""Test gating and hypothesis profiles.
+
+- `@pytest.mark.gpu` tests need a CUDA device. Without one they skip with that reason,
+  unless FA_KERNEL_REQUIRE_GPU=1 (set by `nox -s gpu`), which turns the skip into a failure.
+- `@pytest.mark.compile` tests need nvcc to compile for sm_90a; they run without a GPU.
+- HYPOTHESIS_PROFILE picks `ci` (default: derandomized, few examples), `gpu` (hundreds)
+  or `thorough` (thousands, nightly). Deadlines are off everywhere: a first call compiles.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+_slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=_slow_ok,
+    print_blob=True,
+)
+settings.register_profile("gpu", max_examples=300, deadline=None, suppress_health_check=_slow_ok, print_blob=True)
+settings.register_profile("thorough", max_examples=3000, deadline=None, suppress_health_check=_slow_ok, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+HAS_CUDA = torch.cuda.is_available()
+REQUIRE_GPU = os.environ.get("FA_KERNEL_REQUIRE_GPU") == "1"
+HAS_NVCC = shutil.which("nvcc") is not None
+
+
+def pytest_configure(config):
+    # The mutant runner points PYTHONPATH at a mutated copy of src/; make sure that is what loaded.
+    expected = os.environ.get("FA_KERNEL_EXPECT_SRC")
+    if expected:
+        import fa_kernel
+
+        if not Path(fa_kernel.__file__).resolve().is_relative_to(Path(expected).resolve()):
+            pytest.exit(f"FA_KERNEL_EXPECT_SRC mismatch: imported {fa_kernel.__file__}", returncode=3)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA and not REQUIRE_GPU:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)"))
+        if "compile" in item.keywords and not HAS_NVCC:
+            item.add_marker(pytest.mark.skip(reason="needs nvcc on PATH to compile for sm_90a"))
+
+
+def pytest_runtest_setup(item):
+    if "gpu" in item.keywords and REQUIRE_GPU and not HAS_CUDA:
+        pytest.fail("FA_KERNEL_REQUIRE_GPU=1 but there is no CUDA device: GPU tests must run here, not skip")
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmul():
+    # The fp32 reference must be fp32: TF32 matmuls would put 1e-3 errors into it.
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous

@@ -1,0 +1,247 @@
+"""Mutation testing: apply each known kernel bug to a copy of the source, run the suite
+against it, and fail unless every mutant is killed.
+
+    python tests/mutants.py                     # the TileLang kernel (needs a GPU)
+    python tests/mutants.py --target emulator   # the same bugs in the CPU tile emulator
+    python tests/mutants.py --only rescale_after_gemm
+
+A mutant is a text patch applied to a temporary copy of src/, never a switch inside the
+shipped code. A patch whose text is no longer found exactly once is an error (the list
+must be kept in step with the kernel), not a kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to src/fa_kernel
+    old: str
+    new: str
+
+
+RESCALE_THEN_GEMM = """                for i, d in T.Parallel(block_m, head_dim):
+                    acc_o[i, d] *= alpha[i]
+                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+                T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)"""
+
+KERNEL_MUTANTS = [
+    Mutant(
+        "rescale_after_gemm",
+        "kernel.py",
+        RESCALE_THEN_GEMM,
+        """                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+                T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                for i, d in T.Parallel(block_m, head_dim):
+                    acc_o[i, d] *= alpha[i]""",
+    ),
+    Mutant(
+        "last_tile_sum", "kernel.py", "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]", "row_sum[i] = tile_sum[i]"
+    ),
+    Mutant(
+        "alpha_from_new_max",
+        "kernel.py",
+        "alpha[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])",
+        "alpha[i] = T.exp2(row_max[i] * scale_log2 - row_max_scaled[i])",
+    ),
+    Mutant(
+        "max_order_swapped",
+        "kernel.py",
+        """                T.copy(row_max, row_max_prev)
+                T.reduce_max(acc_s, row_max, dim=1, clear=False)""",
+        """                T.reduce_max(acc_s, row_max, dim=1, clear=False)
+                T.copy(row_max, row_max_prev)""",
+    ),
+    Mutant(
+        "no_boundary_mask",
+        "kernel.py",
+        "acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)",
+        "acc_s[i, j] = 0",
+    ),
+    Mutant(
+        "causal_off_by_one",
+        "kernel.py",
+        "(kv_start + j > q_start + i + diagonal_offset)",
+        "(kv_start + j >= q_start + i + diagonal_offset)",
+    ),
+    Mutant("causal_top_left", "kernel.py", "diagonal_offset = seqlen_k - seqlen_q", "diagonal_offset = 0"),
+    Mutant(
+        "causal_loop_one_short",
+        "kernel.py",
+        "last_visible = q_start + block_m + diagonal_offset",
+        "last_visible = q_start + diagonal_offset",
+    ),
+    Mutant(
+        "normalise_inside_loop",
+        "kernel.py",
+        RESCALE_THEN_GEMM,
+        RESCALE_THEN_GEMM
+        + """
+                for i, d in T.Parallel(block_m, head_dim):
+                    acc_o[i, d] /= row_sum[i]""",
+    ),
+    Mutant("scale_without_log2e", "interface.py", "softmax_scale * LOG2E", "softmax_scale"),
+    Mutant(
+        "no_max_subtraction",
+        "kernel.py",
+        "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])",
+        "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2)",
+    ),
+    Mutant(
+        "nan_for_rows_without_keys",
+        "kernel.py",
+        "T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
+        "acc_o[i, d] / row_sum[i]",
+    ),
+    Mutant("gqa_wrong_kv_head", "kernel.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
+    Mutant(
+        "lse_in_log2",
+        "kernel.py",
+        "(row_max_scaled[i] + T.log2(row_sum[i])) * LN2",
+        "(row_max_scaled[i] + T.log2(row_sum[i]))",
+    ),
+]
+
+EMULATOR_MUTANTS = [
+    Mutant(
+        "rescale_after_gemm",
+        "emulator.py",
+        """            acc_o = acc_o * alpha[..., None]  # rescale before P.V adds this tile
+            acc_o = acc_o + acc_p.float() @ v_tile""",
+        """            acc_o = acc_o + acc_p.float() @ v_tile
+            acc_o = acc_o * alpha[..., None]""",
+    ),
+    Mutant(
+        "last_tile_sum", "emulator.py", "row_sum = row_sum * alpha + acc_s.sum(dim=-1)", "row_sum = acc_s.sum(dim=-1)"
+    ),
+    Mutant(
+        "alpha_from_new_max",
+        "emulator.py",
+        "alpha = torch.exp2(row_max_prev * scale_log2 - row_max_scaled)",
+        "alpha = torch.exp2(row_max * scale_log2 - row_max_scaled)",
+    ),
+    Mutant("no_boundary_mask", "emulator.py", "masked = k_idx >= seqlen_k", "masked = k_idx < 0"),
+    Mutant(
+        "causal_off_by_one", "emulator.py", "(k_idx > q_idx + diagonal_offset)", "(k_idx >= q_idx + diagonal_offset)"
+    ),
+    Mutant(
+        "causal_loop_one_short",
+        "emulator.py",
+        "last_visible = q_start + block_m + diagonal_offset",
+        "last_visible = q_start + diagonal_offset",
+    ),
+    Mutant("scale_without_log2e", "emulator.py", "scale_log2 = softmax_scale * LOG2E", "scale_log2 = softmax_scale"),
+    Mutant(
+        "no_max_subtraction",
+        "emulator.py",
+        "acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[..., None])",
+        "acc_s = torch.exp2(acc_s * scale_log2)",
+    ),
+    Mutant(
+        "gqa_wrong_kv_head",
+        "emulator.py",
+        "k.float().transpose(1, 2).repeat_interleave(group_size, dim=1)",
+        "k.float().transpose(1, 2).repeat(1, group_size, 1, 1)",
+    ),
+    Mutant(
+        "lse_in_log2",
+        "emulator.py",
+        "(row_max_scaled + torch.log2(row_sum)) * LN2",
+        "(row_max_scaled + torch.log2(row_sum))",
+    ),
+]
+
+# Which tests judge a mutant: the named GPU tests and the property suite for the kernel; the
+# property suite on the emulator for the emulator. -x: the first failure kills the mutant.
+PYTEST_ARGS = {
+    "kernel": ["tests/test_kernel.py", "tests/test_properties.py", "-m", "gpu", "-k", "not emulator"],
+    "emulator": ["tests/test_properties.py", "-k", "emulator"],
+}
+
+
+def run_mutant(mutant: Mutant, target: str, workdir: Path) -> tuple[str, str, float]:
+    """('killed' | 'SURVIVED' | 'ERROR', detail, seconds)."""
+    start = time.perf_counter()
+    tree = workdir / mutant.name
+    shutil.copytree(ROOT / "src", tree / "src")
+    path = tree / "src" / "fa_kernel" / mutant.file
+    text = path.read_text()
+    if text.count(mutant.old) != 1:
+        return "ERROR", f"patch text found {text.count(mutant.old)} times in {mutant.file}, not once", 0.0
+    path.write_text(text.replace(mutant.old, mutant.new))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
+        TILELANG_CACHE_DIR=str(tree / "tilelang-cache"),
+        HYPOTHESIS_PROFILE="ci",
+        FA_KERNEL_REQUIRE_GPU="1" if target == "kernel" else "0",
+        FA_KERNEL_EXPECT_SRC=str(tree / "src"),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *PYTEST_ARGS[target]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - start
+    log = result.stdout + result.stderr
+    (workdir / f"{mutant.name}.log").write_text(log)
+    if "FA_KERNEL_EXPECT_SRC mismatch" in log:
+        return "ERROR", "the tests imported the shipped package, not the mutant", seconds
+    if result.returncode == 0:
+        return "SURVIVED", "every test passed", seconds
+    if result.returncode != 1:
+        return (
+            "ERROR",
+            f"pytest exited {result.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}",
+            seconds,
+        )
+    failed = re.search(r"^FAILED (\S+)", log, re.MULTILINE)
+    return "killed", failed.group(1) if failed else "a test failed", seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", choices=sorted(PYTEST_ARGS), default="kernel")
+    parser.add_argument("--only", nargs="+", help="run these mutants only")
+    parser.add_argument("--jobs", type=int, default=4, help="mutants run at once (compiles are CPU-bound)")
+    parser.add_argument("--keep", metavar="DIR", help="keep mutated trees and logs here")
+    args = parser.parse_args()
+    mutants = KERNEL_MUTANTS if args.target == "kernel" else EMULATOR_MUTANTS
+    if args.only:
+        mutants = [m for m in mutants if m.name in args.only]
+    workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        outcomes = list(pool.map(lambda m: run_mutant(m, args.target, workdir), mutants))
+    width = max(len(m.name) for m in mutants)
+    print(f"\n{'mutant':<{width}}  result    seconds  first failing test / reason")
+    for mutant, (status, detail, seconds) in zip(mutants, outcomes, strict=True):
+        print(f"{mutant.name:<{width}}  {status:<8}  {seconds:7.1f}  {detail}")
+    killed = sum(status == "killed" for status, _, _ in outcomes)
+    if args.keep or killed < len(mutants):
+        print(f"logs and mutated trees in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\n{killed}/{len(mutants)} mutants killed ({args.target})")
+    return 0 if killed == len(mutants) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The properties every implementation of the kernel's contract must have.
+
+Each check takes `attend(q, k, v, softmax_scale, causal) -> (out, lse)` and a `Case`; the
+GPU suite passes the TileLang kernel, the CPU suite the tile emulator. A failed check
+raises AssertionError carrying the error report, so hypothesis prints both the drawn
+case (a full reproduction) and what went wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fa_kernel.reference import attention_ref, error_report, lse_bound, output_bound
+from strategies import Case
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
+
+
+def run(attend: Attend, case: Case, device, q=None, k=None, v=None):
+    if q is None:
+        q, k, v = case.inputs(device)
+    return attend(q, k, v, case.scale, case.causal)
+
+
+def check_accuracy(attend: Attend, case: Case, device) -> None:
+    """Finite everywhere; output within the flash-attn-style bound of the fp32 reference,
+    no element outside atol + rtol·|ref|; LSE within its fp32 error bound."""
+    q, k, v = case.inputs(device)
+    out, lse = attend(q, k, v, case.scale, case.causal)
+    ref, ref_lse = attention_ref(q, k, v, case.causal, case.scale)
+    baseline, _ = attention_ref(q, k, v, case.causal, case.scale, upcast=False)
+    bound = output_bound(ref, baseline, case.torch_dtype)
+    report = error_report(out, ref, bound.atol, bound.rtol)
+    assert out.shape == q.shape and out.dtype == q.dtype, f"output {out.shape} {out.dtype}"
+    assert bound.admits(report), f"output outside bound: {report} vs {bound}"
+    lse_tol = lse_bound(q, k, case.scale)
+    lse_report = error_report(lse, ref_lse, lse_tol.atol)
+    assert lse_tol.admits(lse_report), f"LSE outside bound: {lse_report} vs {lse_tol}"
+
+
+def check_causal_past(attend: Attend, case: Case, device) -> None:
+    """Changing K/V at keys a row cannot see leaves that row bitwise unchanged."""
+    if not case.causal:
+        return
+    q, k, v = case.inputs(device)
+    out, lse = attend(q, k, v, case.scale, case.causal)
+    cut = case.seed % case.seqlen_k  # keys >= cut are replaced
+    k2, v2 = k.clone(), v.clone()
+    k2[:, cut:] = -k2[:, cut:] * 3 + 1
+    v2[:, cut:] = v2[:, cut:] * 5 - 2
+    out2, lse2 = attend(q, k2, v2, case.scale, case.causal)
+    # Row i sees keys j <= i + (seqlen_k - seqlen_q); it sees none of the changed ones while that is < cut.
+    rows = max(0, min(case.seqlen_q, cut - (case.seqlen_k - case.seqlen_q)))
+    assert torch.equal(out[:, :rows], out2[:, :rows]), f"rows < {rows} changed when keys >= {cut} changed"
+    assert torch.equal(lse[:, :, :rows], lse2[:, :, :rows]), f"LSE of rows < {rows} changed"
+
+
+def check_equivariance(attend: Attend, case: Case, device) -> None:
+    """Permuting the batch, or K/V heads together with their query-head groups, permutes
+    the output the same way; scaling V by 2 scales the output by 2; all bitwise."""
+    q, k, v = case.inputs(device)
+    out, lse = attend(q, k, v, case.scale, case.causal)
+    gen = torch.Generator().manual_seed(case.seed)
+    batch_perm = torch.randperm(case.batch, generator=gen).to(q.device)
+    kv_perm = torch.randperm(case.nheads_kv, generator=gen)
+    group = case.nheads // case.nheads_kv
+    q_perm = (kv_perm[:, None] * group + torch.arange(group)).flatten().to(q.device)
+    kv_perm = kv_perm.to(q.device)
+    out_b, _ = attend(q[batch_perm], k[batch_perm], v[batch_perm], case.scale, case.causal)
+    assert torch.equal(out_b, out[batch_perm]), "permuting the batch did not permute the output"
+    out_h, lse_h = attend(q[:, :, q_perm], k[:, :, kv_perm], v[:, :, kv_perm], case.scale, case.causal)
+    assert torch.equal(out_h, out[:, :, q_perm]), "permuting heads did not permute the output"
+    assert torch.equal(lse_h, lse[:, q_perm]), "permuting heads did not permute the LSE"
+    # Doubling is exact in binary floating point, except where an output element is
+    # subnormal: there the rounding step is absolute, and 2·round(x) and round(2x) may
+    # differ by the smallest subnormal.
+    finfo = torch.finfo(case.torch_dtype)
+    out_2v, _ = attend(q, k, v * 2, case.scale, case.causal)
+    diff = (out_2v.double() - 2 * out.double()).abs()
+    normal = out.abs() >= finfo.tiny
+    assert torch.all(diff[normal] == 0), "scaling V by 2 did not scale the output by 2"
+    assert torch.all(diff[~normal] <= 2 * finfo.smallest_normal * finfo.eps), "scaling V by 2, subnormal outputs"
+
+
+def check_deterministic(attend: Attend, case: Case, device) -> None:
+    """Two runs on the same input are bitwise equal."""
+    q, k, v = case.inputs(device)
+    out1, lse1 = attend(q, k, v, case.scale, case.causal)
+    out2, lse2 = attend(q, k, v, case.scale, case.causal)
+    assert torch.equal(out1, out2) and torch.equal(lse1, lse2), "two runs on the same input differ"
+
+
+PROPERTIES = (check_accuracy, check_causal_past, check_equivariance, check_deterministic)

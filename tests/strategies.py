@@ -1,0 +1,136 @@
+"""Hypothesis strategies for attention problems: shapes that hit the kernel's edges and
+input distributions that hit its numerics.
+
+A drawn `Case` is plain data; its tensors are made from its own seed with a private
+generator, never from global RNG state, so the repr hypothesis prints on a failure is a
+complete reproduction: `Case(...).inputs("cuda")` gives back the same q, k, v.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# The kernel's block sizes are 64 and 128; lengths around their multiples, primes, 1, and the
+# flash-attn test pairs exercise partial tiles, the causal diagonal and the loop bounds.
+EDGE_LENGTHS = (
+    1,
+    2,
+    3,
+    17,
+    63,
+    64,
+    65,
+    113,
+    127,
+    128,
+    129,
+    191,
+    203,
+    217,
+    239,
+    255,
+    256,
+    257,
+    383,
+    385,
+    509,
+    799,
+    1021,
+    1023,
+    1024,
+    1025,
+)
+FLASH_ATTN_PAIRS = ((113, 203), (128, 217), (1, 239), (799, 3), (1023, 1024), (1024, 1023), (3, 799), (108, 256))
+DISTRIBUTIONS = ("normal", "large_logits", "equal_scores", "dominant_key", "tiny")
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_kv: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    softmax_scale: float | None
+    distribution: str
+    seed: int
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def scale(self) -> float:
+        return self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def inputs(self, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v for this case, identical on every device (drawn on the CPU from `seed`)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        q_shape = (self.batch, self.seqlen_q, self.nheads, self.head_dim)
+        kv_shape = (self.batch, self.seqlen_k, self.nheads_kv, self.head_dim)
+        q, k, v = (
+            torch.randn(q_shape, generator=gen),
+            torch.randn(kv_shape, generator=gen),
+            torch.randn(kv_shape, generator=gen),
+        )
+        if self.distribution == "large_logits":
+            # Typical |score| ~ 3e3 after scaling, extremes past 1e4: exp without max
+            # subtraction overflows fp32 here, and the scores themselves do not fit fp16.
+            sigma = math.sqrt(3e3 / (math.sqrt(self.head_dim) * self.scale))
+            q, k = q * sigma, k * sigma
+        elif self.distribution == "equal_scores":
+            k = k[:, :1].expand_as(k).clone()  # every key the same: each row's scores are all equal
+        elif self.distribution == "dominant_key":
+            # Each query is a multiple of one random key: that key's score dominates its row.
+            pick = torch.randint(0, self.seqlen_k, (self.seqlen_q,), generator=gen) if self.seqlen_k else None
+            if pick is not None:
+                group = self.nheads // self.nheads_kv
+                q = 4.0 * k[:, pick].repeat_interleave(group, dim=2)
+        elif self.distribution == "tiny":
+            # Four times the smallest normal of the dtype: many inputs become subnormal.
+            tiny = 4 * torch.finfo(self.torch_dtype).tiny
+            q, k, v = q * tiny, k * tiny, v * tiny
+        return tuple(t.to(self.torch_dtype).to(device) for t in (q, k, v))
+
+
+def seqlens(max_len: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([n for n in EDGE_LENGTHS if n <= max_len]), st.integers(1, max_len))
+
+
+@st.composite
+def cases(draw, *, head_dims=(64, 128), max_len: int = 1100, max_score_elements: int = 2_000_000) -> Case:
+    """One attention problem; batch*nheads*seqlen_q*seqlen_k stays under max_score_elements
+    so the reference (which materialises the score matrix) stays fast."""
+    if draw(st.booleans()):
+        seqlen_q, seqlen_k = draw(st.sampled_from(FLASH_ATTN_PAIRS))
+    else:
+        seqlen_q = draw(seqlens(max_len))
+        seqlen_k = seqlen_q if draw(st.booleans()) else draw(seqlens(max_len))
+    nheads_kv = draw(st.sampled_from([1, 1, 2, 3]))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    budget = max(1, max_score_elements // (seqlen_q * seqlen_k * nheads_kv * group))
+    batch = draw(st.integers(1, min(3, budget)))
+    if batch * nheads_kv * group * seqlen_q * seqlen_k > max_score_elements:
+        nheads_kv, group = 1, 1
+    return Case(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        nheads=nheads_kv * group,
+        nheads_kv=nheads_kv,
+        head_dim=draw(st.sampled_from(head_dims)),
+        dtype=draw(st.sampled_from(sorted(DTYPES))),
+        causal=draw(st.booleans()),
+        softmax_scale=draw(st.one_of(st.none(), st.floats(0.02, 2.0))),
+        distribution=draw(st.sampled_from(DISTRIBUTIONS)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )

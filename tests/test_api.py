@@ -1,0 +1,89 @@
+"""The API's contract on a machine without a GPU: every bad input is refused, before any
+launch, with an error that names the argument, what was expected and what came."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_kernel import flash_attn_func
+
+
+def qkv(batch=2, seqlen_q=16, seqlen_k=16, nheads=4, nheads_kv=4, head_dim=64, dtype=torch.float16, device="cpu"):
+    q = torch.zeros(batch, seqlen_q, nheads, head_dim, dtype=dtype, device=device)
+    k = torch.zeros(batch, seqlen_k, nheads_kv, head_dim, dtype=dtype, device=device)
+    return q, k, k.clone()
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (lambda q, k, v: (q.numpy(), k, v), TypeError, r"q: expected a torch.Tensor, got ndarray"),
+        (lambda q, k, v: (q[0], k, v), ValueError, r"q: expected a 4-d tensor .* got shape \(16, 4, 64\)"),
+        (lambda q, k, v: (q, k[..., None], v), ValueError, r"k: expected a 4-d tensor"),
+        (lambda q, k, v: (q.float(), k, v), TypeError, r"q: expected dtype float16 or bfloat16, got torch.float32"),
+        (lambda q, k, v: (q, k.bfloat16(), v), TypeError, r"k, v: expected the dtype of q \(torch.float16\)"),
+        (
+            lambda q, k, v: (q, k, v[:, :8]),
+            ValueError,
+            r"v: expected the shape of k \(2, 16, 4, 64\), got \(2, 8, 4, 64\)",
+        ),
+        (lambda q, k, v: (q, k[:1], v[:1]), ValueError, r"k: expected batch 2 \(as q\), got 1"),
+        (lambda q, k, v: (q, k[..., :32], v[..., :32]), ValueError, r"k: expected headdim 64 \(as q\), got 32"),
+        (
+            lambda q, k, v: (q[..., :32], k[..., :32], v[..., :32]),
+            ValueError,
+            r"q: expected headdim in \(64, 128, 256\), got 32",
+        ),
+        (
+            lambda q, k, v: (q, k[:, :, :3], v[:, :, :3]),
+            ValueError,
+            r"k: expected nheads_kv dividing nheads of q \(4\), got 3",
+        ),
+        (
+            lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]),
+            ValueError,
+            r"k: expected nheads_kv dividing nheads of q \(4\), got 0",
+        ),
+    ],
+)
+def test_bad_tensors_are_refused(change, error, message):
+    with pytest.raises(error, match=message):
+        flash_attn_func(*change(*qkv()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"softmax_scale": float("nan")}, ValueError, r"softmax_scale: expected a positive finite number, got nan"),
+        ({"softmax_scale": float("inf")}, ValueError, r"softmax_scale: expected a positive finite number, got inf"),
+        ({"softmax_scale": 0.0}, ValueError, r"softmax_scale: expected a positive finite number, got 0.0"),
+        ({"softmax_scale": -0.1}, ValueError, r"softmax_scale: expected a positive finite number, got -0.1"),
+        ({"softmax_scale": "0.1"}, TypeError, r"softmax_scale: expected a real number or None, got str"),
+        ({"softmax_scale": True}, TypeError, r"softmax_scale: expected a real number or None, got bool"),
+        ({"causal": 1}, TypeError, r"causal: expected a bool, got int"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        flash_attn_func(*qkv(), **kwargs)
+
+
+def test_cpu_tensors_are_refused_after_everything_else_checks_out():
+    # Valid in every other way, so this is the error a laptop user sees first.
+    with pytest.raises(ValueError, match=r"q: expected a tensor on a CUDA device, got device cpu"):
+        flash_attn_func(*qkv())
+
+
+def test_gqa_shapes_pass_validation():
+    # 8 query heads over 2 K/V heads and seqlen_q != seqlen_k are valid: only the device is wrong.
+    with pytest.raises(ValueError, match=r"CUDA device"):
+        flash_attn_func(*qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300))
+
+
+def test_the_op_is_registered_for_torch_compile():
+    # A fake (meta) implementation lets torch.compile trace shapes without running the kernel.
+    q, k, v = qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300, device="meta")
+    out, lse = torch.ops.fa_kernel.forward(q, k, v, 0.125, True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, 8, 5) and lse.dtype == torch.float32

@@ -1,0 +1,129 @@
+"""The TileLang kernel on a GPU, against the fp32 reference, on a fixed grid of shapes.
+
+The bound is flash-attn's: at most twice the error of the same computation done by PyTorch
+in the input dtype, plus one rounding of the exact output (see fa_kernel.reference). The
+property suite (test_properties.py) draws hundreds more cases; these are the named ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa_kernel import flash_attn_func
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.reference import attention_ref, error_report, lse_bound, output_bound
+
+pytestmark = pytest.mark.gpu
+
+
+def random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, seqlen_q, nheads, head_dim, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
+    return q, k, v
+
+
+def assert_matches_reference(q, k, v, causal, softmax_scale=None):
+    scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
+    out, lse = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True)
+    ref, ref_lse = attention_ref(q, k, v, causal, scale)
+    baseline, _ = attention_ref(q, k, v, causal, scale, upcast=False)
+    bound = output_bound(ref, baseline, q.dtype)
+    report = error_report(out, ref, bound.atol, bound.rtol)
+    assert bound.admits(report), f"output: {report} outside {bound}"
+    lse_tol = lse_bound(q, k, scale)
+    lse_report = error_report(lse, ref_lse, lse_tol.atol)
+    assert lse_tol.admits(lse_report), f"LSE: {lse_report} outside {lse_tol}"
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen", [1, 127, 129, 1000, 4097])
+def test_matches_reference_head_dim_128(seqlen, causal, dtype):
+    batch, nheads = (2, 4) if seqlen < 4096 else (1, 2)
+    assert_matches_reference(*random_qkv(batch, seqlen, seqlen, nheads, nheads, 128, dtype, seed=seqlen), causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("seqlen", [65, 1000])
+def test_matches_reference_other_head_dims(seqlen, head_dim, causal, dtype):
+    assert_matches_reference(*random_qkv(2, seqlen, seqlen, 4, 4, head_dim, dtype, seed=head_dim), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16], ids=lambda g: f"group{g}")
+@pytest.mark.parametrize(
+    ("seqlen_q", "seqlen_k"), [(113, 203), (128, 217), (1, 239), (799, 3), (1023, 1024), (1024, 1023), (300, 2000)]
+)
+def test_gqa_and_unequal_lengths(seqlen_q, seqlen_k, group, causal):
+    nheads_kv = 16 // group
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 16, nheads_kv, 128, torch.bfloat16, seed=seqlen_q + group)
+    assert_matches_reference(q, k, v, causal)
+
+
+def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
+    q, k, v = random_qkv(2, 300, 100, 4, 2, 64, torch.float16)
+    out, lse = assert_matches_reference(q, k, v, causal=True)
+    assert torch.all(out[:, :200] == 0) and torch.all(lse[:, :, :200] == -math.inf)
+    assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 200:]).all()
+
+
+@pytest.mark.parametrize("softmax_scale", [0.01, 0.5, 3.0])
+def test_softmax_scale(softmax_scale):
+    assert_matches_reference(*random_qkv(1, 333, 333, 2, 2, 128, torch.float16), True, softmax_scale)
+
+
+def test_packed_qkv_slices_give_the_same_result():
+    qkv = torch.randn(2, 257, 3, 8, 128, device="cuda", dtype=torch.float16)
+    q, k, v = qkv.unbind(dim=2)
+    assert not q.is_contiguous()
+    out = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True))
+
+
+@pytest.mark.parametrize(("batch", "seqlen_q", "seqlen_k"), [(0, 10, 10), (2, 0, 10), (2, 10, 0)])
+def test_empty_inputs(batch, seqlen_q, seqlen_k):
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, 4, 4, 64, torch.float16)
+    out, lse = flash_attn_func(q, k, v, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (batch, 4, seqlen_q)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)  # vacuous where empty
+
+
+def test_every_output_element_is_written():
+    # Fill the caching allocator's free memory with NaN: an element the kernel skips stays NaN.
+    poison = torch.full((64 << 20,), math.nan, device="cuda")
+    del poison
+    q, k, v = random_qkv(3, 1031, 1031, 4, 4, 128, torch.float16)
+    out, lse = flash_attn_func(q, k, v, return_lse=True)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+def test_one_compile_serves_every_length_batch_and_head_count():
+    flash_attn_func(*random_qkv(1, 10, 10, 2, 2, 128, torch.float16))
+    misses = compiled_forward.cache_info().misses
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [(1, 1, 1, 1, 1), (3, 999, 17, 8, 2), (2, 4097, 300, 6, 3)]:
+        flash_attn_func(*random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, 128, torch.float16))
+    assert compiled_forward.cache_info().misses == misses
+
+
+def test_torch_compile_traces_without_graph_breaks():
+    q, k, v = random_qkv(2, 257, 300, 8, 2, 128, torch.bfloat16)
+
+    def layer(q, k, v):
+        return flash_attn_func(q * 2, k, v, causal=True).float().sum(dim=-1)
+
+    explanation = torch._dynamo.explain(layer)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert torch.equal(torch.compile(layer, fullgraph=True)(q, k, v), layer(q, k, v))
+
+
+def test_custom_op_passes_opcheck():
+    q, k, v = random_qkv(2, 129, 200, 4, 2, 64, torch.float16)
+    torch.library.opcheck(torch.ops.fa_kernel.forward.default, (q, k, v, 0.125, True))

@@ -1,0 +1,39 @@
+"""Property suite: the same properties, checked on the tile emulator (CPU, every push) and
+on the TileLang kernel (GPU runner). HYPOTHESIS_PROFILE sets how many examples run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fa_kernel import flash_attn_func
+from fa_kernel.emulator import attention_tiled
+from properties import PROPERTIES
+from strategies import cases
+
+
+def emulator(q, k, v, softmax_scale, causal):
+    return attention_tiled(q, k, v, softmax_scale=softmax_scale, causal=causal)
+
+
+def kernel(q, k, v, softmax_scale, causal):
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True)
+
+
+# (attend, device, strategy): the emulator runs smaller problems, since it is plain torch on a CPU.
+TARGETS = {
+    "emulator": (emulator, "cpu", cases(head_dims=(64, 128), max_len=600, max_score_elements=400_000)),
+    "kernel": (kernel, "cuda", cases(head_dims=(64, 128, 256), max_len=2100, max_score_elements=40_000_000)),
+}
+
+
+@pytest.mark.parametrize("target", [pytest.param("emulator"), pytest.param("kernel", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("check", PROPERTIES, ids=lambda check: check.__name__.removeprefix("check_"))
+@given(data=st.data())
+def test_property(target, check, data):
+    attend, device, strategy = TARGETS[target]
+    case = data.draw(strategy, label="case")
+    with torch.no_grad():
+        check(attend, case, device)

@@ -1,0 +1,95 @@
+"""The reference and the error metrics the whole suite leans on, checked on the CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa_kernel.reference import attention_flops, attention_ref, error_report, output_bound, visible_keys
+
+
+def naive_attention(q, k, v, causal, scale):
+    """Row by row in fp64, straight from the definition (bottom-right causal, GQA by groups)."""
+    batch, seqlen_q, nheads, _ = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full((batch, nheads, seqlen_q), -math.inf, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(nheads):
+            kv = h // (nheads // nheads_kv)
+            for i in range(seqlen_q):
+                last = i + seqlen_k - seqlen_q if causal else seqlen_k - 1
+                if last < 0:
+                    continue
+                scores = k[b, : last + 1, kv].double() @ q[b, i, h].double() * scale
+                weights = torch.softmax(scores, dim=0)
+                out[b, i, h] = weights @ v[b, : last + 1, kv].double()
+                lse[b, h, i] = torch.logsumexp(scores, dim=0)
+    return out, lse
+
+
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(5, 5), (3, 7), (7, 3), (1, 4)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_matches_the_definition(seqlen_q, seqlen_k, causal):
+    gen = torch.Generator().manual_seed(seqlen_q * 10 + seqlen_k)
+    q = torch.randn(2, seqlen_q, 4, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, seqlen_k, 2, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, seqlen_k, 2, 8, generator=gen, dtype=torch.float64)
+    out, lse = attention_ref(q, k, v, causal, 0.3, compute_dtype=torch.float64)
+    want_out, want_lse = naive_attention(q, k, v, causal, 0.3)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse.double(), want_lse)
+
+
+def test_bottom_right_causal_alignment():
+    # flash-attn >= 2.1: with 2 queries and 5 keys, query 0 sees keys 0..3 and query 1 all 5.
+    assert visible_keys(2, 5, causal=True).tolist() == [[True] * 4 + [False], [True] * 5]
+    # 5 queries over 2 keys: the first 3 rows see nothing.
+    assert visible_keys(5, 2, causal=True).sum(dim=1).tolist() == [0, 0, 0, 1, 2]
+
+
+def test_rows_that_see_no_key_output_zero_and_lse_minus_inf():
+    q, k, v = torch.randn(1, 5, 1, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    out, lse = attention_ref(q, k, v, causal=True)
+    assert torch.all(out[:, :3] == 0) and torch.all(lse[..., :3] == -math.inf)
+    assert torch.isfinite(out).all() and torch.isfinite(lse[..., 3:]).all()
+
+
+def test_baseline_rounds_what_the_kernel_rounds():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 300, 2, 64, generator=gen).half() for _ in range(3))
+    ref, _ = attention_ref(q, k, v)
+    baseline, _ = attention_ref(q, k, v, upcast=False)
+    assert baseline.dtype == torch.float16 and ref.dtype == torch.float32
+    bound = output_bound(ref, baseline, torch.float16)
+    # The baseline is wrong by more than one rounding of the output and by far less than fp16's
+    # worst case; the bound is twice it plus that rounding.
+    assert bound.rounding_max_abs < bound.baseline_max_abs < 1e-2
+    assert bound.atol == pytest.approx(2 * bound.baseline_max_abs + bound.rounding_max_abs)
+
+
+def test_error_report_counts_what_it_should():
+    ref = torch.tensor([1.0, 2.0, -math.inf, 4.0])
+    out = torch.tensor([1.0, 2.5, -math.inf, math.nan])
+    report = error_report(out, ref, atol=0.1, rtol=0.0)
+    assert report.nonfinite == 1 and report.mismatches == 2 and report.max_abs == math.inf
+    assert error_report(ref, ref).max_abs == 0.0
+
+
+def test_a_broken_output_is_outside_the_bound():
+    # The bound must be able to fail: an off-by-one causal mask is a small, local error.
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 200, 2, 64, generator=gen).half() for _ in range(3))
+    ref, _ = attention_ref(q, k, v, causal=True)
+    baseline, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    k_shifted, v_shifted = torch.roll(k, 1, dims=1), torch.roll(v, 1, dims=1)
+    wrong, _ = attention_ref(q, k_shifted, v_shifted, causal=True, upcast=False)
+    bound = output_bound(ref, baseline, torch.float16)
+    assert not bound.admits(error_report(wrong, ref, bound.atol, bound.rtol))
+
+
+def test_flops_convention():
+    assert attention_flops(8, 32, 4096, 4096, 128, False) == 4 * 8 * 32 * 4096 * 4096 * 128
+    assert attention_flops(8, 32, 4096, 4096, 128, True) == 2 * 8 * 32 * 4096 * 4096 * 128
