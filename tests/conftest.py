@@ -66,3 +66,15 @@ def _exact_fp32_matmul():
     torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def pytest_terminal_summary(terminalreporter):
+    # How many kernels this run compiled: hundreds of shapes should cost a handful of compiles.
+    import sys
+
+    kernel = sys.modules.get("fa_kernel.kernel")
+    if kernel is not None:
+        info = kernel.compiled_forward.cache_info()
+        terminalreporter.write_line(
+            f"fa_kernel: {info.misses} kernel builds (compiles or disk-cache loads), {info.hits} reuses"
+        )

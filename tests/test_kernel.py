@@ -14,7 +14,7 @@ import torch
 
 from fa_kernel import flash_attn_func
 from fa_kernel.kernel import compiled_forward
-from fa_kernel.reference import attention_ref, error_report, lse_bound, output_bound
+from fa_kernel.reference import judge
 
 pytestmark = pytest.mark.gpu
 
@@ -28,16 +28,9 @@ def random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype, se
 
 
 def assert_matches_reference(q, k, v, causal, softmax_scale=None):
-    scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
     out, lse = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True)
-    ref, ref_lse = attention_ref(q, k, v, causal, scale)
-    baseline, _ = attention_ref(q, k, v, causal, scale, upcast=False)
-    bound = output_bound(ref, baseline, q.dtype)
-    report = error_report(out, ref, bound.atol, bound.rtol)
-    assert bound.admits(report), f"output: {report} outside {bound}"
-    lse_tol = lse_bound(q, k, scale)
-    lse_report = error_report(lse, ref_lse, lse_tol.atol)
-    assert lse_tol.admits(lse_report), f"LSE: {lse_report} outside {lse_tol}"
+    verdict = judge(q, k, v, out, lse, causal, softmax_scale)
+    assert verdict.passed, str(verdict)
     return out, lse
 
 
@@ -117,7 +110,8 @@ def test_torch_compile_traces_without_graph_breaks():
     q, k, v = random_qkv(2, 257, 300, 8, 2, 128, torch.bfloat16)
 
     def layer(q, k, v):
-        return flash_attn_func(q * 2, k, v, causal=True).float().sum(dim=-1)
+        # Only exact arithmetic around the op, so compiled and eager must agree bitwise.
+        return flash_attn_func(q * 2, k, v, causal=True) * 4
 
     explanation = torch._dynamo.explain(layer)(q, k, v)
     assert explanation.graph_break_count == 0, explanation.break_reasons

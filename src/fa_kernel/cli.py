@@ -25,7 +25,7 @@ from fa_kernel.bench import Shape, cuda_median_ms, measure
 from fa_kernel.configs import TUNED, TileConfig, arch_of, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
 from fa_kernel.kernel import LOG2E, compiled_forward
-from fa_kernel.reference import attention_ref, error_report, lse_bound, output_bound
+from fa_kernel.reference import judge
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
 
@@ -98,13 +98,8 @@ def cmd_verify(args) -> int:
         k = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
         v = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
         out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-        ref, ref_lse = attention_ref(q, k, v, causal)
-        baseline, _ = attention_ref(q, k, v, causal, upcast=False)
-        bound = output_bound(ref, baseline, dtype)
-        report = error_report(out, ref, bound.atol, bound.rtol)
-        lse_tol = lse_bound(q, k, 1.0 / head_dim**0.5)
-        lse_report = error_report(lse, ref_lse, lse_tol.atol)
-        ok = bound.admits(report) and lse_tol.admits(lse_report)
+        verdict = judge(q, k, v, out, lse, causal)
+        report, bound, ok = verdict.output, verdict.output_bound, verdict.passed
         failed += not ok
         heads = f"{nheads}/{nheads_kv}" if nheads_kv != nheads else f"{nheads}"
         lens = f"{seqlen_q}" if seqlen_q == seqlen_k else f"{seqlen_q}x{seqlen_k}"
@@ -116,7 +111,7 @@ def cmd_verify(args) -> int:
                 f"{report.max_abs:.2e}",
                 f"{bound.atol:.2e}",
                 f"{report.mismatches}/{report.numel}",
-                f"{lse_report.max_abs:.1e}",
+                f"{verdict.lse.max_abs:.1e}",
                 "pass" if ok else "FAIL",
             ]
         )

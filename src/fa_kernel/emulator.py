@@ -59,9 +59,9 @@ def attention_tiled(
         row_max = torch.full((batch, nheads, rows), -math.inf)
         num_kv_blocks = -(-seqlen_k // block_n)
         if causal:
-            # Tiles right of this block's last visible key are never loaded.
+            # Tiles right of this block's last visible key are never loaded; one tile always is.
             last_visible = q_start + block_m + diagonal_offset
-            num_kv_blocks = max(0, min(num_kv_blocks, -(-last_visible // block_n)))
+            num_kv_blocks = max(1, min(num_kv_blocks, -(-last_visible // block_n)))
         for kv_block in range(num_kv_blocks):
             kv_start = kv_block * block_n
             k_tile = k_all[:, :, kv_start : kv_start + block_n]

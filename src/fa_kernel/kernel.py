@@ -90,9 +90,12 @@ def forward_program(
 
             num_kv_blocks = T.ceildiv(seqlen_k, block_n)
             if causal:
-                # Tiles right of this block's last visible key are never loaded.
+                # Tiles right of this block's last visible key are never loaded. At least one
+                # tile is: a block whose rows all see no key (seqlen_q > seqlen_k) must still wait
+                # for its Q load inside the loop, since a block that exits with a TMA load in
+                # flight lets it land in the next block's shared memory. The mask zeroes that tile.
                 last_visible = q_start + block_m + diagonal_offset
-                num_kv_blocks = T.max(0, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
+                num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
 
             for kv_block in T.Pipelined(num_kv_blocks, num_stages=config.num_stages):
                 kv_start = kv_block * block_n
