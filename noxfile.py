@@ -295,6 +295,12 @@ def sanitize(session: nox.Session) -> None:
     require_gpu(session)
     for tool in ("memcheck", "racecheck"):
         session.run(
-            "compute-sanitizer", f"--tool={tool}", "--error-exitcode=1", "--target-processes=all",
-            "python", "tests/sanitize_cases.py", *session.posargs, external=True,
+            "compute-sanitizer",
+            f"--tool={tool}",
+            "--error-exitcode=1",
+            "--target-processes=all",
+            "python",
+            "tests/sanitize_cases.py",
+            *session.posargs,
+            external=True,
         )

@@ -95,7 +95,7 @@ def _check_inputs(q, k, v, softmax_scale, causal) -> float:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     elif not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
         raise TypeError(f"softmax_scale: expected a real number or None, got {type(softmax_scale).__name__}")
-    elif not (math.isfinite(softmax_scale) and softmax_scale > 0):
+    elif not (math.isfinite(float(softmax_scale)) and float(softmax_scale) > 0):
         # A non-positive scale would turn the -inf of masked keys into +inf or NaN.
         raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="valid-type"
+# (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types.)
 """The TileLang FlashAttention-2 forward kernel (Algorithm 1) and its compile cache.
 
 One thread block owns `block_m` query rows of one (batch, head). It keeps that Q tile in

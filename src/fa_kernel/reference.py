@@ -223,7 +223,9 @@ def judge(
     # Largest attention weight in any row is exp(max score - lse); times max|v| it is the
     # largest single term of any output.
     peak_weight = (
-        torch.exp(_max_scores(q, k, causal, scale) - ref_lse).nan_to_num(0.0).max().item() if q.numel() and k.numel() else 0.0
+        torch.exp(_max_scores(q, k, causal, scale) - ref_lse).nan_to_num(0.0).max().item()
+        if q.numel() and k.numel()
+        else 0.0
     )
     bound = output_bound(
         ref,

@@ -1,0 +1,71 @@
+"""The shape families the suite times, and the setup their benchmarks share.
+
+Each family is a class with asv `params` and a `shape_for(*params)`; `perf` and
+`throughput` add the benchmark methods. One launch fills the H200: batch * seqlen_q is
+TOKENS, so every case has thousands of (query block, head, batch) tiles for 132 SMs.
+"""
+
+import torch
+
+from fa_kernel.bench import Shape, runners
+
+TOKENS = 32768  # batch * seqlen_q
+HIDDEN = 2048  # nheads * head_dim of the MHA grid: the same bytes per token at every head_dim
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def require_cuda() -> None:
+    """Raise in setup where there is no GPU: asv then records the benchmark as skipped."""
+    if not torch.cuda.is_available():
+        raise NotImplementedError("no CUDA device")
+
+
+class Case:
+    """setup: inputs, kernel compile and a first call of every implementation (untimed)."""
+
+    timeout = 300  # seconds per benchmark process: a cold TileLang compile is part of setup
+
+    def setup(self, *params):
+        require_cuda()
+        self.shape = self.shape_for(*params)
+        self.fns = runners(self.shape)  # fa_kernel, and torch SDPA's cuDNN/flash where they take it
+        for fn in self.fns.values():
+            fn()
+        torch.cuda.synchronize()
+
+    def shape_for(self, *params) -> Shape:
+        raise NotImplementedError
+
+
+class MHA(Case):
+    """Multi-head attention, nheads = HIDDEN / head_dim."""
+
+    params = ([1024, 4096, 16384], [64, 128], [False, True], list(DTYPES))
+    param_names = ["seq_len", "head_dim", "causal", "dtype"]
+
+    def shape_for(self, seq_len, head_dim, causal, dtype):
+        return Shape(TOKENS // seq_len, HIDDEN // head_dim, seq_len, head_dim, causal, DTYPES[dtype])
+
+
+class GQA(Case):
+    """Grouped-query attention: 32 query heads share 8 K/V heads, head_dim 128, 4096 tokens."""
+
+    params = ([False, True], list(DTYPES))
+    param_names = ["causal", "dtype"]
+
+    def shape_for(self, causal, dtype):
+        return Shape(TOKENS // 4096, 32, 4096, 128, causal, DTYPES[dtype], nheads_kv=8)
+
+
+class Prefill(Case):
+    """A prefill chunk against a KV cache 4x longer (GQA 32/8, head_dim 128, bf16).
+
+    Causal is bottom-right aligned, which torch SDPA does not offer when seqlen_q != seqlen_k,
+    so causal prefill has no cuDNN figure.
+    """
+
+    params = ([1024, 4096], [False, True])
+    param_names = ["seqlen_q", "causal"]
+
+    def shape_for(self, seqlen_q, causal):
+        return Shape(TOKENS // seqlen_q, 32, seqlen_q, 128, causal, torch.bfloat16, nheads_kv=8, seqlen_k=4 * seqlen_q)

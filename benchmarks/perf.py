@@ -1,0 +1,44 @@
+"""Gated speed figures, lower is better: forward time, and time relative to cuDNN.
+
+Kernels run asynchronously and asv's own timer is wall-clock, so each figure is a
+`track_` benchmark returning the median of CUDA-event timings (`fa_kernel.bench`), taken
+after setup has compiled and warmed everything up.
+"""
+
+from asv_runner.benchmarks.mark import SkipNotImplemented
+
+from fa_kernel.bench import cuda_median_ms
+
+from . import cases
+
+
+class _Gated:
+    def track_ms(self, *params):
+        """Median forward time of fa_kernel."""
+        return cuda_median_ms(self.fns["fa_kernel"])
+
+    track_ms.unit = "ms"
+
+    def track_vs_cudnn(self, *params):
+        """fa_kernel time / torch SDPA cuDNN time, both measured here on the same inputs.
+
+        Machine drift (clocks, temperature, driver) moves both alike, so this ratio is
+        steadier than either time; above 1 means slower than cuDNN.
+        """
+        if "cudnn" not in self.fns:
+            raise SkipNotImplemented("torch SDPA's cuDNN backend does not take this case")
+        return cuda_median_ms(self.fns["fa_kernel"]) / cuda_median_ms(self.fns["cudnn"])
+
+    track_vs_cudnn.unit = "x cuDNN time"
+
+
+class MHA(_Gated, cases.MHA):
+    pass
+
+
+class GQA(_Gated, cases.GQA):
+    pass
+
+
+class Prefill(_Gated, cases.Prefill):
+    pass
