@@ -40,7 +40,7 @@ def require_gpu(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite: CPU tests everywhere, GPU tests too where a CUDA device exists."""
-    install(session, "test")
+    install(session, "test", "bench")  # bench: `asv check` is part of the suite
     session.run("pytest", *session.posargs)
 
 
@@ -55,10 +55,12 @@ def gpu(session: nox.Session) -> None:
 
 
 # `asv continuous` fails when a gated figure is worse by more than this factor (after/before).
-# 1.10 until run-to-run noise measured on the H200 (`benchmarks/prove_asv.sh noise`) says otherwise.
+# Measured on the H200 (2026-11-29, two builds of the same code, MHA 4096 d128 bf16): the
+# gated ratio to cuDNN moved 0.2% (non-causal) and 2.7% (causal); 1.10 leaves more than 3x
+# that margin and still catches a 10% slowdown. Absolute ms moved 9%, so they do not gate.
 ASV_FACTOR = 1.10
-ASV_GATED = r"^(perf|accuracy)\."  # lower is better: ms, time relative to cuDNN, error, mismatches
-ASV_DISPLAYED = r"^throughput\."  # TFLOP/s: higher is better, so recorded for HEAD, never compared
+ASV_GATED = r"^(perf|accuracy)\."  # lower is better: time relative to cuDNN, max error, mismatches
+ASV_DISPLAYED = r"^throughput\."  # ms and TFLOP/s: recorded for HEAD, never compared
 
 
 @nox.session(python=PYTHON)
