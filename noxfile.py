@@ -80,11 +80,7 @@ def bench(session: nox.Session) -> None:
     require_gpu(session)
     base, head, narrow = [*session.posargs, *["main", "HEAD", ""][len(session.posargs) :]][:3]
     machine = os.environ.get("FA_KERNEL_ASV_MACHINE", "gpu-runner")
-    asv = ["python", "-m", "asv"]
-    if session.venv_backend == "none":
-        asv += ["--config", "asv.offline.conf.json"]
-        session.env["ASV_PYTHONPATH"] = _runner_site(session)
-        session.env["PIP_NO_INDEX"] = "1"
+    asv = asv_command(session)
     narrowed = f".*(?:{narrow})" if narrow else ""
     on_machine = ["--machine", machine, "--show-stderr"]
 
@@ -99,6 +95,23 @@ def bench(session: nox.Session) -> None:
         session.error(f"asv: a gated benchmark got worse by more than {ASV_FACTOR}x, or failed, from {base} to {head}")
     session.run(*asv, "run", *on_machine, "--bench", ASV_DISPLAYED + narrowed, f"{head}^!", success_codes=[0, 1, 2])
     session.run(*asv, "publish")
+
+
+@nox.session(python=PYTHON)
+def asv(session: nox.Session) -> None:
+    """asv itself, configured as `bench` runs it: `nox -s asv -- compare main HEAD`, `-- run NEW`."""
+    install(session, "bench")
+    session.run(*asv_command(session), *session.posargs)
+
+
+def asv_command(session: nox.Session) -> list[str]:
+    """`python -m asv` with asv.conf.json, or, under `nox --no-venv`, with asv.offline.conf.json
+    and the environment it needs (nothing downloaded; torch and TileLang from this Python)."""
+    if session.venv_backend != "none":
+        return ["python", "-m", "asv"]
+    session.env["ASV_PYTHONPATH"] = _runner_site(session)
+    session.env["PIP_NO_INDEX"] = "1"
+    return ["python", "-m", "asv", "--config", "asv.offline.conf.json"]
 
 
 def _runner_site(session: nox.Session) -> str:

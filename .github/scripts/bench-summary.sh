@@ -22,7 +22,8 @@ status=0
   echo "### asv compare ${base:0:10} → ${head:0:10} (machine $machine)"
   echo
   echo '```'
-  if ! "$here/asv.sh" compare --split --factor 1.10 --machine "$machine" "$base" "$head"; then
+  # --factor: ASV_FACTOR in noxfile.py
+  if ! "$here/nox.sh" -s asv -- compare --split --factor 1.10 --machine "$machine" "$base" "$head"; then
     echo "asv compare failed: see the job log"
     status=1
   fi
