@@ -18,10 +18,19 @@ from strategies import Case
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
 
 
-def run(attend: Attend, case: Case, device, q=None, k=None, v=None):
-    if q is None:
-        q, k, v = case.inputs(device)
-    return attend(q, k, v, case.scale, case.causal)
+def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Bitwise equality, or an AssertionError that says how many elements differ, by how much
+    and where: a race shows as a few scattered elements, a logic error as whole rows or heads."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if torch.equal(actual, expected):
+        return
+    differ = actual != expected
+    first = tuple(differ.nonzero()[0].tolist())
+    gap = (actual.double() - expected.double()).abs()[differ].max().item()
+    raise AssertionError(
+        f"{what}: {int(differ.sum())} of {differ.numel()} elements differ (max |diff| {gap:.3g}); "
+        f"first at {first}: {actual[first].item()!r} vs {expected[first].item()!r}"
+    )
 
 
 def check_accuracy(attend: Attend, case: Case, device) -> None:
@@ -47,8 +56,8 @@ def check_causal_past(attend: Attend, case: Case, device) -> None:
     out2, lse2 = attend(q, k2, v2, case.scale, case.causal)
     # Row i sees keys j <= i + (seqlen_k - seqlen_q); it sees none of the changed ones while that is < cut.
     rows = max(0, min(case.seqlen_q, cut - (case.seqlen_k - case.seqlen_q)))
-    assert torch.equal(out[:, :rows], out2[:, :rows]), f"rows < {rows} changed when keys >= {cut} changed"
-    assert torch.equal(lse[:, :, :rows], lse2[:, :, :rows]), f"LSE of rows < {rows} changed"
+    assert_same(out2[:, :rows], out[:, :rows], f"output of rows < {rows} after changing keys >= {cut}")
+    assert_same(lse2[:, :, :rows], lse[:, :, :rows], f"LSE of rows < {rows} after changing keys >= {cut}")
 
 
 def check_equivariance(attend: Attend, case: Case, device) -> None:
@@ -63,10 +72,10 @@ def check_equivariance(attend: Attend, case: Case, device) -> None:
     q_perm = (kv_perm[:, None] * group + torch.arange(group)).flatten().to(q.device)
     kv_perm = kv_perm.to(q.device)
     out_b, _ = attend(q[batch_perm], k[batch_perm], v[batch_perm], case.scale, case.causal)
-    assert torch.equal(out_b, out[batch_perm]), "permuting the batch did not permute the output"
+    assert_same(out_b, out[batch_perm], "output with the batch permuted")
     out_h, lse_h = attend(q[:, :, q_perm], k[:, :, kv_perm], v[:, :, kv_perm], case.scale, case.causal)
-    assert torch.equal(out_h, out[:, :, q_perm]), "permuting heads did not permute the output"
-    assert torch.equal(lse_h, lse[:, q_perm]), "permuting heads did not permute the LSE"
+    assert_same(out_h, out[:, :, q_perm], "output with the heads permuted")
+    assert_same(lse_h, lse[:, q_perm], "LSE with the heads permuted")
     # Doubling is exact in binary floating point, except where an output element is
     # subnormal: there the rounding step is absolute, and 2·round(x) and round(2x) may
     # differ by the smallest subnormal. Near fp32's own subnormals (the 'tiny' bf16 inputs)
@@ -77,7 +86,7 @@ def check_equivariance(attend: Attend, case: Case, device) -> None:
     out_2v, _ = attend(q, k, v * 2, case.scale, case.causal)
     diff = (out_2v.double() - 2 * out.double()).abs()
     normal = out.abs() >= finfo.tiny
-    assert torch.all(diff[normal] == 0), "scaling V by 2 did not scale the output by 2"
+    assert_same(out_2v[normal], (out * 2)[normal], "output with V doubled (normal outputs)")
     assert torch.all(diff[~normal] <= 2 * finfo.smallest_normal * finfo.eps), "scaling V by 2, subnormal outputs"
 
 
@@ -86,7 +95,8 @@ def check_deterministic(attend: Attend, case: Case, device) -> None:
     q, k, v = case.inputs(device)
     out1, lse1 = attend(q, k, v, case.scale, case.causal)
     out2, lse2 = attend(q, k, v, case.scale, case.causal)
-    assert torch.equal(out1, out2) and torch.equal(lse1, lse2), "two runs on the same input differ"
+    assert_same(out2, out1, "output of a second run on the same input")
+    assert_same(lse2, lse1, "LSE of a second run on the same input")
 
 
 PROPERTIES = (check_accuracy, check_causal_past, check_equivariance, check_deterministic)
