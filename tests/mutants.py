@@ -121,10 +121,10 @@ EMULATOR_MUTANTS = [
     Mutant(
         "rescale_after_gemm",
         "emulator.py",
-        """            acc_o = acc_o * alpha[..., None]  # rescale before P.V adds this tile
+        """            acc_o = acc_o * alpha[:, None]  # rescale before P.V adds this tile
             acc_o = acc_o + acc_p.float() @ v_tile""",
         """            acc_o = acc_o + acc_p.float() @ v_tile
-            acc_o = acc_o * alpha[..., None]""",
+            acc_o = acc_o * alpha[:, None]""",
     ),
     Mutant(
         "last_tile_sum", "emulator.py", "row_sum = row_sum * alpha + acc_s.sum(dim=-1)", "row_sum = acc_s.sum(dim=-1)"
@@ -149,15 +149,10 @@ EMULATOR_MUTANTS = [
     Mutant(
         "no_max_subtraction",
         "emulator.py",
-        "acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[..., None])",
+        "acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[:, None])",
         "acc_s = torch.exp2(acc_s * scale_log2)",
     ),
-    Mutant(
-        "gqa_wrong_kv_head",
-        "emulator.py",
-        "k.float().transpose(1, 2).repeat_interleave(group_size, dim=1)",
-        "k.float().transpose(1, 2).repeat(1, group_size, 1, 1)",
-    ),
+    Mutant("gqa_wrong_kv_head", "emulator.py", "kv_head = head // group_size", "kv_head = head % nheads_kv"),
     Mutant(
         "lse_in_log2",
         "emulator.py",

@@ -33,30 +33,47 @@ def attention_tiled(
     `config` defaults to the tiles the kernel uses on the H200 (sm_90).
     """
     batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    nheads_kv = k.shape[2]
     group_size = nheads // nheads_kv
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     scale_log2 = softmax_scale * LOG2E
     config = config or select_config("sm_90", head_dim, causal)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32)
+    # One (batch, head) at a time, as the kernel's grid does: every head then runs the very
+    # same torch ops on same-shaped tensors, so results do not depend on a head's position
+    # (CPU kernels vectorise across a whole tensor and treat its tail differently).
+    for b in range(batch):
+        for head in range(nheads):
+            kv_head = head // group_size  # GQA/MQA: a group of query heads shares a K/V head
+            out[b, :, head], lse[b, head] = _attend_one_head(
+                q[b, :, head], k[b, :, kv_head], v[b, :, kv_head], scale_log2, causal, config
+            )
+    return out, lse
+
+
+def _attend_one_head(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale_log2: float, causal: bool, config: TileConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (batch, head): q [seqlen_q, head_dim], k and v [seqlen_k, head_dim] -> (out, lse)."""
+    seqlen_q, head_dim = q.shape
+    seqlen_k = k.shape[0]
     block_m, block_n = config.block_m, config.block_n
-    # [batch, nheads, seqlen, head_dim], fp32; K/V repeated per query head (the kernel
-    # indexes the shared K/V head instead; the arithmetic is the same).
     # The last K/V tile reads past seqlen_k; like TMA, it gets zeros there, which the mask must hide.
     padded_k = -(-seqlen_k // block_n) * block_n
-    q_all = q.float().transpose(1, 2)
-    k_all = _pad_seq(k.float().transpose(1, 2).repeat_interleave(group_size, dim=1), padded_k)
-    v_all = _pad_seq(v.float().transpose(1, 2).repeat_interleave(group_size, dim=1), padded_k)
-    out = torch.empty(batch, nheads, seqlen_q, head_dim, dtype=q.dtype)
-    lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32)
+    k_all = torch.nn.functional.pad(k.float(), (0, 0, 0, padded_k - seqlen_k))
+    v_all = torch.nn.functional.pad(v.float(), (0, 0, 0, padded_k - seqlen_k))
+    out = torch.empty(seqlen_q, head_dim, dtype=q.dtype)
+    lse = torch.empty(seqlen_q, dtype=torch.float32)
     diagonal_offset = seqlen_k - seqlen_q
     for q_start in range(0, seqlen_q, block_m):
-        q_tile = q_all[:, :, q_start : q_start + block_m]
-        rows = q_tile.shape[2]
+        q_tile = q[q_start : q_start + block_m].float()
+        rows = q_tile.shape[0]
         q_idx = torch.arange(q_start, q_start + rows)[:, None]
-        acc_o = torch.zeros(batch, nheads, rows, head_dim)
-        row_sum = torch.zeros(batch, nheads, rows)
-        row_max = torch.full((batch, nheads, rows), -math.inf)
+        acc_o = torch.zeros(rows, head_dim)
+        row_sum = torch.zeros(rows)
+        row_max = torch.full((rows,), -math.inf)
         num_kv_blocks = -(-seqlen_k // block_n)
         if causal:
             # Tiles right of this block's last visible key are never loaded; one tile always is.
@@ -64,39 +81,31 @@ def attention_tiled(
             num_kv_blocks = max(1, min(num_kv_blocks, -(-last_visible // block_n)))
         for kv_block in range(num_kv_blocks):
             kv_start = kv_block * block_n
-            k_tile = k_all[:, :, kv_start : kv_start + block_n]
-            v_tile = v_all[:, :, kv_start : kv_start + block_n]
+            k_tile = k_all[kv_start : kv_start + block_n]
+            v_tile = v_all[kv_start : kv_start + block_n]
             k_idx = torch.arange(kv_start, kv_start + block_n)[None, :]
             masked = k_idx >= seqlen_k
             if causal:
                 masked = masked | (k_idx > q_idx + diagonal_offset)
             # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
             acc_s = torch.zeros(rows, block_n).masked_fill(masked, -math.inf)
-            acc_s = acc_s + q_tile @ k_tile.transpose(-1, -2)
+            acc_s = acc_s + q_tile @ k_tile.T
 
             row_max_prev = row_max
             row_max = torch.maximum(row_max_prev, acc_s.amax(dim=-1))
             # 0 stands in for the max of a row with no visible key yet: -inf - 0, not NaN.
             row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
             alpha = torch.exp2(row_max_prev * scale_log2 - row_max_scaled)
-            acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[..., None])
+            acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[:, None])
             row_sum = row_sum * alpha + acc_s.sum(dim=-1)
             acc_p = acc_s.to(q.dtype)  # the only down-cast
 
-            acc_o = acc_o * alpha[..., None]  # rescale before P.V adds this tile
+            acc_o = acc_o * alpha[:, None]  # rescale before P.V adds this tile
             acc_o = acc_o + acc_p.float() @ v_tile
 
+        # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
         has_keys = row_sum > 0
-        out[:, :, q_start : q_start + rows] = torch.where(has_keys[..., None], acc_o / row_sum[..., None], 0.0).to(
-            q.dtype
-        )
+        out[q_start : q_start + rows] = torch.where(has_keys[:, None], acc_o / row_sum[:, None], 0.0).to(q.dtype)
         row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
-        lse[:, :, q_start : q_start + rows] = torch.where(
-            has_keys, (row_max_scaled + torch.log2(row_sum)) * LN2, -math.inf
-        )
-    return out.transpose(1, 2), lse
-
-
-def _pad_seq(t: torch.Tensor, length: int) -> torch.Tensor:
-    """Zero-pad [batch, heads, seqlen, dim] along seqlen to `length`."""
-    return torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[2]))
+        lse[q_start : q_start + rows] = torch.where(has_keys, (row_max_scaled + torch.log2(row_sum)) * LN2, -math.inf)
+    return out, lse
