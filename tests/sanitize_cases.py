@@ -11,7 +11,7 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.reference import judge
+from fa_kernel.reference import judge, random_qkv
 
 SHAPES = [  # batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim
     (1, 1, 1, 2, 2, 64),
@@ -27,10 +27,7 @@ def main() -> int:
     for (batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim), dtype, causal in itertools.product(
         SHAPES, (torch.float16, torch.bfloat16), (False, True)
     ):
-        gen = torch.Generator(device="cuda").manual_seed(seqlen_q)
-        q = torch.randn(batch, seqlen_q, nheads, head_dim, device="cuda", generator=gen).to(dtype)
-        k = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
-        v = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
+        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype, seed=seqlen_q)
         out = flash_attn_func(q, k, v, causal=causal)
         torch.cuda.synchronize()
         ok = judge(q, k, v, out, causal=causal).passed

@@ -14,17 +14,9 @@ import torch
 
 from fa_kernel import flash_attn_func
 from fa_kernel.kernel import compiled_forward
-from fa_kernel.reference import judge
+from fa_kernel.reference import judge, random_qkv
 
 pytestmark = pytest.mark.gpu
-
-
-def random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(batch, seqlen_q, nheads, head_dim, device="cuda", generator=gen).to(dtype)
-    k = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
-    v = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
-    return q, k, v
 
 
 def assert_matches_reference(q, k, v, causal, softmax_scale=None):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from fa_kernel.interface import flash_attn_func
-from fa_kernel.reference import attention_flops
+from fa_kernel.reference import attention_flops, random_qkv
 
 
 def cuda_median_ms(fn: Callable[[], object], warmup: int = 10, repeats: int = 50) -> float:
@@ -62,12 +62,9 @@ class Shape:
         return f"{self.batch}x{heads}x{lens}x{self.head_dim} {dtype}{' causal' if self.causal else ''}"
 
     def inputs(self, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        q = torch.randn(self.batch, self.seqlen_q, self.nheads, self.head_dim, generator=gen, device="cuda")
-        kv_shape = (self.batch, self.keys, self.heads_kv, self.head_dim)
-        k = torch.randn(kv_shape, generator=gen, device="cuda")
-        v = torch.randn(kv_shape, generator=gen, device="cuda")
-        return q.to(self.dtype), k.to(self.dtype), v.to(self.dtype)
+        return random_qkv(
+            self.batch, self.seqlen_q, self.keys, self.nheads, self.heads_kv, self.head_dim, self.dtype, seed
+        )
 
 
 def sdpa_backends() -> dict[str, object]:

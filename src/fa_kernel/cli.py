@@ -26,7 +26,7 @@ from fa_kernel.bench import Shape, cuda_median_ms, measure
 from fa_kernel.configs import TUNED, TileConfig, arch_of, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
 from fa_kernel.kernel import LOG2E, compiled_forward
-from fa_kernel.reference import judge
+from fa_kernel.reference import judge, random_qkv
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
 
@@ -100,10 +100,7 @@ def cmd_verify(args) -> int:
     for (batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim), (dtype_name, dtype), causal in track(
         cases, description="verifying", console=console, transient=True, disable=args.markdown
     ):
-        gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 7919 + seqlen_k)
-        q = torch.randn(batch, seqlen_q, nheads, head_dim, device="cuda", generator=gen).to(dtype)
-        k = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
-        v = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device="cuda", generator=gen).to(dtype)
+        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype, seqlen_q * 7919 + seqlen_k)
         out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
         verdict = judge(q, k, v, out, lse, causal)
         report, bound, ok = verdict.output, verdict.output_bound, verdict.passed

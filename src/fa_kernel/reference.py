@@ -44,17 +44,23 @@ def attention_ref(
     seqlen_k = k.shape[1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    k, v = _repeat_kv(k, nheads), _repeat_kv(v, nheads)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
+    scores = masked_scores(q, k, causal, softmax_scale)
     visible = visible_keys(seqlen_q, seqlen_k, causal, device=q.device)
-    scores = scores.masked_fill(~visible, -math.inf)
     lse = torch.logsumexp(scores, dim=-1).float()
     # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0.
     probs = torch.softmax(scores, dim=-1).masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)
     if not upcast:
         probs = probs.to(dtype).to(work_dtype)
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, _repeat_kv(v, nheads))
     return (out if upcast else out.to(dtype)), lse
+
+
+def masked_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
+    """[batch, nheads, seqlen_q, seqlen_k]: scaled scores in q's dtype, -inf where a query may
+    not see a key; K heads are shared by query-head groups (GQA)."""
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, _repeat_kv(k, q.shape[2]).to(q.dtype)) * softmax_scale
+    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
+    return scores.masked_fill(~visible, -math.inf)
 
 
 def visible_keys(seqlen_q: int, seqlen_k: int, causal: bool, device=None) -> torch.Tensor:
@@ -64,6 +70,25 @@ def visible_keys(seqlen_q: int, seqlen_k: int, causal: bool, device=None) -> tor
     rows = torch.arange(seqlen_q, device=device)[:, None]
     cols = torch.arange(seqlen_k, device=device)[None, :]
     return cols <= rows + (seqlen_k - seqlen_q)
+
+
+def random_qkv(
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    nheads: int,
+    nheads_kv: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    device: str | torch.device = "cuda",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Standard-normal q [B, Sq, H, D], k and v [B, Sk, Hkv, D] from their own seeded generator."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(batch, seqlen_q, nheads, head_dim, device=device, generator=gen)
+    k = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device=device, generator=gen)
+    v = torch.randn(batch, seqlen_k, nheads_kv, head_dim, device=device, generator=gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 @dataclass(frozen=True)
@@ -176,13 +201,6 @@ def lse_bound(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> Bound:
     return Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=atol, rtol=0.0)
 
 
-def _max_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """[batch, nheads, seqlen_q]: each row's largest visible scaled score (fp32)."""
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), _repeat_kv(k, q.shape[2]).float()) * scale
-    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
-    return scores.masked_fill(~visible, -math.inf).amax(dim=-1)
-
-
 def _repeat_kv(k: torch.Tensor, nheads: int) -> torch.Tensor:
     return k.repeat_interleave(nheads // k.shape[2], dim=2)
 
@@ -223,7 +241,10 @@ def judge(
     # Largest attention weight in any row is exp(max score - lse); times max|v| it is the
     # largest single term of any output.
     peak_weight = (
-        torch.exp(_max_scores(q, k, causal, scale) - ref_lse).nan_to_num(0.0).max().item()
+        torch.exp(masked_scores(q.float(), k.float(), causal, scale).amax(dim=-1) - ref_lse)
+        .nan_to_num(0.0)
+        .max()
+        .item()
         if q.numel() and k.numel()
         else 0.0
     )
