@@ -305,10 +305,10 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def sanitize(session: nox.Session) -> None:
-    """compute-sanitizer memcheck and racecheck over representative shapes (GPU)."""
+    """compute-sanitizer memcheck, racecheck and synccheck over representative shapes (GPU)."""
     install(session, "test")
     require_gpu(session)
-    for tool in ("memcheck", "racecheck"):
+    for tool in ("memcheck", "racecheck", "synccheck"):
         session.run(
             "compute-sanitizer",
             f"--tool={tool}",

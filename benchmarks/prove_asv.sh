@@ -2,7 +2,7 @@
 # Prove the asv gate on an offline GPU machine (the H200), from a git bundle of this repo.
 #
 #   git bundle create .gpu/repo.bundle --all     # here, after committing; the tree travels without .git
-#   bash benchmarks/prove_asv.sh                 # there (carry .gpu), from the tree's root: (a) (b) (c)
+#   bash benchmarks/prove_asv.sh [a] [b] [c]     # there (carry .gpu), from the tree's root; default all three
 #   bash benchmarks/prove_asv.sh noise [REGEX]   # there: run-to-run noise, to set ASV_FACTOR in noxfile.py
 #
 # It clones the bundle to /tmp/repo, commits sed edits on top of main, and runs the CI gate,
@@ -88,19 +88,26 @@ git checkout -q main
 
 perf="MHA\.track_\w+\(4096, 128, \w+, 'bfloat16'\)"
 acc="Accuracy\.track_\w+\(128, \w+, 'bfloat16'\)"
-rc_a=$(gate prove-comment "$perf|$acc")
-rc_b=$(gate prove-slow "$perf")
-rc_c=$(gate prove-acc "$acc")
-
+want() { [[ " ${experiments} " == *" $1 "* ]]; }
+experiments="${*:-a b c}"
 {
-    verdict "(a) comment-only" "exit 0" test "$rc_a" = 0
-    flagged prove-comment
-    verdict "(b) slowed" "exit 1, flags perf.* with causal False only" \
-        bash -c "[ $rc_b = 1 ] && grep -qE '^\| [+!] .*perf\..*False' '$out/prove-slow.log' && ! grep -qE '^\| [+!] .*True' '$out/prove-slow.log'"
-    flagged prove-slow
-    verdict "(c) accuracy" "exit 1, flags accuracy.* with causal True only" \
-        bash -c "[ $rc_c = 1 ] && grep -qE '^\| [+!] .*accuracy\..*True' '$out/prove-acc.log' && ! grep -qE '^\| [+!] .*False' '$out/prove-acc.log'"
-    flagged prove-acc
-    noise prove-comment
+    if want a; then
+        rc_a=$(gate prove-comment "$perf|$acc")
+        verdict "(a) comment-only" "exit 0" test "$rc_a" = 0
+        flagged prove-comment
+    fi
+    if want b; then
+        rc_b=$(gate prove-slow "$perf")
+        verdict "(b) slowed" "exit 1, flags perf.* with causal False only" \
+            bash -c "[ $rc_b = 1 ] && grep -qE '^\| [+!] .*perf\..*False' '$out/prove-slow.log' && ! grep -qE '^\| [+!] .*True' '$out/prove-slow.log'"
+        flagged prove-slow
+    fi
+    if want c; then
+        rc_c=$(gate prove-acc "$acc")
+        verdict "(c) accuracy" "exit 1, flags accuracy.* with causal True only" \
+            bash -c "[ $rc_c = 1 ] && grep -qE '^\| [+!] .*accuracy\..*True' '$out/prove-acc.log' && ! grep -qE '^\| [+!] .*False' '$out/prove-acc.log'"
+        flagged prove-acc
+    fi
+    if want a; then noise prove-comment; fi
     echo "total: $SECONDS s"
-} | tee -a "$out/summary.txt"
+} 2>&1 | tee -a "$out/summary.txt"

@@ -35,20 +35,37 @@ class Mutant:
     new: str
 
 
-RESCALE_THEN_GEMM = """                for i, d in T.Parallel(block_m, head_dim):
-                    acc_o[i, d] *= alpha[i]
-                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
-                T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)"""
+# The steady-state loop's rescale and P.V: acc_o *= alpha_{j-1}, then acc_o += P_{j-1}.V_{j-1}.
+LOOP_RESCALE_THEN_GEMM = """                    rescale_output(acc_o, alpha)
+                    T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
+                    T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)"""
+LAST_RESCALE_THEN_GEMM = """                rescale_output(acc_o, alpha)
+                T.mbarrier_wait_parity(v_full[last % stages], (last // stages) & 1)
+                T.wgmma_gemm(acc_p, V_shared[last % stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)"""
 
 KERNEL_MUTANTS = [
     Mutant(
+        # acc_o = (acc_o + P.V) * alpha: the GEMM is waited for, then rescaled by the same alpha.
         "rescale_after_gemm",
         "kernel.py",
-        RESCALE_THEN_GEMM,
-        """                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
-                T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                for i, d in T.Parallel(block_m, head_dim):
-                    acc_o[i, d] *= alpha[i]""",
+        LOOP_RESCALE_THEN_GEMM,
+        """                    T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
+                    T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                    rescale_output(acc_o, alpha)""",
+    ),
+    Mutant(
+        "last_tile_rescale_after_gemm",
+        "kernel.py",
+        LAST_RESCALE_THEN_GEMM,
+        """                T.mbarrier_wait_parity(v_full[last % stages], (last // stages) & 1)
+                T.wgmma_gemm(acc_p, V_shared[last % stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                rescale_output(acc_o, alpha)""",
     ),
     Mutant(
         "last_tile_sum", "kernel.py", "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]", "row_sum[i] = tile_sum[i]"
@@ -62,10 +79,10 @@ KERNEL_MUTANTS = [
     Mutant(
         "max_order_swapped",
         "kernel.py",
-        """                T.copy(row_max, row_max_prev)
-                T.reduce_max(acc_s, row_max, dim=1, clear=False)""",
-        """                T.reduce_max(acc_s, row_max, dim=1, clear=False)
-                T.copy(row_max, row_max_prev)""",
+        """        T.copy(row_max, row_max_prev)
+        T.reduce_max(acc_s, row_max, dim=1, clear=False)""",
+        """        T.reduce_max(acc_s, row_max, dim=1, clear=False)
+        T.copy(row_max, row_max_prev)""",
     ),
     Mutant(
         "no_boundary_mask",
@@ -76,8 +93,15 @@ KERNEL_MUTANTS = [
     Mutant(
         "causal_off_by_one",
         "kernel.py",
-        "(kv_start + j > q_start + i + diagonal_offset)",
-        "(kv_start + j >= q_start + i + diagonal_offset)",
+        "kv_start + j > q_start + i + diagonal_offset",
+        "kv_start + j >= q_start + i + diagonal_offset",
+    ),
+    Mutant(
+        # The diagonal tiles lose their mask: only tiles past seqlen_k get one.
+        "mask_only_past_the_end",
+        "kernel.py",
+        "needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)",
+        "needs_mask = needs_mask",
     ),
     Mutant("causal_top_left", "kernel.py", "diagonal_offset = seqlen_k - seqlen_q", "diagonal_offset = 0"),
     Mutant(
@@ -87,13 +111,20 @@ KERNEL_MUTANTS = [
         "last_visible = q_start + diagonal_offset",
     ),
     Mutant(
+        # Heaviest-first launch order off by one: one query block is never computed.
+        "causal_block_order_off_by_one",
+        "kernel.py",
+        "q_block = T.ceildiv(seqlen_q, block_m) - 1 - launch_block",
+        "q_block = T.ceildiv(seqlen_q, block_m) - launch_block",
+    ),
+    Mutant(
         "normalise_inside_loop",
         "kernel.py",
-        RESCALE_THEN_GEMM,
-        RESCALE_THEN_GEMM
-        + """
-                for i, d in T.Parallel(block_m, head_dim):
-                    acc_o[i, d] /= row_sum[i]""",
+        "                    T.mbarrier_arrive(v_empty[prev_stage])\n",
+        """                    T.mbarrier_arrive(v_empty[prev_stage])
+                    for i, d in T.Parallel(block_m, head_dim):
+                        acc_o[i, d] /= row_sum[i]
+""",
     ),
     Mutant("scale_without_log2e", "interface.py", "softmax_scale * LOG2E", "softmax_scale"),
     Mutant(
@@ -136,6 +167,12 @@ EMULATOR_MUTANTS = [
         "alpha = torch.exp2(row_max * scale_log2 - row_max_scaled)",
     ),
     Mutant("no_boundary_mask", "emulator.py", "masked = k_idx >= seqlen_k", "masked = k_idx < 0"),
+    Mutant(
+        "mask_only_past_the_end",
+        "emulator.py",
+        "needs_mask = needs_mask or kv_start + block_n - 1 > q_start + diagonal_offset",
+        "needs_mask = needs_mask",
+    ),
     Mutant(
         "causal_off_by_one", "emulator.py", "(k_idx > q_idx + diagonal_offset)", "(k_idx >= q_idx + diagonal_offset)"
     ),

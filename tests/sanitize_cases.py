@@ -18,6 +18,7 @@ SHAPES = [  # batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim
     (2, 65, 65, 2, 1, 64),
     (1, 200, 77, 4, 2, 128),
     (1, 130, 257, 2, 2, 128),
+    (1, 353, 353, 2, 1, 128),  # two tiles of 176 and one key
     (1, 67, 67, 2, 2, 256),
 ]
 

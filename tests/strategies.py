@@ -14,37 +14,19 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from fa_kernel.configs import FALLBACK, TUNED
+
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# The kernel's block sizes are 64 and 128; lengths around their multiples, primes, 1, and the
-# flash-attn test pairs exercise partial tiles, the causal diagonal and the loop bounds.
-EDGE_LENGTHS = (
-    1,
-    2,
-    3,
-    17,
-    63,
-    64,
-    65,
-    113,
-    127,
-    128,
-    129,
-    191,
-    203,
-    217,
-    239,
-    255,
-    256,
-    257,
-    383,
-    385,
-    509,
-    799,
-    1021,
-    1023,
-    1024,
-    1025,
+# Lengths around one and two multiples of every block size the kernel runs with (64, 128,
+# 176, 192), primes, 1, and the flash-attn test pairs exercise partial tiles, the tiles that
+# need a mask and those that do not, the causal diagonal and the loop bounds.
+BLOCK_SIZES = sorted({size for config in (*TUNED.values(), FALLBACK) for size in (config.block_m, config.block_n)})
+EDGE_LENGTHS = tuple(
+    sorted(
+        {1, 2, 3, 17, 113, 203, 217, 239, 509, 799, 1021, 1023, 1024, 1025}
+        | {multiple * size + step for size in BLOCK_SIZES for multiple in (1, 2) for step in (-1, 0, 1)}
+    )
 )
 FLASH_ATTN_PAIRS = ((113, 203), (128, 217), (1, 239), (799, 3), (1023, 1024), (1024, 1023), (3, 799), (108, 256))
 DISTRIBUTIONS = ("normal", "large_logits", "equal_scores", "dominant_key", "tiny")

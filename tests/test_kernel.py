@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.kernel import compiled_forward
+from fa_kernel.configs import FALLBACK, TileConfig
+from fa_kernel.kernel import LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
 
 pytestmark = pytest.mark.gpu
@@ -51,6 +52,26 @@ def test_gqa_and_unequal_lengths(seqlen_q, seqlen_k, group, causal):
     nheads_kv = 16 // group
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, 16, nheads_kv, 128, torch.bfloat16, seed=seqlen_q + group)
     assert_matches_reference(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    ("head_dim", "config"),
+    [(128, FALLBACK), (64, TileConfig(128, 128, 2, 256)), (128, TileConfig(192, 64, 1, 384))],
+    ids=["1-warpgroup-fallback", "2-warpgroups-pingpong", "3-warpgroups-1-stage"],
+)
+def test_every_consumer_schedule(head_dim, config, causal):
+    # The tuned table runs two warpgroups in ping-pong (d128, d256) and three (d64); these
+    # configs cover the one-warpgroup path, ping-pong on power-of-two tiles, a single K/V
+    # stage (producer and consumers share each buffer) and Sq > Sk rows with no key.
+    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config)
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [(2, 257, 300, 4, 2), (1, 300, 77, 2, 1), (1, 1, 1, 1, 1)]:
+        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.float16, seed=seqlen_q)
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, nheads, seqlen_q, device="cuda", dtype=torch.float32)
+        kernel(q, k, v, out, lse, LOG2E / math.sqrt(head_dim))
+        verdict = judge(q, k, v, out, lse, causal)
+        assert verdict.passed, f"{config}, {batch}x{seqlen_q}x{seqlen_k}x{nheads}/{nheads_kv}: {verdict}"
 
 
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():

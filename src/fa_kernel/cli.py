@@ -220,7 +220,13 @@ def cmd_tune(args) -> int:
         console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
     arch = arch_of(torch.cuda.get_device_capability())
-    candidates = [TileConfig(m, n, s, t) for m, n, s, t in itertools.product((64, 128), (64, 128), (1, 2), (128, 256))]
+    # block_m is 64 rows per consumer warpgroup (one wgmma M); one, two (ping-pong) or three.
+    candidates = [
+        TileConfig(block_m, block_n, stages, threads)
+        for (block_m, threads), block_n, stages in itertools.product(
+            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2)
+        )
+    ]
     winners = {}
     for head_dim, causal in itertools.product(args.head_dim, (False, True)):
         shape = Shape(8, 32, 4096, head_dim, causal)

@@ -1,10 +1,13 @@
 """The kernel's tile loop in plain torch: an executable specification that runs on a CPU.
 
 Same block sizes, same mask placement (written into the score accumulator before the
-Q·Kᵀ GEMM adds to it), exp2 with softmax_scale·log2(e) folded in once, the cast of P to
-the input dtype before P·V, fp32 row state, one normalisation after the loop. Each
-statement matches one in `kernel.py`; a change to the algorithm there belongs here too, and
-the CPU property suite checks this loop on every push.
+Q·Kᵀ GEMM adds to it, and only into the tiles that need one), exp2 with
+softmax_scale·log2(e) folded in once, the cast of P to the input dtype before P·V, fp32
+row state, one normalisation after the loop. Each statement matches one in `kernel.py`; a
+change to the algorithm there belongs here too, and the CPU property suite checks this
+loop on every push. The kernel's schedule (producer warpgroup, P·V of tile j-1 under the
+softmax of tile j, ping-pong) reorders when work runs, not what it computes: acc_o still
+sees, per tile, the rescale and then P·V.
 
 Tensor cores multiply fp16/bf16 operands exactly and accumulate in fp32, which upcasting
 the operands to fp32 before each matmul reproduces up to summation order.
@@ -83,12 +86,18 @@ def _attend_one_head(
             kv_start = kv_block * block_n
             k_tile = k_all[kv_start : kv_start + block_n]
             v_tile = v_all[kv_start : kv_start + block_n]
-            k_idx = torch.arange(kv_start, kv_start + block_n)[None, :]
-            masked = k_idx >= seqlen_k
+            acc_s = torch.zeros(rows, block_n)
+            # Only a tile holding a key that the block's first row may not see gets a mask.
+            needs_mask = kv_start + block_n > seqlen_k
             if causal:
-                masked = masked | (k_idx > q_idx + diagonal_offset)
-            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
-            acc_s = torch.zeros(rows, block_n).masked_fill(masked, -math.inf)
+                needs_mask = needs_mask or kv_start + block_n - 1 > q_start + diagonal_offset
+            if needs_mask:
+                k_idx = torch.arange(kv_start, kv_start + block_n)[None, :]
+                masked = k_idx >= seqlen_k
+                if causal:
+                    masked = masked | (k_idx > q_idx + diagonal_offset)
+                # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
+                acc_s = acc_s.masked_fill(masked, -math.inf)
             acc_s = acc_s + q_tile @ k_tile.T
 
             row_max_prev = row_max

@@ -30,7 +30,7 @@ def flash_attn_func(
     causal: bool = False,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention-2 forward kernel.
+    """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention forward kernel.
 
     Args:
         q: [batch, seqlen_q, nheads, headdim], float16 or bfloat16, on a CUDA device.
@@ -44,7 +44,7 @@ def flash_attn_func(
         return_lse: also return the log-sum-exp of the scaled scores, natural log,
             float32, [batch, nheads, seqlen_q].
 
-    headdim 64, 128 and 256 are supported; seqlen_q, seqlen_k and batch can be any size,
+    headdim 64, 128 and 256 are supported, on Hopper GPUs (H100, H200); seqlen_q, seqlen_k and batch can be any size,
     including 0 (an empty result, nothing launched). Inputs whose memory is not
     contiguous (for example q, k, v sliced out of one packed qkv tensor) are copied once
     to contiguous memory before the launch; contiguous inputs are never copied.
@@ -103,6 +103,13 @@ def _check_inputs(q, k, v, softmax_scale, causal) -> float:
             raise ValueError(f"{name}: expected a tensor on a CUDA device, got device {t.device}")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"k, v: expected q's device {q.device}, got k on {k.device} and v on {v.device}")
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability[0] != 9:
+        # The kernel is built from TMA, wgmma and setmaxnreg: Hopper's instructions only.
+        raise ValueError(
+            f"q: expected a tensor on a Hopper GPU (compute capability 9.x), got {q.device} "
+            f"({torch.cuda.get_device_name(q.device)}, compute capability {capability[0]}.{capability[1]})"
+        )
     return float(softmax_scale)
 
 
@@ -141,6 +148,6 @@ def _forward_fake(q, k, v, softmax_scale, causal):
 
 
 def _compile_arch(device: torch.device) -> str:
-    """The nvcc architecture to compile for: the 'a' variants unlock wgmma/setmaxnreg on sm_90+."""
+    """The nvcc architecture to compile for: the 'a' variant unlocks wgmma and setmaxnreg."""
     major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+    return f"sm_{major}{minor}a"

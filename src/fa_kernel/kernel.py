@@ -1,11 +1,24 @@
 # mypy: disable-error-code="valid-type"
 # (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types.)
-"""The TileLang FlashAttention-2 forward kernel (Algorithm 1) and its compile cache.
+"""The TileLang FlashAttention forward kernel for Hopper, and its compile cache.
 
-One thread block owns `block_m` query rows of one (batch, head). It keeps that Q tile in
-shared memory, walks the K/V sequence in tiles of `block_n` rows and keeps, per query row,
-the running maximum score `row_max`, the running softmax denominator `row_sum` and the
-unnormalised output `acc_o`, all in fp32. `emulator.py` is the same loop in plain torch.
+The math is FlashAttention-2's Algorithm 1. One thread block owns `block_m` query rows of
+one (batch, head); it keeps that Q tile in shared memory, walks the K/V sequence in tiles
+of `block_n` rows and keeps, per query row, the running maximum score `row_max`, the
+running softmax denominator `row_sum` and the unnormalised output `acc_o`, all in fp32.
+`emulator.py` is the same loop in plain torch.
+
+The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
+- a producer warpgroup only issues TMA loads of Q and of each K/V tile into a ring of
+  `num_stages` buffers, synchronised with the consumers by mbarriers (full / empty);
+- the consumer warpgroups (`config.threads` threads) issue S_j = Q.K_j^T, then
+  O += P_{j-1}.V_{j-1}, and run the softmax of tile j while that P.V GEMM is still on the
+  tensor cores (wgmma is asynchronous: `wait_wgmma(1)` waits for S_j only);
+- with exactly two consumer warpgroups they take turns issuing GEMMs (ping-pong, named
+  barriers), so one warpgroup's softmax runs under the other's GEMMs;
+- the mask is written only into tiles that hold a key some row may not see; every other
+  tile's Q.K^T starts from a zeroed accumulator;
+- causal launches the query blocks with the most keys first.
 
 Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
 softmax scale is a runtime argument: one compiled kernel serves every shape with the same
@@ -33,6 +46,20 @@ PASS_CONFIGS = {
     tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
 }
 
+PRODUCER_THREADS = 128  # one warpgroup; it needs few registers, the consumers get the rest
+PRODUCER_REGISTERS = 24
+# Named barriers for the ping-pong: 14 = "warpgroup 0 may issue", 15 = "warpgroup 1 may
+# issue". TileLang allocates its own named barriers from 3 upwards.
+PINGPONG_BARRIERS = (14, 15)
+
+
+def consumer_registers(consumer_threads: int) -> int:
+    """Registers per consumer thread (setmaxnreg) such that the block fits the SM's 64K."""
+    total_threads = consumer_threads + PRODUCER_THREADS
+    per_thread = min(255, 65536 // total_threads) // 8 * 8  # what ptxas gets from the launch bounds
+    warpgroups = consumer_threads // 128
+    return min(240, (per_thread * (warpgroups + 1) - PRODUCER_REGISTERS) // warpgroups // 8 * 8)
+
 
 def forward_program(
     *,
@@ -47,10 +74,60 @@ def forward_program(
     LSE [B, H, Sq] (fp32, natural log) and scale_log2 = softmax_scale * log2(e).
     """
     batch, seqlen_q, seqlen_k, heads, heads_kv = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv")
-    block_m, block_n = config.block_m, config.block_n
+    block_m, block_n, stages = config.block_m, config.block_n, config.num_stages
+    consumers = config.threads
+    if consumers % 128 or not 128 <= consumers <= 384:
+        raise ValueError(f"config.threads: expected 128, 256 or 384 consumer threads, got {consumers}")
+    pingpong = consumers == 256
     dtype = DTYPES[dtype]
     accum = T.float32
     neg_inf = -T.infinity(accum)
+    # Per-thread registers of each wgmma accumulator, for the fences after each wait.
+    s_regs = block_m * block_n // consumers
+    o_regs = block_m * head_dim // consumers
+
+    @T.macro
+    def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, diagonal_offset, seqlen_k):
+        """Start S = Q.K^T for one tile (asynchronous), its mask written in first."""
+        # A tile needs the mask iff it holds a key past seqlen_k or, causal, a key right of
+        # the diagonal for the block's first row (later rows see more). The test is uniform
+        # over the block, so it costs no divergence.
+        needs_mask = kv_start + block_n > seqlen_k
+        if causal:
+            needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)
+        if needs_mask:
+            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
+            for i, j in T.Parallel(block_m, block_n):
+                if causal:
+                    acc_s[i, j] = T.if_then_else(
+                        T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
+                    )
+                else:
+                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)
+            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+        else:
+            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+
+    @T.macro
+    def online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2):
+        """Fold tile S into the row state; leaves P~ (fp32) in acc_s and alpha for acc_o."""
+        T.copy(row_max, row_max_prev)
+        T.reduce_max(acc_s, row_max, dim=1, clear=False)
+        for i in T.Parallel(block_m):
+            # A row that has seen only masked keys keeps max = -inf; 0 stands in so that
+            # exp2 below sees -inf - 0 = -inf (weight 0) instead of -inf + inf = NaN.
+            row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)
+            alpha[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])
+        for i, j in T.Parallel(block_m, block_n):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])
+        T.reduce_sum(acc_s, tile_sum, dim=1)
+        for i in T.Parallel(block_m):
+            row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
+
+    @T.macro
+    def rescale_output(acc_o, alpha):
+        for i, d in T.Parallel(block_m, head_dim):
+            acc_o[i, d] *= alpha[i]
 
     @T.prim_func
     def flash_attention_forward(
@@ -61,15 +138,17 @@ def forward_program(
         LSE: T.Tensor([batch, heads, seqlen_q], accum),
         scale_log2: T.float32,
     ):
-        with T.Kernel(T.ceildiv(seqlen_q, block_m), heads, batch, threads=config.threads) as (
-            q_block,
+        with T.Kernel(T.ceildiv(seqlen_q, block_m), heads, batch, threads=consumers + PRODUCER_THREADS) as (
+            launch_block,
             head,
             b,
         ):
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
-            K_shared = T.alloc_shared([block_n, head_dim], dtype)
-            V_shared = T.alloc_shared([block_n, head_dim], dtype)
-            O_shared = T.alloc_shared([block_m, head_dim], dtype)
+            K_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
+            V_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
+            # The output tile reuses Q's shared memory: each consumer warpgroup reads only its
+            # own rows of Q and writes only its own rows of O, after its last Q.K^T is done.
+            O_shared = Q_shared
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
@@ -79,71 +158,121 @@ def forward_program(
             alpha = T.alloc_fragment([block_m], accum)
             tile_sum = T.alloc_fragment([block_m], accum)
             row_sum = T.alloc_fragment([block_m], accum)
+            # full[stage]: the producer's threads arrived and the TMA bytes landed;
+            # empty[stage]: every consumer thread is done reading the buffer.
+            q_full = T.alloc_barrier(PRODUCER_THREADS)
+            k_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
+            k_empty = T.alloc_barrier([consumers] * stages)
+            v_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
+            v_empty = T.alloc_barrier([consumers] * stages)
 
+            thread = T.get_thread_binding()
+            q_block = launch_block
+            if causal:
+                # Later query blocks see more keys: launch them first, so the short ones fill
+                # the tail of the grid.
+                q_block = T.ceildiv(seqlen_q, block_m) - 1 - launch_block
             kv_head = head // (heads // heads_kv)  # GQA/MQA: a group of query heads shares a K/V head
             # Bottom-right causal alignment (flash-attn >= 2.1): query i sees key j <= i + offset.
             diagonal_offset = seqlen_k - seqlen_q
             q_start = q_block * block_m
 
-            T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
-            T.fill(acc_o, 0)
-            T.fill(row_sum, 0)
-            T.fill(row_max, neg_inf)
-
             num_kv_blocks = T.ceildiv(seqlen_k, block_n)
             if causal:
                 # Tiles right of this block's last visible key are never loaded. At least one
-                # tile is: a block whose rows all see no key (seqlen_q > seqlen_k) must still wait
-                # for its Q load inside the loop, since a block that exits with a TMA load in
-                # flight lets it land in the next block's shared memory. The mask zeroes that tile.
+                # tile is: every TMA load issued must be waited for before the block exits (a
+                # load in flight would land in the next block's shared memory), and the
+                # consumers' loop is written for one tile or more. The mask zeroes that tile.
                 last_visible = q_start + block_m + diagonal_offset
                 num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
 
-            for kv_block in T.Pipelined(num_kv_blocks, num_stages=config.num_stages):
-                kv_start = kv_block * block_n
-                T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
-                # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
-                for i, j in T.Parallel(block_m, block_n):
-                    if causal:
-                        acc_s[i, j] = T.if_then_else(
-                            (kv_start + j > q_start + i + diagonal_offset) or (kv_start + j >= seqlen_k),
-                            neg_inf,
-                            0,
-                        )
-                    else:
-                        acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-
-                T.copy(row_max, row_max_prev)
-                T.reduce_max(acc_s, row_max, dim=1, clear=False)
-                for i in T.Parallel(block_m):
-                    # A row that has seen only masked keys keeps max = -inf; 0 stands in so that
-                    # exp2 below sees -inf - 0 = -inf (weight 0) instead of -inf + inf = NaN.
-                    row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)
-                    alpha[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])
-                for i, j in T.Parallel(block_m, block_n):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])
-                T.reduce_sum(acc_s, tile_sum, dim=1)
-                for i in T.Parallel(block_m):
-                    row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
-                T.copy(acc_s, acc_p)  # the only down-cast: P to the input dtype for the tensor cores
-
-                # acc_o must be rescaled to the new max before P.V adds this tile's share.
-                for i, d in T.Parallel(block_m, head_dim):
-                    acc_o[i, d] *= alpha[i]
-                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
-                T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
-
-            # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
-            for i, d in T.Parallel(block_m, head_dim):
-                acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
-            for i in T.Parallel(block_m):
-                if q_start + i < seqlen_q:
-                    LSE[b, head, q_start + i] = T.if_then_else(
-                        row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
+            if thread >= consumers:
+                # ---- producer warpgroup: TMA loads, never more than `stages` tiles ahead ----
+                T.set_max_nreg(PRODUCER_REGISTERS, 0)
+                T.tma_copy(Q[b, q_start : q_start + block_m, head, :], Q_shared, barrier=q_full)
+                T.mbarrier_arrive(q_full)
+                for kv_block in T.serial(num_kv_blocks):
+                    stage = kv_block % stages
+                    phase = (kv_block // stages) & 1
+                    kv_start = kv_block * block_n
+                    T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+                    T.tma_copy(
+                        K[b, kv_start : kv_start + block_n, kv_head, :], K_shared[stage, :, :], barrier=k_full[stage]
                     )
-            T.copy(acc_o, O_shared)
-            T.copy(O_shared, Output[b, q_start : q_start + block_m, head, :])
+                    T.mbarrier_arrive(k_full[stage])
+                    T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+                    T.tma_copy(
+                        V[b, kv_start : kv_start + block_n, kv_head, :], V_shared[stage, :, :], barrier=v_full[stage]
+                    )
+                    T.mbarrier_arrive(v_full[stage])
+            else:
+                # ---- consumer warpgroups: the FlashAttention loop ----
+                T.set_max_nreg(consumer_registers(consumers), 1)
+                T.fill(acc_o, 0)
+                T.fill(row_sum, 0)
+                T.fill(row_max, neg_inf)
+                T.mbarrier_wait_parity(q_full, 0)
+                if pingpong:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
+                    # Warpgroup 1 lets warpgroup 0 issue first. Each arrive has a matching sync.
+                    if thread >= 128 and num_kv_blocks > 1:
+                        T.named_barrier_arrive(PINGPONG_BARRIERS[0], 256)
+
+                # Tile 0: its scores and softmax; P~_0 waits in acc_p for the first P.V.
+                T.mbarrier_wait_parity(k_full[0], 0)
+                issue_scores(Q_shared, K_shared[0, :, :], acc_s, 0, q_start, diagonal_offset, seqlen_k)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                T.mbarrier_arrive(k_empty[0])
+                online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)
+                T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
+
+                for kv_block in T.serial(1, num_kv_blocks):
+                    stage = kv_block % stages
+                    phase = (kv_block // stages) & 1
+                    prev_stage = (kv_block - 1) % stages
+                    prev_phase = ((kv_block - 1) // stages) & 1
+                    kv_start = kv_block * block_n
+                    T.mbarrier_wait_parity(k_full[stage], phase)
+                    if pingpong:
+                        T.sync_threads(PINGPONG_BARRIERS[0] + thread // 128, 256)
+                    issue_scores(Q_shared, K_shared[stage, :, :], acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
+                    # acc_o must be rescaled to tile j-1's max before P~_{j-1}.V_{j-1} adds to it.
+                    rescale_output(acc_o, alpha)
+                    T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
+                    T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    if pingpong:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
+                        # Hand the tensor cores to the other warpgroup; warpgroup 1's last hand-over
+                        # would have no taker (warpgroup 0 has no next tile).
+                        if thread < 128 or kv_block < num_kv_blocks - 1:
+                            T.named_barrier_arrive(PINGPONG_BARRIERS[1] - thread // 128, 256)
+                    T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
+                    T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                    T.mbarrier_arrive(k_empty[stage])
+                    online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)
+                    T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten
+                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                    T.mbarrier_arrive(v_empty[prev_stage])
+                    T.copy(acc_s, acc_p)
+
+                # The last tile's P~.V, after the same rescale.
+                last = num_kv_blocks - 1
+                rescale_output(acc_o, alpha)
+                T.mbarrier_wait_parity(v_full[last % stages], (last // stages) & 1)
+                T.wgmma_gemm(acc_p, V_shared[last % stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                T.mbarrier_arrive(v_empty[last % stages])
+
+                # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
+                for i, d in T.Parallel(block_m, head_dim):
+                    acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
+                for i in T.Parallel(block_m):
+                    if q_start + i < seqlen_q:
+                        LSE[b, head, q_start + i] = T.if_then_else(
+                            row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
+                        )
+                T.copy(acc_o, O_shared)
+                T.copy(O_shared, Output[b, q_start : q_start + block_m, head, :])
 
     return flash_attention_forward
 
