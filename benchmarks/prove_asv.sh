@@ -2,10 +2,11 @@
 # Prove the asv gate on an offline GPU machine (the H200), from a git bundle of this repo.
 #
 #   git bundle create .gpu/repo.bundle --all     # here, after committing; the tree travels without .git
-#   bash benchmarks/prove_asv.sh [a] [b] [c]     # there (carry .gpu), from the tree's root; default all three
+#   bash benchmarks/prove_asv.sh [a] [b] [c]     # there (carry .gpu), from the tree's root: the experiments
+#                                                # named, in that order; all three by default
 #   bash benchmarks/prove_asv.sh noise [REGEX]   # there: run-to-run noise, to set ASV_FACTOR in noxfile.py
 #
-# It clones the bundle to /tmp/repo, commits sed edits on top of main, and runs the CI gate,
+# It clones the bundle to /tmp/repo ($PROVE_ASV_CLONE), commits sed edits on top of main, and runs the CI gate,
 # `nox --no-venv -s bench -- main BRANCH REGEX`, once per branch:
 #   (a) prove-comment  a comment line in kernel.py                    -> exit 0
 #   (b) prove-slow     non-causal cases get the fallback tile config  -> exit 1, naming non-causal perf.*
@@ -29,7 +30,8 @@ PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"
 export FA_KERNEL_ASV_MACHINE=h200
 export GIT_AUTHOR_NAME=prove GIT_AUTHOR_EMAIL=prove@localhost GIT_COMMITTER_NAME=prove GIT_COMMITTER_EMAIL=prove@localhost
 
-rm -rf /tmp/repo && git clone -q "$root/.gpu/repo.bundle" /tmp/repo && cd /tmp/repo || exit 1
+repo=${PROVE_ASV_CLONE:-/tmp/repo}  # where the bundle is cloned (one per concurrent run)
+rm -rf "$repo" && git clone -q "$root/.gpu/repo.bundle" "$repo" && cd "$repo" || exit 1
 git checkout -q -B main origin/main || exit 1
 
 branch() {  # branch NAME FILE SED-SCRIPT: commit one edit on top of main
@@ -88,26 +90,31 @@ git checkout -q main
 
 perf="MHA\.track_\w+\(4096, 128, \w+, 'bfloat16'\)"
 acc="Accuracy\.track_\w+\(128, \w+, 'bfloat16'\)"
-want() { [[ " ${experiments} " == *" $1 "* ]]; }
-experiments="${*:-a b c}"
+experiments=("$@")
+[ $# -eq 0 ] && experiments=(a b c)
 {
-    if want a; then
-        rc_a=$(gate prove-comment "$perf|$acc")
-        verdict "(a) comment-only" "exit 0" test "$rc_a" = 0
-        flagged prove-comment
-    fi
-    if want b; then
-        rc_b=$(gate prove-slow "$perf")
-        verdict "(b) slowed" "exit 1, flags perf.* with causal False only" \
-            bash -c "[ $rc_b = 1 ] && grep -qE '^\| [+!] .*perf\..*False' '$out/prove-slow.log' && ! grep -qE '^\| [+!] .*True' '$out/prove-slow.log'"
-        flagged prove-slow
-    fi
-    if want c; then
-        rc_c=$(gate prove-acc "$acc")
-        verdict "(c) accuracy" "exit 1, flags accuracy.* with causal True only" \
-            bash -c "[ $rc_c = 1 ] && grep -qE '^\| [+!] .*accuracy\..*True' '$out/prove-acc.log' && ! grep -qE '^\| [+!] .*False' '$out/prove-acc.log'"
-        flagged prove-acc
-    fi
-    if want a; then noise prove-comment; fi
+    for experiment in "${experiments[@]}"; do
+        case $experiment in
+            a)
+                rc_a=$(gate prove-comment "$perf|$acc")
+                verdict "(a) comment-only" "exit 0" test "$rc_a" = 0
+                flagged prove-comment
+                noise prove-comment
+                ;;
+            b)
+                rc_b=$(gate prove-slow "$perf")
+                verdict "(b) slowed" "exit 1, flags perf.* with causal False only" \
+                    bash -c "[ $rc_b = 1 ] && grep -qE '^\| [+!] .*perf\..*False' '$out/prove-slow.log' && ! grep -qE '^\| [+!] .*True' '$out/prove-slow.log'"
+                flagged prove-slow
+                ;;
+            c)
+                rc_c=$(gate prove-acc "$acc")
+                verdict "(c) accuracy" "exit 1, flags accuracy.* with causal True only" \
+                    bash -c "[ $rc_c = 1 ] && grep -qE '^\| [+!] .*accuracy\..*True' '$out/prove-acc.log' && ! grep -qE '^\| [+!] .*False' '$out/prove-acc.log'"
+                flagged prove-acc
+                ;;
+            *) echo "prove_asv.sh: unknown experiment '$experiment' (a, b, c or noise)" ;;
+        esac
+    done
     echo "total: $SECONDS s"
 } 2>&1 | tee -a "$out/summary.txt"

@@ -30,29 +30,46 @@ def attention_ref(
     is not enough), out returned in that dtype. upcast=False is the same-precision
     baseline: what PyTorch does with these inputs on tensor cores, keeping in the input
     dtype everything the kernel keeps there (inputs, the probabilities P fed to P.V, the
-    output) and accumulating in fp32. It differs from the kernel only in algorithm (no
-    tiles, no online softmax, P normalised before the cast), so its error is the error any
-    correct kernel of this precision has.
+    output) and accumulating in fp32 as the tensor cores do (`_matmul_fp32_accumulate`).
+    Where scores are large the tensor cores' fp32 accumulation, not the input rounding,
+    dominates the output's error; an fp32 GEMM on CUDA cores would miss that share. It
+    differs from the kernel only in algorithm (no tiles, no online softmax, P normalised
+    before the cast), so its error is the error any correct kernel of this precision has.
 
     Semantics match `fa_kernel.flash_attn_func`: GQA by head groups, bottom-right causal
     alignment, output 0 and LSE -inf for a query that sees no key.
     """
     dtype = q.dtype
-    work_dtype = compute_dtype if upcast else torch.float32
-    q, k, v = (t.to(work_dtype) for t in (q, k, v))
     seqlen_q, nheads, head_dim = q.shape[1], q.shape[2], q.shape[3]
     seqlen_k = k.shape[1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    scores = masked_scores(q, k, causal, softmax_scale)
     visible = visible_keys(seqlen_q, seqlen_k, causal, device=q.device)
+    if upcast:
+        q, k, v = (t.to(compute_dtype) for t in (q, k, v))
+        scores = masked_scores(q, k, causal, softmax_scale)
+    else:
+        scores = _matmul_fp32_accumulate(q.transpose(1, 2), _repeat_kv(k, nheads).permute(0, 2, 3, 1)) * softmax_scale
+        scores = scores.masked_fill(~visible, -math.inf)
     lse = torch.logsumexp(scores, dim=-1).float()
     # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0.
     probs = torch.softmax(scores, dim=-1).masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)
-    if not upcast:
-        probs = probs.to(dtype).to(work_dtype)
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, _repeat_kv(v, nheads))
-    return (out if upcast else out.to(dtype)), lse
+    if upcast:
+        return torch.einsum("bhqk,bkhd->bqhd", probs, _repeat_kv(v, nheads)), lse
+    out = _matmul_fp32_accumulate(probs.to(dtype), _repeat_kv(v, nheads).transpose(1, 2))
+    return out.transpose(1, 2).to(dtype), lse
+
+
+def _matmul_fp32_accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b over the two last dimensions, operands in their (half) dtype, accumulated and
+    returned in fp32: on a GPU, PyTorch's tensor-core GEMM with an fp32 result (the
+    accumulation a kernel's wgmma does, with the hardware's own rounding of the partial
+    sums); on a CPU, which has no tensor cores, the operands upcast exactly to fp32."""
+    if a.is_cuda:
+        batch_shape = a.shape[:-2]
+        result = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+        return result.view(*batch_shape, a.shape[-2], b.shape[-1])
+    return a.float() @ b.float()
 
 
 def masked_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
