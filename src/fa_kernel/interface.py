@@ -33,7 +33,7 @@ def flash_attn_func(
     """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention forward kernel.
 
     Args:
-        q: [batch, seqlen_q, nheads, headdim], float16 or bfloat16, on a CUDA device.
+        q: [batch, seqlen_q, nheads, headdim], float16 or bfloat16, on a Hopper GPU.
         k, v: [batch, seqlen_k, nheads_kv, headdim], same dtype and device as q.
             nheads must be a multiple of nheads_kv (GQA/MQA): query head h reads
             K/V head h // (nheads // nheads_kv). K/V are never copied per query head.
@@ -44,10 +44,11 @@ def flash_attn_func(
         return_lse: also return the log-sum-exp of the scaled scores, natural log,
             float32, [batch, nheads, seqlen_q].
 
-    headdim 64, 128 and 256 are supported, on Hopper GPUs (H100, H200); seqlen_q, seqlen_k and batch can be any size,
-    including 0 (an empty result, nothing launched). Inputs whose memory is not
-    contiguous (for example q, k, v sliced out of one packed qkv tensor) are copied once
-    to contiguous memory before the launch; contiguous inputs are never copied.
+    headdim 64, 128 and 256 are supported, on Hopper GPUs (H100, H200); seqlen_q, seqlen_k
+    and batch can be any size, including 0 (an empty result, nothing launched). Inputs
+    whose memory is not contiguous (for example q, k, v sliced out of one packed qkv
+    tensor) are copied once to contiguous memory before the launch; contiguous inputs are
+    never copied.
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
