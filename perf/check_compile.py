@@ -8,6 +8,13 @@ the warpgroup wait values, setmaxnreg values, whether local arrays / stack appea
 ptxas says (registers, stack frame, spills, and the C7514/C7515/C7517 notes that mean
 "wgmma serialised": the overlap did not survive). ptxas is run by this script on the
 generated source (nvcc -Xptxas -v), with the flags TileLang itself uses.
+
+The last column, `ex2_under_pv`, reads the SASS (cuobjdump: on PATH, or the copy Triton's
+wheel carries): of the MUFU.EX2 between the steady-state loop's wait for S_j
+(`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the next instruction after it that touches the tensor
+cores, how many come before the wait for P_{j-1}.V_{j-1} (`DEPBAR.LE gsb0, 0x0`). "0/90"
+means ptxas placed that wait before the exponentials: the softmax runs after the P.V GEMM,
+not under it (PERF.md, third session).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,20 +53,56 @@ def _features(src: str) -> dict:
     }
 
 
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton.backends.nvidia as triton_nvidia
+    except ImportError:
+        return None
+    bundled = Path(triton_nvidia.__file__).parent / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else None
+
+
+def ex2_under_pv(sass: str) -> str:
+    """'before/total' MUFU.EX2 of the loop's softmax relative to the P.V wait (see above)."""
+    lines = sass.splitlines()
+    starts = [i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line]
+    if not starts:
+        return "-"
+    before = after = 0
+    seen_wait0 = False
+    for line in lines[starts[0] + 1 :]:
+        if "HGMMA" in line or "WARPGROUP.ARRIVE" in line:
+            break
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
+            seen_wait0 = True
+        elif "MUFU.EX2" in line:
+            after += seen_wait0
+            before += not seen_wait0
+    return f"{before}/{before + after}"
+
+
 def _ptxas(src: str) -> dict:
     from tilelang.env import CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
 
     with tempfile.TemporaryDirectory() as tmp:
         cu = Path(tmp) / "k.cu"
+        cubin = Path(tmp) / "k.cubin"
         cu.write_text(src)
         cmd = [
             "nvcc", "--cubin", "-O3", "-arch=sm_90a", "-std=c++20", "--use_fast_math",
             f"-I{TILELANG_TEMPLATE_PATH}", f"-I{CUTLASS_INCLUDE_DIR}",
-            "-diag-suppress", "1444,20012,177,550", "-Xptxas", "-v",
-            "-o", str(Path(tmp) / "k.cubin"), str(cu),
+            "-diag-suppress", "1444,20012,177,550,1046", "-Xptxas", "-v",
+            "-o", str(cubin), str(cu),
         ]  # fmt: skip
         res = subprocess.run(cmd, capture_output=True, text=True)
         out = res.stdout + res.stderr
+        cuobjdump = _cuobjdump()
+        sass = ""
+        if cuobjdump and cubin.exists():
+            sass = subprocess.run([cuobjdump, "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
     regs = re.search(r"Used (\d+) registers", out)
     frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
     notes = sorted(set(re.findall(r"\((C75\d\d)\)", out)))
@@ -68,6 +112,7 @@ def _ptxas(src: str) -> dict:
         "spill": (int(frame.group(2)) + int(frame.group(3))) if frame else None,
         "ptxas_notes": ",".join(notes) or "-",
         "ptxas_text": "\n".join(line for line in out.splitlines() if "C75" in line),
+        "ex2_under_pv": ex2_under_pv(sass) if sass else "no cuobjdump",
     }
 
 
@@ -139,6 +184,7 @@ def main() -> None:
         "stack",
         "spill",
         "ptxas_notes",
+        "ex2_under_pv",
     ]
     print(f"{'variant':20} {'case':22} {'config':18} " + " ".join(f"{c:>10}" for c in cols))
     failed = 0
