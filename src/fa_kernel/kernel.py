@@ -12,8 +12,11 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
 - a producer warpgroup only issues TMA loads of Q and of each K/V tile into a ring of
   `num_stages` buffers, synchronised with the consumers by mbarriers (full / empty);
 - the consumer warpgroups (`config.threads` threads) issue S_j = Q.K_j^T, then
-  O += P_{j-1}.V_{j-1}, and run the softmax of tile j while that P.V GEMM is still on the
-  tensor cores (wgmma is asynchronous: `wait_wgmma(1)` waits for S_j only);
+  O += P_{j-1}.V_{j-1}, and start the softmax of tile j while that P.V GEMM is still on the
+  tensor cores (wgmma is asynchronous: `wait_wgmma(1)` waits for S_j only). How much of the
+  softmax runs before `wait_wgmma(0)` is ptxas's choice: at head_dim 128 it moves that wait
+  above the exponentials (to start P's down-cast early), and forcing them under the P.V
+  GEMM measured slower (PERF.md, third session);
 - with exactly two consumer warpgroups they take turns issuing GEMMs (ping-pong, named
   barriers), so one warpgroup's softmax runs under the other's GEMMs;
 - the mask is written only into tiles that hold a key some row may not see; every other
