@@ -38,6 +38,14 @@ a module of their own; a patch that no longer applies raises). Levers, correct:
                        P's down-cast early (the softmax then runs after P.V, not under it),
                        and does not move it above a store. Measured slower (PERF.md).
   skip_rescale         acc_o *= alpha only in threads where some row has alpha != 1 (exact).
+                       Within noise of shipped.
+  lazy_rescale         skip_rescale, and the running max moves only when a tile's max
+                       exceeds it by more than 8 in log2 units (FlashAttention-4), so alpha
+                       is 1 after the first tiles almost always. 0-4% slower.
+  wait_both            one wait for S_j and P_{j-1}.V_{j-1} together, so no softmax work runs
+                       under this warpgroup's own P.V (what ptxas does at d128 anyway, taken
+                       to the max reduction and to d64). 0-4% slower.
+  wait_both_lazy_rescale  both. 1-6% slower.
 
 Leave-one-out diagnostics, timing only (wrong results by design, in KNOWN_INCORRECT): what
 the kernel would gain if a piece of the softmax cost nothing.
@@ -220,6 +228,25 @@ _MAX = """        T.copy(row_max, row_max_prev)
         T.reduce_max(acc_s, row_max, dim=1, clear=False)"""
 _RESCALE = """        for i, d in T.Parallel(block_m, head_dim):
             acc_o[i, d] *= alpha[i]"""
+_RESCALE_SKIPPED_WHERE_ALPHA_IS_1 = """        max_grew = T.alloc_local([1], T.int32)
+        max_grew[0] = 0
+        for i in T.Parallel(block_m):
+            if alpha[i] != 1:
+                max_grew[0] = 1
+        if max_grew[0] != 0:
+            for i, d in T.Parallel(block_m, head_dim):
+                acc_o[i, d] *= alpha[i]"""
+_S_WAIT = "T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running"
+_NEW_MAX_SCALED = "            row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)"
+# FlashAttention-4's conditional rescale: the running max moves only when the tile's max
+# exceeds it by more than 8 in log2 units, so P~ <= 2^8 (exact in fp16/bf16, and fp32 sums).
+# A row whose max stays keeps alpha == 1 and its acc_o is not multiplied. NaN from
+# -inf - -inf (a row with no key yet) compares false: the max stays -inf.
+_STALE_MAX = (
+    "            row_max[i] = T.if_then_else(\n"
+    "                (row_max[i] - row_max_prev[i]) * scale_log2 > 8, row_max[i], row_max_prev[i]\n"
+    "            )\n"
+)
 
 PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
     "pinned": (
@@ -232,18 +259,13 @@ PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
             + _PV_WAIT,
         ),
     ),
-    "skip_rescale": (
-        (
-            _RESCALE,
-            """        max_grew = T.alloc_local([1], T.int32)
-        max_grew[0] = 0
-        for i in T.Parallel(block_m):
-            if alpha[i] != 1:
-                max_grew[0] = 1
-        if max_grew[0] != 0:
-            for i, d in T.Parallel(block_m, head_dim):
-                acc_o[i, d] *= alpha[i]""",
-        ),
+    "skip_rescale": ((_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1),),
+    "wait_both": ((_S_WAIT, "T.wait_wgmma(0)  # S_j and P~_{j-1}.V_{j-1} both done"),),
+    "lazy_rescale": ((_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1), (_NEW_MAX_SCALED, _STALE_MAX + _NEW_MAX_SCALED)),
+    "wait_both_lazy_rescale": (
+        (_S_WAIT, "T.wait_wgmma(0)  # S_j and P~_{j-1}.V_{j-1} both done"),
+        (_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1),
+        (_NEW_MAX_SCALED, _STALE_MAX + _NEW_MAX_SCALED),
     ),
     "gemm_only": ((_LOOP_SOFTMAX, _K_RELEASE),),
     "no_exp": ((_EXP, "acc_s[i, j] = acc_s[i, j] * scale_log2 - row_max_scaled[i]"),),
