@@ -237,6 +237,7 @@ _RESCALE_SKIPPED_WHERE_ALPHA_IS_1 = """        max_grew = T.alloc_local([1], T.i
             for i, d in T.Parallel(block_m, head_dim):
                 acc_o[i, d] *= alpha[i]"""
 _S_WAIT = "T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running"
+_BOTH_WAIT = "T.wait_wgmma(0)  # S_j and P~_{j-1}.V_{j-1} both done"
 _NEW_MAX_SCALED = "            row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)"
 # FlashAttention-4's conditional rescale: the running max moves only when the tile's max
 # exceeds it by more than 8 in log2 units, so P~ <= 2^8 (exact in fp16/bf16, and fp32 sums).
@@ -260,17 +261,13 @@ PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
         ),
     ),
     "skip_rescale": ((_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1),),
-    "wait_both": ((_S_WAIT, "T.wait_wgmma(0)  # S_j and P~_{j-1}.V_{j-1} both done"),),
+    "wait_both": ((_S_WAIT, _BOTH_WAIT),),
     "lazy_rescale": ((_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1), (_NEW_MAX_SCALED, _STALE_MAX + _NEW_MAX_SCALED)),
-    "wait_both_lazy_rescale": (
-        (_S_WAIT, "T.wait_wgmma(0)  # S_j and P~_{j-1}.V_{j-1} both done"),
-        (_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1),
-        (_NEW_MAX_SCALED, _STALE_MAX + _NEW_MAX_SCALED),
-    ),
     "gemm_only": ((_LOOP_SOFTMAX, _K_RELEASE),),
     "no_exp": ((_EXP, "acc_s[i, j] = acc_s[i, j] * scale_log2 - row_max_scaled[i]"),),
     "no_max": ((_MAX, "        T.copy(row_max, row_max_prev)"),),
 }
+PATCHES["wait_both_lazy_rescale"] = PATCHES["wait_both"] + PATCHES["lazy_rescale"]
 
 
 @functools.cache
