@@ -75,6 +75,27 @@ def test_cpu_tensors_are_refused_after_everything_else_checks_out():
         flash_attn_func(*qkv())
 
 
+@pytest.mark.parametrize(
+    ("capability", "name"), [((8, 0), "NVIDIA A100-SXM4-80GB"), ((10, 0), "NVIDIA B200"), ((12, 0), "RTX 5090")]
+)
+def test_gpus_other_than_hopper_are_refused_by_name(monkeypatch, capability, name):
+    # The check reads only these two queries, so it can be exercised without a GPU.
+    from fa_kernel import interface
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    expected = rf"q: expected a tensor on a Hopper GPU \(compute capability 9\.x\), got cuda:1 \({name}, "
+    with pytest.raises(ValueError, match=expected + rf"compute capability {capability[0]}\.{capability[1]}\)"):
+        interface._require_hopper(torch.device("cuda:1"))
+
+
+def test_hopper_gpus_pass_the_check(monkeypatch):
+    from fa_kernel import interface
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    interface._require_hopper(torch.device("cuda:0"))
+
+
 def test_gqa_shapes_pass_validation():
     # 8 query heads over 2 K/V heads and seqlen_q != seqlen_k are valid: only the device is wrong.
     with pytest.raises(ValueError, match=r"CUDA device"):

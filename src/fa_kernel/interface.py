@@ -104,14 +104,19 @@ def _check_inputs(q, k, v, softmax_scale, causal) -> float:
             raise ValueError(f"{name}: expected a tensor on a CUDA device, got device {t.device}")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"k, v: expected q's device {q.device}, got k on {k.device} and v on {v.device}")
-    capability = torch.cuda.get_device_capability(q.device)
+    _require_hopper(q.device)
+    return float(softmax_scale)
+
+
+def _require_hopper(device: torch.device) -> None:
+    """ValueError naming the GPU unless it is a Hopper (compute capability 9.x)."""
+    capability = torch.cuda.get_device_capability(device)
     if capability[0] != 9:
         # The kernel is built from TMA, wgmma and setmaxnreg: Hopper's instructions only.
         raise ValueError(
-            f"q: expected a tensor on a Hopper GPU (compute capability 9.x), got {q.device} "
-            f"({torch.cuda.get_device_name(q.device)}, compute capability {capability[0]}.{capability[1]})"
+            f"q: expected a tensor on a Hopper GPU (compute capability 9.x), got {device} "
+            f"({torch.cuda.get_device_name(device)}, compute capability {capability[0]}.{capability[1]})"
         )
-    return float(softmax_scale)
 
 
 @torch.library.custom_op("fa_kernel::forward", mutates_args=(), device_types="cuda")
