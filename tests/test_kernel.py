@@ -57,13 +57,20 @@ def test_gqa_and_unequal_lengths(seqlen_q, seqlen_k, group, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(
     ("head_dim", "config"),
-    [(128, FALLBACK), (64, TileConfig(128, 128, 2, 256)), (128, TileConfig(192, 64, 1, 384))],
-    ids=["1-warpgroup-fallback", "2-warpgroups-pingpong", "3-warpgroups-1-stage"],
+    [
+        (128, FALLBACK),
+        (64, TileConfig(128, 128, 2, 256)),
+        (128, TileConfig(192, 64, 1, 384)),
+        (64, TileConfig(128, 64, 2, 256, take_turns=False)),
+        (64, TileConfig(192, 128, 2, 384, take_turns=False)),
+    ],
+    ids=["1-warpgroup-fallback", "2-warpgroups-pingpong", "3-warpgroups-ring-1-stage", "2-free", "3-free"],
 )
 def test_every_consumer_schedule(head_dim, config, causal):
-    # The tuned table runs two warpgroups in ping-pong (d128, d256) and three (d64); these
-    # configs cover the one-warpgroup path, ping-pong on power-of-two tiles, a single K/V
-    # stage (producer and consumers share each buffer) and Sq > Sk rows with no key.
+    # The tuned table runs two warpgroups in ping-pong (d128, d256) and three, in a ring or
+    # free (d64); these configs cover the one-warpgroup path, ping-pong on power-of-two tiles,
+    # the ring with a single K/V stage (producer and consumers share each buffer), both
+    # free-running counts, and Sq > Sk rows with no key.
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config)
     for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [(2, 257, 300, 4, 2), (1, 300, 77, 2, 1), (1, 1, 1, 1, 1)]:
         q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.float16, seed=seqlen_q)

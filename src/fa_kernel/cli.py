@@ -220,12 +220,14 @@ def cmd_tune(args) -> int:
         console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
     arch = arch_of(torch.cuda.get_device_capability())
-    # block_m is 64 rows per consumer warpgroup (one wgmma M); one, two (ping-pong) or three.
+    # block_m is 64 rows per consumer warpgroup (one wgmma M); one, two or three, and two or
+    # three either take turns issuing their GEMMs or run free.
     candidates = [
-        TileConfig(block_m, block_n, stages, threads)
-        for (block_m, threads), block_n, stages in itertools.product(
-            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2)
+        TileConfig(block_m, block_n, stages, threads, take_turns)
+        for (block_m, threads), block_n, stages, take_turns in itertools.product(
+            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2), (True, False)
         )
+        if take_turns or threads > 128
     ]
     winners = {}
     for head_dim, causal in itertools.product(args.head_dim, (False, True)):
@@ -248,9 +250,10 @@ def cmd_tune(args) -> int:
         winners[(arch, head_dim, causal)] = (best, best_tflops)
     console.print("\n# Paste into TUNED in src/fa_kernel/configs.py:")
     for (arch, head_dim, causal), (config, tflops) in winners.items():
+        free = "" if config.take_turns or config.threads == 128 else ", take_turns=False"
         console.print(
             f'    ("{arch}", {head_dim}, {causal}): TileConfig({config.block_m}, {config.block_n}, '
-            f"{config.num_stages}, {config.threads}),  # {tflops:.0f} TFLOP/s",
+            f"{config.num_stages}, {config.threads}{free}),  # {tflops:.0f} TFLOP/s",
             highlight=False,
         )
     return 0
