@@ -47,12 +47,13 @@ CASES = {
     "d64": (64, False, "float16"),
     "d64c": (64, True, "float16"),
     "d128bf16": (128, False, "bfloat16"),
+    "d64bf16": (64, False, "bfloat16"),
 }
 
 # (block_m, block_n, num_stages, threads); threads = consumer threads (+128 producer).
 CONFIGS = {
     128: ["128x128/2/256", "128x128/1/256", "128x64/2/256", "128x176/2/256"],
-    64: ["128x128/2/256", "192x128/2/384", "192x192/2/384"],
+    64: ["128x128/2/256", "192x128/2/384", "192x128/2/384/free", "192x192/2/384"],
 }
 
 # Correctness shapes: (batch, heads, heads_kv, seqlen_q, seqlen_k).
@@ -62,9 +63,9 @@ CHECK_SHAPES = [(2, 4, 2, 257, 300), (1, 2, 1, 1000, 1000), (2, 4, 4, 300, 257)]
 def parse_config(text: str):
     from fa_kernel.configs import TileConfig
 
-    tile, stages, threads = text.split("/")
+    tile, stages, threads, *free = text.split("/")  # "192x128/2/384" or "192x128/2/384/free"
     block_m, block_n = tile.split("x")
-    return TileConfig(int(block_m), int(block_n), int(stages), int(threads))
+    return TileConfig(int(block_m), int(block_n), int(stages), int(threads), take_turns=free != ["free"])
 
 
 def job_key(job: dict) -> str:
@@ -171,7 +172,7 @@ def run_gpu_phase(jobs: list[dict], cases: list[str], args, results: list[dict],
         jobs_path.write_text(json.dumps(pending))
         results_path.write_text("")
         cmd = [sys.executable, __file__, "--worker", str(jobs_path), str(results_path), "--warmup", str(args.warmup),
-               "--repeats", str(args.repeats), "--baselines", *need_baselines]  # fmt: skip
+               "--repeats", str(args.repeats), "--shape", args.shape, "--baselines", *need_baselines]  # fmt: skip
         err_path = tmp / f"worker{attempt}.err"
         err_fh = open(err_path, "w")  # noqa: SIM115 - closed after the worker exits
         proc = subprocess.Popen(cmd, env=os.environ.copy(), stderr=err_fh)
@@ -264,6 +265,7 @@ def _print_row(rec: dict, baselines: dict) -> None:
 
 
 def main() -> None:
+    global BATCH, HEADS, SEQLEN  # noqa: PLW0603 - --shape sets them, here and in the worker process
     from perf.variants import KNOWN_INCORRECT, VARIANTS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,9 +281,11 @@ def main() -> None:
     ap.add_argument("--stall-s", type=int, default=90, help="restart the GPU worker after this long without progress")
     ap.add_argument("--budget-s", type=int, default=340, help="stop starting new work after this many seconds")
     ap.add_argument("--json", default=None, help="output path (default $OUT/sweep.json if OUT is set)")
+    ap.add_argument("--shape", default=f"{BATCH},{HEADS},{SEQLEN}", help="B,H,N of the timed shape")
     ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--baselines", nargs="*", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    BATCH, HEADS, SEQLEN = (int(x) for x in args.shape.split(","))
 
     if args.worker:
         worker(args.worker[0], args.worker[1], args.baselines, args.warmup, args.repeats)

@@ -46,6 +46,21 @@ a module of their own; a patch that no longer applies raises). Levers, correct:
                        under this warpgroup's own P.V (what ptxas does at d128 anyway, taken
                        to the max reduction and to d64). 0-4% slower.
   wait_both_lazy_rescale  both. 1-6% slower.
+  fma_exp2_1of8        exp2 of 1 column group in 8 on the FMA pipe (a polynomial, as
+                       FlashAttention-4 does), the rest on MUFU: d64 +3% with free-running
+                       warpgroups, -4% with the ring; d128 -2..-4%.
+  fma_exp2_1of4        1 column group in 4: no gain at d64 (3 in 8 measured -5%).
+  pairwise_max         the row max's dependent FMNMX chain halved (max of column j and
+                       j + block_n/2 first, an explicit accumulator layout): within noise.
+  mask_first           the mask written before the turn-taking wait, not after it: -3% d128.
+  row_limit_mask       the mask from one bound per row (a compare and a select per element):
+                       within noise, -4% d64 causal free.
+  two_blocks_per_sm    __launch_bounds__(threads, 2) and halved register budgets, for one
+                       consumer warpgroup (64-row blocks): at seq 1024 d64 causal +18% over the
+                       shipped config, d128 causal +3%; at 4096 slower (PERF.md, fourth session).
+
+(Fourth session: the ring of three consumer warpgroups was a patch here, `round_robin`,
+before it became kernel.py's `config.take_turns`.)
 
 Leave-one-out diagnostics, timing only (wrong results by design, in KNOWN_INCORRECT): what
 the kernel would gain if a piece of the softmax cost nothing.
@@ -249,6 +264,191 @@ _STALE_MAX = (
     "            )\n"
 )
 
+# exp2 on the FMA pipe for some columns (FlashAttention-4's trick, there on Blackwell): at
+# d64 the MUFU work per tile equals the tensor-core work, so moving part of it to the
+# otherwise idle FP32 pipe can shorten the loop. 2^x = 2^round(x) * 2^f, f in [-0.5, 0.5]:
+# round() by the 1.5*2^23 addition (fp32 keeps no fraction bits there), 2^f by a degree-4
+# polynomial through 1 (relative error 2.9e-6 = 2^-18.4, under fp16's 2^-11 rounding of P),
+# 2^round(x) by adding round(x) to the exponent field. x is clamped at -127 so that a masked
+# score (-inf) gives exactly +0: 1.0's exponent field 127 minus 127.
+_EXP2_ON_FMA = """
+
+_ROUNDING_SHIFTER = 12582912.0  # 1.5 * 2^23
+_EXP2_COEFFS = (0.6931242346763611, 0.24024099111557007, 0.05590630695223808, 0.00958279613405466)
+
+
+def exp2_on_fma(x):
+    x = T.max(x, -127.0)
+    shifted = x + _ROUNDING_SHIFTER
+    # __fadd_rn: TVM's simplifier would fold (x + c) - c to x, and nvcc may not either.
+    frac = x - T.call_pure_extern("float32", "__fadd_rn", shifted, -_ROUNDING_SHIFTER)
+    c1, c2, c3, c4 = _EXP2_COEFFS
+    poly = 1.0 + frac * (c1 + frac * (c2 + frac * (c3 + frac * c4)))
+    bits = T.reinterpret(poly, "int32") + T.shift_left(T.reinterpret(shifted, "int32"), 23)
+    return T.reinterpret(bits, "float32")
+"""
+_EXP2_ANCHOR = "\n\ndef forward_program("
+
+
+def _exp2_on_fma_patch(every: int, of: int):
+    """Columns whose group of 8 (lane-uniform: the register index, not the lane) is among the
+    first `every` of each `of` groups get exp2_on_fma; the rest keep MUFU.EX2."""
+    x = "acc_s[i, j] * scale_log2 - row_max_scaled[i]"
+    return (
+        (_EXP2_ANCHOR, _EXP2_ON_FMA + _EXP2_ANCHOR),
+        (_EXP, f"acc_s[i, j] = T.if_then_else((j // 8) % {of} < {every}, exp2_on_fma({x}), T.exp2({x}))"),
+    )
+
+
+# The row max as a tree's first level: the max of columns j and j + block_n/2 (one thread
+# holds both: wgmma's accumulator gives a thread columns 2t, 2t+1 of every 8), then
+# reduce_max over the half-width buffer, so the dependent FMNMX chain per row is half as long.
+# TileLang 0.1.15 would give the half-width buffer acc_s's whole layout (and reduce_max would
+# read registers nothing wrote), so its layout is written out: the wgmma m64nNk16 accumulator,
+# warps stacked over rows (GemmWarpPolicy.FullRow).
+_ACCUMULATOR_LAYOUT = """
+
+def accumulator_layout(rows, cols):
+    def thread_and_register(i, j):
+        thread = (i // 16) * 32 + (i % 8) * 4 + (j % 8) // 2
+        register = (j // 8) * 4 + ((i % 16) // 8) * 2 + j % 2
+        return thread, register
+
+    return T.Fragment([rows, cols], forward_fn=thread_and_register)
+"""
+_SOFTMAX_SIGNATURE = "online_softmax(acc_s, row_max,"
+_PAIRWISE_MAX = (
+    (_EXP2_ANCHOR, _ACCUMULATOR_LAYOUT + _EXP2_ANCHOR),
+    ("def " + _SOFTMAX_SIGNATURE, "def online_softmax(acc_s, pair_max, row_max,"),
+    (
+        "T.mbarrier_arrive(k_empty[0])\n" + " " * 16 + _SOFTMAX_SIGNATURE,
+        "T.mbarrier_arrive(k_empty[0])\n" + " " * 16 + "online_softmax(acc_s, pair_max, row_max,",
+    ),
+    (
+        _K_RELEASE + "\n" + " " * 20 + _SOFTMAX_SIGNATURE,
+        _K_RELEASE + "\n" + " " * 20 + "online_softmax(acc_s, pair_max, row_max,",
+    ),
+    (
+        "            acc_s = T.alloc_fragment([block_m, block_n], accum)\n",
+        "            acc_s = T.alloc_fragment([block_m, block_n], accum)\n"
+        "            pair_max = T.alloc_fragment([block_m, block_n // 2], accum)\n"
+        "            T.annotate_layout({pair_max: accumulator_layout(block_m, block_n // 2)})\n",
+    ),
+    (
+        _MAX,
+        """        T.copy(row_max, row_max_prev)
+        # Two loops: TileLang wants one index pattern per buffer in a T.Parallel loop.
+        for i, j in T.Parallel(block_m, block_n // 2):
+            pair_max[i, j] = acc_s[i, j]
+        for i, j in T.Parallel(block_m, block_n // 2):
+            pair_max[i, j] = T.max(pair_max[i, j], acc_s[i, j + block_n // 2])
+        T.reduce_max(pair_max, row_max, dim=1, clear=False)""",
+    ),
+)
+
+
+# The mask written before the ping-pong / ring wait instead of after it: the wait orders the
+# warpgroups' GEMM issues, and the mask fill (block_m x block_n selects) between the wait and
+# the GEMM delays every warpgroup behind this one.
+_MASK_THEN_GEMM = """        if needs_mask:
+            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
+            for i, j in T.Parallel(block_m, block_n):
+                if causal:
+                    acc_s[i, j] = T.if_then_else(
+                        T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
+                    )
+                else:
+                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)
+            T.wgmma_gemm("""
+_MASK_FIRST = (
+    (
+        _MASK_THEN_GEMM,
+        """        if needs_mask:
+            T.wgmma_gemm(""",
+    ),
+    (
+        "    @T.macro\n    def issue_scores(",
+        """    @T.macro
+    def write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k):
+        needs_mask = kv_start + block_n > seqlen_k
+        if causal:
+            needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)
+"""
+        + _MASK_THEN_GEMM.split("            T.wgmma_gemm(")[0]
+        + """
+    @T.macro
+    def issue_scores(""",
+    ),
+    (
+        "                issue_scores(Q_shared, K_shared[0, :, :]",
+        "                write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)\n"
+        "                issue_scores(Q_shared, K_shared[0, :, :]",
+    ),
+    (
+        "                    T.mbarrier_wait_parity(k_full[stage], phase)\n",
+        "                    write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
+        "                    T.mbarrier_wait_parity(k_full[stage], phase)\n",
+    ),
+)
+
+
+# The mask from one bound per row: key kv_start + j is visible iff j <= last_key[i], with
+# last_key[i] = min(q_start + i + diagonal_offset, seqlen_k - 1) - kv_start computed once per
+# row, so each element costs a compare and a select instead of the index arithmetic of the
+# causal launch order (measured: the masked tiles delay the warpgroups' turns).
+_ROW_LIMIT_MASK = (
+    (
+        """            for i, j in T.Parallel(block_m, block_n):
+                if causal:
+                    acc_s[i, j] = T.if_then_else(
+                        T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
+                    )
+                else:
+                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)""",
+        """            for i in T.Parallel(block_m):
+                if causal:
+                    last_key[i] = T.min(q_start + i + diagonal_offset, seqlen_k - 1) - kv_start
+                else:
+                    last_key[i] = seqlen_k - 1 - kv_start
+            for i, j in T.Parallel(block_m, block_n):
+                acc_s[i, j] = T.if_then_else(j > last_key[i], neg_inf, 0)""",
+    ),
+    (
+        "def issue_scores(Q_shared, K_tile, acc_s, kv_start,",
+        "def issue_scores(Q_shared, K_tile, acc_s, last_key, kv_start,",
+    ),
+    (
+        "issue_scores(Q_shared, K_shared[0, :, :], acc_s, 0,",
+        "issue_scores(Q_shared, K_shared[0, :, :], acc_s, last_key, 0,",
+    ),
+    (
+        "issue_scores(Q_shared, K_shared[stage, :, :], acc_s, kv_start,",
+        "issue_scores(Q_shared, K_shared[stage, :, :], acc_s, last_key, kv_start,",
+    ),
+    (
+        "            row_max = T.alloc_fragment([block_m], accum)\n",
+        "            row_max = T.alloc_fragment([block_m], accum)\n"
+        "            last_key = T.alloc_fragment([block_m], T.int32)\n",
+    ),
+)
+
+
+# Two thread blocks per SM (registers halved, __launch_bounds__(threads, 2)): one block's
+# prologue (Q and the first K/V loads) and epilogue (O store) run beside the other's loop. For
+# one consumer warpgroup: 232 registers per consumer thread still.
+_TWO_BLOCKS_PER_SM = (
+    (
+        "per_thread = min(255, 65536 // total_threads) // 8 * 8",
+        "per_thread = min(255, 32768 // total_threads) // 8 * 8",
+    ),
+    (
+        "            Q_shared = T.alloc_shared([block_m, head_dim], dtype)\n",
+        "            T.annotate_min_blocks_per_sm(2)\n"
+        "            Q_shared = T.alloc_shared([block_m, head_dim], dtype)\n",
+    ),
+)
+
+
 PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
     "pinned": (
         (
@@ -268,6 +468,12 @@ PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
     "no_max": ((_MAX, "        T.copy(row_max, row_max_prev)"),),
 }
 PATCHES["wait_both_lazy_rescale"] = PATCHES["wait_both"] + PATCHES["lazy_rescale"]
+PATCHES["fma_exp2_1of8"] = _exp2_on_fma_patch(1, 8)
+PATCHES["fma_exp2_1of4"] = _exp2_on_fma_patch(1, 4)
+PATCHES["pairwise_max"] = _PAIRWISE_MAX
+PATCHES["mask_first"] = _MASK_FIRST
+PATCHES["row_limit_mask"] = _ROW_LIMIT_MASK
+PATCHES["two_blocks_per_sm"] = _TWO_BLOCKS_PER_SM
 
 
 @functools.cache
