@@ -22,3 +22,14 @@ def test_every_patched_variant_applies_once_to_kernel_py():
     code = "from perf import variants\nfor name in variants.PATCHES:\n    variants._patched_kernel_module(name)\n"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_sweep_configs_name_the_turn_taking():
+    code = (
+        "from perf.sweep import parse_config\n"
+        "assert parse_config('192x128/2/384').take_turns\n"
+        "assert not parse_config('192x128/2/384/free').take_turns\n"
+        "assert str(parse_config('192x128/2/384/free')) == '192x128/2st/384thr/free'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -31,8 +31,9 @@ class TileConfig:
         return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}"
 
 
-# sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, "Variants" and "Shipped"):
-# d128 558 TFLOP/s fp16 (0.98x cuDNN), d64 394-405 (0.90-0.92x), 2026-11-29.
+# sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, "Variants", "Shipped"
+# and "Fourth session"): d128 559 TFLOP/s fp16 (0.98x cuDNN), d64 436 (0.99x), d64 causal 373
+# (0.92x), 2026-11-30.
 # - d128: 128x176, two consumer warpgroups in ping-pong; block_n 176 (not a power of two:
 #   wgmma's N may be any multiple of 8) takes 1-3% over 128 with fewer loop trips and no
 #   register spills;
