@@ -59,6 +59,9 @@ a module of their own; a patch that no longer applies raises). Levers, correct:
                        consumer warpgroup (64-row blocks): at seq 1024 d64 causal +18% over the
                        shipped config, d128 causal +3%; at 4096 slower (PERF.md, fourth session).
 
+  turns_from_8 / 16   take turns only in blocks with more than 8 / 16 K/V tiles: d64 causal
+                       370 / 374 against the ring's 357-361 and free 380-388.
+
 (Fourth session: the ring of three consumer warpgroups was a patch here, `round_robin`,
 before it became kernel.py's `config.take_turns`.)
 
@@ -82,6 +85,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -449,6 +453,26 @@ _TWO_BLOCKS_PER_SM = (
 )
 
 
+# Take turns only in thread blocks with more than `min_tiles` K/V tiles (a runtime test,
+# uniform over the block): is the ring's loss at d64 causal in the short blocks?
+def _turns_from_patch(min_tiles: int):
+    return (
+        (
+            "if thread >= consumers - 128 and num_kv_blocks > 1:",
+            f"if thread >= consumers - 128 and num_kv_blocks > {max(1, min_tiles)}:",
+        ),
+        (
+            "                    if take_turns:\n                        T.sync_threads(",
+            f"                    if take_turns and num_kv_blocks > {min_tiles}:\n"
+            "                        T.sync_threads(",
+        ),
+        (
+            "if thread < consumers - 128 or kv_block < num_kv_blocks - 1:",
+            f"if num_kv_blocks > {min_tiles} and (thread < consumers - 128 or kv_block < num_kv_blocks - 1):",
+        ),
+    )
+
+
 PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
     "pinned": (
         (
@@ -474,6 +498,8 @@ PATCHES["pairwise_max"] = _PAIRWISE_MAX
 PATCHES["mask_first"] = _MASK_FIRST
 PATCHES["row_limit_mask"] = _ROW_LIMIT_MASK
 PATCHES["two_blocks_per_sm"] = _TWO_BLOCKS_PER_SM
+PATCHES["turns_from_8"] = _turns_from_patch(8)
+PATCHES["turns_from_16"] = _turns_from_patch(16)
 
 
 @functools.cache
@@ -487,7 +513,11 @@ def _patched_kernel_module(name: str):
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"kernel_{name}_{digest}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
+    # Written aside and renamed: two sweeps (one per GPU) may build the same variant at once,
+    # and TileLang re-reads the file; a half-written one failed with "could not get source code".
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(source)
+    os.replace(partial, path)
     spec = importlib.util.spec_from_file_location(f"fa_kernel_variant_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
