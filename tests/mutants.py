@@ -4,6 +4,8 @@ against it, and fail unless every mutant is killed.
     python tests/mutants.py                     # the TileLang kernel (needs a GPU)
     python tests/mutants.py --target emulator   # the same bugs in the CPU tile emulator
     python tests/mutants.py --only rescale_after_gemm
+    python tests/mutants.py --only last_tile_sum --select tests/test_kernel.py::test_every_consumer_schedule
+        # one test, every parameter (no -x): which of its cases catch the mutant
 
 A mutant is a text patch applied to a temporary copy of src/, never a switch inside the
 shipped code. A patch whose text is no longer found exactly once is an error (the list
@@ -206,8 +208,9 @@ PYTEST_ARGS = {
 }
 
 
-def run_mutant(mutant: Mutant, target: str, workdir: Path) -> tuple[str, str, float]:
-    """('killed' | 'SURVIVED' | 'ERROR', detail, seconds)."""
+def run_mutant(mutant: Mutant, target: str, workdir: Path, select: list[str] | None = None) -> tuple[str, str, float]:
+    """('killed' | 'SURVIVED' | 'ERROR', detail, seconds). With `select`, only those tests run,
+    all of their cases (no -x), and the detail lists the cases that failed."""
     start = time.perf_counter()
     tree = workdir / mutant.name
     shutil.copytree(ROOT / "src", tree / "src")
@@ -224,8 +227,9 @@ def run_mutant(mutant: Mutant, target: str, workdir: Path) -> tuple[str, str, fl
         FA_KERNEL_REQUIRE_GPU="1" if target == "kernel" else "0",
         FA_KERNEL_EXPECT_SRC=str(tree / "src"),
     )
+    pytest_args = ["-rf", *select] if select else ["-x", *PYTEST_ARGS[target]]
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *PYTEST_ARGS[target]],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -244,8 +248,10 @@ def run_mutant(mutant: Mutant, target: str, workdir: Path) -> tuple[str, str, fl
             f"pytest exited {result.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}",
             seconds,
         )
-    failed = re.search(r"^FAILED (\S+)", log, re.MULTILINE)
-    return "killed", failed.group(1) if failed else "a test failed", seconds
+    failed = re.findall(r"^FAILED (\S+)", log, re.MULTILINE)
+    if select:
+        return "killed", f"{len(failed)} failed: " + " ".join(failed), seconds
+    return "killed", failed[0] if failed else "a test failed", seconds
 
 
 def main() -> int:
@@ -254,6 +260,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", help="run these mutants only")
     parser.add_argument("--jobs", type=int, default=4, help="mutants run at once (compiles are CPU-bound)")
     parser.add_argument("--keep", metavar="DIR", help="keep mutated trees and logs here")
+    parser.add_argument("--select", nargs="+", metavar="TEST", help="run only these pytest node ids, every case")
     args = parser.parse_args()
     mutants = KERNEL_MUTANTS if args.target == "kernel" else EMULATOR_MUTANTS
     if args.only:
@@ -261,7 +268,7 @@ def main() -> int:
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = list(pool.map(lambda m: run_mutant(m, args.target, workdir), mutants))
+        outcomes = list(pool.map(lambda m: run_mutant(m, args.target, workdir, args.select), mutants))
     width = max(len(m.name) for m in mutants)
     print(f"\n{'mutant':<{width}}  result    seconds  first failing test / reason")
     for mutant, (status, detail, seconds) in zip(mutants, outcomes, strict=True):
