@@ -1,7 +1,8 @@
 """Compile every variant for sm_90a without a GPU and summarise the generated code.
 
     PYTHONPATH=$PWD/src:$PWD python perf/check_compile.py [--variants a b] [--head-dims 64 128]
-        [--dtypes float16 bfloat16] [--causal 0 1] [--config 128,128,2,256] [--jobs 2] [--save DIR]
+        [--dtypes float16 bfloat16] [--causal 0 1] [--config 128x128/2/256 192x128/2/384/free]
+        [--jobs 2] [--save DIR]
 
 Per (variant, case) it prints: wgmma issue sites (ss / rs) in the CUDA source, TMA loads,
 the warpgroup wait values, setmaxnreg values, whether local arrays / stack appear, and what
@@ -117,14 +118,12 @@ def _ptxas(src: str) -> dict:
 
 
 def check(job: tuple) -> dict:
-    name, head_dim, causal, dtype, cfg, save = job
+    name, head_dim, causal, dtype, config, save = job
     import tilelang
 
-    from fa_kernel.configs import TileConfig
     from fa_kernel.kernel import PASS_CONFIGS
     from perf.variants import build
 
-    config = TileConfig(*cfg)
     row = {"variant": name, "head_dim": head_dim, "causal": causal, "dtype": dtype, "config": str(config)}
     t0 = time.time()
     try:
@@ -145,12 +144,14 @@ def check(job: tuple) -> dict:
     if save:
         Path(save).mkdir(parents=True, exist_ok=True)
         cfg_tag = f"{config.block_m}x{config.block_n}_{config.num_stages}_{config.threads}"
+        cfg_tag += "" if config.take_turns else "_free"
         tag = f"{name}_d{head_dim}_{'c' if causal else 'nc'}_{dtype}_{cfg_tag}"
         (Path(save) / f"{tag}.cu").write_text(src)
     return row
 
 
 def main() -> None:
+    from perf.sweep import parse_config
     from perf.variants import VARIANTS
 
     ap = argparse.ArgumentParser()
@@ -158,12 +159,15 @@ def main() -> None:
     ap.add_argument("--head-dims", nargs="*", type=int, default=[64, 128])
     ap.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
     ap.add_argument("--causal", nargs="*", type=int, default=[0, 1])
-    ap.add_argument("--config", nargs="*", default=["128,128,2,256"], help="block_m,block_n,stages,threads")
+    ap.add_argument(
+        "--config", nargs="*", default=["128x128/2/256"], help="as perf/sweep.py: 128x128/2/256, 192x128/2/384/free"
+    )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--save", default=None, help="folder to write the generated .cu files")
     args = ap.parse_args()
 
-    cfgs = [tuple(int(x) for x in c.split(",")) for c in args.config]
+    # 128,128,2,256 (the older spelling) is read as 128x128/2/256.
+    cfgs = [parse_config(c if "x" in c else "{}x{}/{}/{}".format(*c.split(","))) for c in args.config]
     jobs = [
         (v, d, bool(c), dt, cfg, args.save)
         for v in args.variants
@@ -186,16 +190,16 @@ def main() -> None:
         "ptxas_notes",
         "ex2_under_pv",
     ]
-    print(f"{'variant':20} {'case':22} {'config':18} " + " ".join(f"{c:>10}" for c in cols))
+    print(f"{'variant':20} {'case':22} {'config':26} " + " ".join(f"{c:>10}" for c in cols))
     failed = 0
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for row in pool.map(check, jobs):
             case = f"d{row['head_dim']} {'causal' if row['causal'] else 'full'} {row['dtype']}"
             if "error" in row:
                 failed += 1
-                print(f"{row['variant']:20} {case:22} {row['config']:18} COMPILE FAILED: {row['error']}")
+                print(f"{row['variant']:20} {case:22} {row['config']:26} COMPILE FAILED: {row['error']}")
                 continue
-            print(f"{row['variant']:20} {case:22} {row['config']:18} " + " ".join(f"{str(row[c]):>10}" for c in cols))
+            print(f"{row['variant']:20} {case:22} {row['config']:26} " + " ".join(f"{str(row[c]):>10}" for c in cols))
             if row["ptxas_text"]:
                 for line in row["ptxas_text"].splitlines()[:3]:
                     print("      ptxas:", line.strip()[:200])
