@@ -3,7 +3,7 @@
 From the repository root on the H200:
 
     source .gpu/env.sh && PYTHONPATH=$PWD/src:$PWD:$PYTHONPATH python perf/sweep.py
-    ... python perf/sweep.py --variants shipped fa2_auto_ws --cases d128 d128c
+    ... python perf/sweep.py --variants shipped pairwise_max --cases d128 d128c
     ... python perf/sweep.py --configs 128x128/2/256 128x176/2/256 --cases d128
 
 Phases:
