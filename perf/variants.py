@@ -203,19 +203,25 @@ _PAIRWISE_MAX = (
 )
 
 
-# The mask written before the ping-pong / ring wait instead of after it: the wait orders the
-# warpgroups' GEMM issues, and the mask fill (block_m x block_n selects) between the wait and
-# the GEMM delays every warpgroup behind this one.
-_MASK_THEN_GEMM = """        if needs_mask:
-            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
-            for i, j in T.Parallel(block_m, block_n):
+# kernel.py's mask loop, as the anchor of the two mask patches below (a patch's old text is
+# kernel.py's own, by design; tests/test_perf_tools.py fails when it drifts).
+_MASK_LOOP = """            for i, j in T.Parallel(block_m, block_n):
                 if causal:
                     acc_s[i, j] = T.if_then_else(
                         T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
                     )
                 else:
-                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)
-            T.wgmma_gemm("""
+                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)"""
+
+# The mask written before the ping-pong / ring wait instead of after it: the wait orders the
+# warpgroups' GEMM issues, and the mask fill (block_m x block_n selects) between the wait and
+# the GEMM delays every warpgroup behind this one.
+_MASK_THEN_GEMM = (
+    "        if needs_mask:\n"
+    "            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.\n"
+    + _MASK_LOOP
+    + "\n            T.wgmma_gemm("
+)
 _MASK_FIRST = (
     (
         _MASK_THEN_GEMM,
@@ -254,13 +260,7 @@ _MASK_FIRST = (
 # causal launch order (measured: the masked tiles delay the warpgroups' turns).
 _ROW_LIMIT_MASK = (
     (
-        """            for i, j in T.Parallel(block_m, block_n):
-                if causal:
-                    acc_s[i, j] = T.if_then_else(
-                        T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
-                    )
-                else:
-                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)""",
+        _MASK_LOOP,
         """            for i in T.Parallel(block_m):
                 if causal:
                     last_key[i] = T.min(q_start + i + diagonal_offset, seqlen_k - 1) - kv_start
