@@ -145,7 +145,8 @@ def check(job: tuple) -> dict:
         Path(save).mkdir(parents=True, exist_ok=True)
         cfg_tag = f"{config.block_m}x{config.block_n}_{config.num_stages}_{config.threads}"
         cfg_tag += "" if config.take_turns else "_free"
-        tag = f"{name}_d{head_dim}_{'c' if causal else 'nc'}_{dtype}_{cfg_tag}"
+        cfg_tag += "_persistent" if config.persistent else ""
+        tag = f"{re.sub(r'[^A-Za-z0-9_]+', '_', name)}_d{head_dim}_{'c' if causal else 'nc'}_{dtype}_{cfg_tag}"
         (Path(save) / f"{tag}.cu").write_text(src)
     return row
 

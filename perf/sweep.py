@@ -63,9 +63,20 @@ CHECK_SHAPES = [(2, 4, 2, 257, 300), (1, 2, 1, 1000, 1000), (2, 4, 4, 300, 257)]
 def parse_config(text: str):
     from fa_kernel.configs import TileConfig
 
-    tile, stages, threads, *free = text.split("/")  # "192x128/2/384" or "192x128/2/384/free"
+    # "192x128/2/384", then optionally "/free" and/or "/persistent"
+    tile, stages, threads, *flags = text.split("/")
+    unknown = set(flags) - {"free", "persistent"}
+    if unknown:
+        raise ValueError(f"config {text!r}: unknown flags {sorted(unknown)}, expected free and/or persistent")
     block_m, block_n = tile.split("x")
-    return TileConfig(int(block_m), int(block_n), int(stages), int(threads), take_turns=free != ["free"])
+    return TileConfig(
+        int(block_m),
+        int(block_n),
+        int(stages),
+        int(threads),
+        take_turns="free" not in flags,
+        persistent="persistent" in flags,
+    )
 
 
 def job_key(job: dict) -> str:
@@ -266,7 +277,7 @@ def _print_row(rec: dict, baselines: dict) -> None:
 
 def main() -> None:
     global BATCH, HEADS, SEQLEN  # noqa: PLW0603 - --shape sets them, here and in the worker process
-    from perf.variants import KNOWN_INCORRECT, VARIANTS
+    from perf.variants import KNOWN_INCORRECT, VARIANTS, is_variant
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -293,9 +304,9 @@ def main() -> None:
 
     t_start = time.time()
     args.deadline = t_start + args.budget_s
-    unknown = [v for v in args.variants if v not in VARIANTS]
+    unknown = [v for v in args.variants if not is_variant(v)]
     if unknown:
-        sys.exit(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+        sys.exit(f"unknown variants {unknown}; known: {list(VARIANTS)}, or file:PATH to a copy of kernel.py")
     jobs = [
         {"variant": v, "config": cfg, "case": case}
         for case in args.cases

@@ -90,10 +90,12 @@ from fa_kernel.kernel import PASS_CONFIGS, forward_program
 # --------------------------------------------------------------------------------------
 
 # The P.V wait of the steady-state loop, and the statements the patches below replace.
-_PV_WAIT = "                    T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten"
-_K_RELEASE = "                    T.mbarrier_arrive(k_empty[stage])"  # the loop's (tile 0 releases k_empty[0])
+_PV_WAIT = "                        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten"
+_K_RELEASE = "                        T.mbarrier_arrive(k_empty[stage])"  # the loop's (tile 0 releases k_empty[0])
 _SOFTMAX = "online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)"
-_LOOP_SOFTMAX = _K_RELEASE + "\n" + " " * 20 + _SOFTMAX
+# The loop's call, as ruff formats it at that depth: one argument line.
+_LOOP_SOFTMAX = _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + _SOFTMAX[len("online_softmax(") : -1]
+_LOOP_SOFTMAX += "\n" + " " * 24 + ")"
 _EXP = "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])"
 _MAX = """        T.copy(row_max, row_max_prev)
         T.reduce_max(acc_s, row_max, dim=1, clear=False)"""
@@ -177,12 +179,12 @@ _PAIRWISE_MAX = (
     (_EXP2_ANCHOR, _ACCUMULATOR_LAYOUT + _EXP2_ANCHOR),
     ("def " + _SOFTMAX_SIGNATURE, "def online_softmax(acc_s, pair_max, row_max,"),
     (
-        "T.mbarrier_arrive(k_empty[0])\n" + " " * 16 + _SOFTMAX_SIGNATURE,
-        "T.mbarrier_arrive(k_empty[0])\n" + " " * 16 + "online_softmax(acc_s, pair_max, row_max,",
+        "T.mbarrier_arrive(k_empty[first_stage])\n" + " " * 20 + _SOFTMAX_SIGNATURE,
+        "T.mbarrier_arrive(k_empty[first_stage])\n" + " " * 20 + "online_softmax(acc_s, pair_max, row_max,",
     ),
     (
-        _K_RELEASE + "\n" + " " * 20 + _SOFTMAX_SIGNATURE,
-        _K_RELEASE + "\n" + " " * 20 + "online_softmax(acc_s, pair_max, row_max,",
+        _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + "acc_s, row_max,",
+        _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + "acc_s, pair_max, row_max,",
     ),
     (
         "            acc_s = T.alloc_fragment([block_m, block_n], accum)\n",
@@ -242,14 +244,14 @@ _MASK_FIRST = (
     def issue_scores(""",
     ),
     (
-        "                issue_scores(Q_shared, K_shared[0, :, :]",
-        "                write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)\n"
-        "                issue_scores(Q_shared, K_shared[0, :, :]",
+        "                    issue_scores(Q_shared, K_shared[first_stage, :, :]",
+        "                    write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)\n"
+        "                    issue_scores(Q_shared, K_shared[first_stage, :, :]",
     ),
     (
-        "                    T.mbarrier_wait_parity(k_full[stage], phase)\n",
-        "                    write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
-        "                    T.mbarrier_wait_parity(k_full[stage], phase)\n",
+        "                        T.mbarrier_wait_parity(k_full[stage], phase)\n",
+        "                        write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
+        "                        T.mbarrier_wait_parity(k_full[stage], phase)\n",
     ),
 )
 
@@ -274,12 +276,12 @@ _ROW_LIMIT_MASK = (
         "def issue_scores(Q_shared, K_tile, acc_s, last_key, kv_start,",
     ),
     (
-        "issue_scores(Q_shared, K_shared[0, :, :], acc_s, 0,",
-        "issue_scores(Q_shared, K_shared[0, :, :], acc_s, last_key, 0,",
+        "issue_scores(Q_shared, K_shared[first_stage, :, :], acc_s, 0,",
+        "issue_scores(Q_shared, K_shared[first_stage, :, :], acc_s, last_key, 0,",
     ),
     (
-        "issue_scores(Q_shared, K_shared[stage, :, :], acc_s, kv_start,",
-        "issue_scores(Q_shared, K_shared[stage, :, :], acc_s, last_key, kv_start,",
+        "Q_shared, K_shared[stage, :, :], acc_s, kv_start,",
+        "Q_shared, K_shared[stage, :, :], acc_s, last_key, kv_start,",
     ),
     (
         "            row_max = T.alloc_fragment([block_m], accum)\n",
@@ -314,9 +316,9 @@ def _turns_from_patch(min_tiles: int):
             f"if thread >= consumers - 128 and num_kv_blocks > {max(1, min_tiles)}:",
         ),
         (
-            "                    if take_turns:\n                        T.sync_threads(",
-            f"                    if take_turns and num_kv_blocks > {min_tiles}:\n"
-            "                        T.sync_threads(",
+            "                        if take_turns:\n                            T.sync_threads(",
+            f"                        if take_turns and num_kv_blocks > {min_tiles}:\n"
+            "                            T.sync_threads(",
         ),
         (
             "if thread < consumers - 128 or kv_block < num_kv_blocks - 1:",
@@ -329,9 +331,9 @@ PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
     "pinned": (
         (
             _PV_WAIT,
-            """                    for i in T.Parallel(block_m):
-                        if q_start + i < seqlen_q:
-                            LSE[b, head, q_start + i] = row_sum[i]
+            """                        for i in T.Parallel(block_m):
+                            if q_start + i < seqlen_q:
+                                LSE[b, head, q_start + i] = row_sum[i]
 """
             + _PV_WAIT,
         ),
@@ -359,6 +361,10 @@ def _patched_kernel_module(name: str):
     """kernel.py with PATCHES[name] applied, imported from a file (TileLang reads the source)."""
     source = Path(shipped_kernel.__file__).read_text()
     for old, new in PATCHES[name]:
+        # A text that starts with indentation must start a line: found inside a deeper-indented
+        # line, its replacement would break the nesting.
+        if old.startswith(" "):
+            old, new = "\n" + old, "\n" + new
         if source.count(old) != 1:
             raise ValueError(f"variant {name}: patch text found {source.count(old)} times in kernel.py, not once")
         source = source.replace(old, new)
@@ -396,8 +402,29 @@ VARIANTS: dict[str, Builder] = {
 KNOWN_INCORRECT = frozenset({"gemm_only", "no_exp", "no_max"})
 
 
+# "file:PATH" names another copy of kernel.py (an earlier commit's, `git show REV:src/fa_kernel/kernel.py`),
+# so a change is measured against its parent in one process.
+FILE_PREFIX = "file:"
+
+
+def is_variant(name: str) -> bool:
+    return name in VARIANTS or (name.startswith(FILE_PREFIX) and Path(name[len(FILE_PREFIX) :]).is_file())
+
+
+@functools.cache
+def _kernel_module_from_file(path: str):
+    module_name = f"fa_kernel_file_{hashlib.sha1(path.encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build(name: str, head_dim: int, causal: bool, dtype: str, config: TileConfig):
     """The PrimFunc of variant `name` (dtype "float16" or "bfloat16")."""
+    if name.startswith(FILE_PREFIX):
+        module = _kernel_module_from_file(str(Path(name[len(FILE_PREFIX) :]).resolve()))
+        return module.forward_program(head_dim=head_dim, causal=causal, dtype=dtype, config=config)
     return VARIANTS[name](head_dim=head_dim, causal=causal, dtype=dtype, config=config)
 
 

@@ -38,14 +38,14 @@ class Mutant:
 
 
 # The steady-state loop's rescale and P.V: acc_o *= alpha_{j-1}, then acc_o += P_{j-1}.V_{j-1}.
-LOOP_RESCALE_THEN_GEMM = """                    rescale_output(acc_o, alpha)
-                    T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                    T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)"""
-LAST_RESCALE_THEN_GEMM = """                rescale_output(acc_o, alpha)
-                T.mbarrier_wait_parity(v_full[last % stages], (last // stages) & 1)
-                T.wgmma_gemm(acc_p, V_shared[last % stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)"""
+LOOP_RESCALE_THEN_GEMM = """                        rescale_output(acc_o, alpha)
+                        T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
+                        T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)"""
+LAST_WAIT_AND_GEMM = """                    T.mbarrier_wait_parity(v_full[last_stage], (last // stages) & 1)
+                    T.wgmma_gemm(acc_p, V_shared[last_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)"""
+LAST_RESCALE_THEN_GEMM = "                    rescale_output(acc_o, alpha)\n" + LAST_WAIT_AND_GEMM
 
 KERNEL_MUTANTS = [
     Mutant(
@@ -53,21 +53,17 @@ KERNEL_MUTANTS = [
         "rescale_after_gemm",
         "kernel.py",
         LOOP_RESCALE_THEN_GEMM,
-        """                    T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                    T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                    rescale_output(acc_o, alpha)""",
+        """                        T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
+                        T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                        rescale_output(acc_o, alpha)""",
     ),
     Mutant(
         "last_tile_rescale_after_gemm",
         "kernel.py",
         LAST_RESCALE_THEN_GEMM,
-        """                T.mbarrier_wait_parity(v_full[last % stages], (last // stages) & 1)
-                T.wgmma_gemm(acc_p, V_shared[last % stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                rescale_output(acc_o, alpha)""",
+        LAST_WAIT_AND_GEMM + "\n                    rescale_output(acc_o, alpha)",
     ),
     Mutant(
         "last_tile_sum", "kernel.py", "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]", "row_sum[i] = tile_sum[i]"
@@ -113,19 +109,26 @@ KERNEL_MUTANTS = [
         "last_visible = q_start + diagonal_offset",
     ),
     Mutant(
-        # Heaviest-first launch order off by one: one query block is never computed.
+        # Heaviest-first order off by one: one query block is never computed.
         "causal_block_order_off_by_one",
         "kernel.py",
-        "q_block = T.ceildiv(seqlen_q, block_m) - 1 - launch_block",
-        "q_block = T.ceildiv(seqlen_q, block_m) - launch_block",
+        "q_block = q_blocks - 1 - q_block",
+        "q_block = q_blocks - q_block",
+    ),
+    Mutant(
+        # Persistent thread blocks skip the last, partial round of work tiles.
+        "persistent_rounds_one_short",
+        "kernel.py",
+        "place_in_last < num_tiles % workers, 1, 0)",
+        "place_in_last < 0, 1, 0)",
     ),
     Mutant(
         "normalise_inside_loop",
         "kernel.py",
-        "                    T.mbarrier_arrive(v_empty[prev_stage])\n",
-        """                    T.mbarrier_arrive(v_empty[prev_stage])
-                    for i, d in T.Parallel(block_m, head_dim):
-                        acc_o[i, d] /= row_sum[i]
+        "                        T.mbarrier_arrive(v_empty[prev_stage])\n",
+        """                        T.mbarrier_arrive(v_empty[prev_stage])
+                        for i, d in T.Parallel(block_m, head_dim):
+                            acc_o[i, d] /= row_sum[i]
 """,
     ),
     Mutant("scale_without_log2e", "interface.py", "softmax_scale * LOG2E", "softmax_scale"),
@@ -216,9 +219,12 @@ def run_mutant(mutant: Mutant, target: str, workdir: Path, select: list[str] | N
     shutil.copytree(ROOT / "src", tree / "src")
     path = tree / "src" / "fa_kernel" / mutant.file
     text = path.read_text()
-    if text.count(mutant.old) != 1:
-        return "ERROR", f"patch text found {text.count(mutant.old)} times in {mutant.file}, not once", 0.0
-    path.write_text(text.replace(mutant.old, mutant.new))
+    # A text that starts with indentation must start a line (inside a deeper-indented line its
+    # replacement would break the nesting, and the mutant would die of a syntax error).
+    old, new = ("\n" + mutant.old, "\n" + mutant.new) if mutant.old.startswith(" ") else (mutant.old, mutant.new)
+    if text.count(old) != 1:
+        return "ERROR", f"patch text found {text.count(old)} times in {mutant.file}, not once", 0.0
+    path.write_text(text.replace(old, new))
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),

@@ -27,6 +27,19 @@ def assert_matches_reference(q, k, v, causal, softmax_scale=None):
     return out, lse
 
 
+def assert_kernel_matches_reference(kernel, head_dim, causal, label):
+    """A compiled kernel, called directly, on shapes that reach every branch of the loop:
+    ragged lengths, GQA, Sq > Sk rows that see no key (causal), a single row and key."""
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [(2, 257, 300, 4, 2), (1, 300, 77, 2, 1), (1, 1, 1, 1, 1)]:
+        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.float16, seed=seqlen_q)
+        # NaN-filled: an element no thread block writes fails the judge, whatever memory held.
+        out = torch.full_like(q, math.nan)
+        lse = torch.full((batch, nheads, seqlen_q), math.nan, device="cuda", dtype=torch.float32)
+        kernel(q, k, v, out, lse, LOG2E / math.sqrt(head_dim))
+        verdict = judge(q, k, v, out, lse, causal)
+        assert verdict.passed, f"{label}, {batch}x{seqlen_q}x{seqlen_k}x{nheads}/{nheads_kv}: {verdict}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen", [1, 127, 129, 1000, 4097])
@@ -72,13 +85,27 @@ def test_every_consumer_schedule(head_dim, config, causal):
     # the ring with a single K/V stage (producer and consumers share each buffer), both
     # free-running counts, and Sq > Sk rows with no key.
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config)
-    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [(2, 257, 300, 4, 2), (1, 300, 77, 2, 1), (1, 1, 1, 1, 1)]:
-        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.float16, seed=seqlen_q)
-        out = torch.empty_like(q)
-        lse = torch.empty(batch, nheads, seqlen_q, device="cuda", dtype=torch.float32)
-        kernel(q, k, v, out, lse, LOG2E / math.sqrt(head_dim))
-        verdict = judge(q, k, v, out, lse, causal)
-        assert verdict.passed, f"{config}, {batch}x{seqlen_q}x{seqlen_k}x{nheads}/{nheads_kv}: {verdict}"
+    assert_kernel_matches_reference(kernel, head_dim, causal, label=str(config))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    ("head_dim", "config"),
+    [
+        (128, TileConfig(128, 176, 2, 256, persistent=True)),
+        (64, TileConfig(192, 128, 2, 384, persistent=True)),
+        (64, TileConfig(192, 128, 2, 384, take_turns=False, persistent=True)),
+    ],
+    ids=["2-warpgroups-pingpong", "3-warpgroups-ring", "3-free"],
+)
+def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
+    # A grid of 5 thread blocks over 1..24 work tiles: each block carries its K/V ring,
+    # mbarrier phases and turn order from one tile into the next (an odd number of K/V tiles
+    # per work tile flips the phases), reloads Q only after O has left the shared buffer,
+    # takes its place in the odd rounds from the other end (snake order), and the tiles do not
+    # divide evenly over 5 blocks (a last, partial round).
+    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)
+    assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of 5")
 
 
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():

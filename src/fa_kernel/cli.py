@@ -221,14 +221,16 @@ def cmd_tune(args) -> int:
         return EXIT_NO_GPU
     arch = arch_of(torch.cuda.get_device_capability())
     # block_m is 64 rows per consumer warpgroup (one wgmma M); one, two or three, and two or
-    # three either take turns issuing their GEMMs or run free.
+    # three either take turns issuing their GEMMs or run free; one thread block per work tile
+    # or one per SM (persistent).
     candidates = [
-        TileConfig(block_m, block_n, stages, threads, take_turns)
-        for (block_m, threads), block_n, stages, take_turns in itertools.product(
-            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2), (True, False)
+        TileConfig(block_m, block_n, stages, threads, take_turns, persistent)
+        for (block_m, threads), block_n, stages, take_turns, persistent in itertools.product(
+            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2), (True, False), (False, True)
         )
         if take_turns or threads > 128
     ]
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     winners = {}
     for head_dim, causal in itertools.product(args.head_dim, (False, True)):
         shape = Shape(8, 32, 4096, head_dim, causal)
@@ -236,7 +238,9 @@ def cmd_tune(args) -> int:
         timings = []
         for config in track(candidates, description=f"d{head_dim} causal={causal}", console=console, transient=True):
             try:
-                kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config)
+                kernel = compiled_forward(
+                    head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count
+                )
             except Exception as error:  # a config that does not fit (shared memory, registers) is skipped
                 console.print(f"  {config}: does not compile ({type(error).__name__})")
                 continue
@@ -251,9 +255,10 @@ def cmd_tune(args) -> int:
     console.print("\n# Paste into TUNED in src/fa_kernel/configs.py:")
     for (arch, head_dim, causal), (config, tflops) in winners.items():
         free = "" if config.take_turns or config.threads == 128 else ", take_turns=False"
+        persistent = ", persistent=True" if config.persistent else ""
         console.print(
             f'    ("{arch}", {head_dim}, {causal}): TileConfig({config.block_m}, {config.block_n}, '
-            f"{config.num_stages}, {config.threads}{free}),  # {tflops:.0f} TFLOP/s",
+            f"{config.num_stages}, {config.threads}{free}{persistent}),  # {tflops:.0f} TFLOP/s",
             highlight=False,
         )
     return 0

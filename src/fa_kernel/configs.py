@@ -22,13 +22,16 @@ class TileConfig:
     # 128-thread producer warpgroup
     take_turns: bool = True  # 2-3 consumer warpgroups issue their GEMMs in a fixed order
     # (ping-pong / ring) so their softmaxes stagger; False lets them run free
+    persistent: bool = False  # one thread block per SM walks the work tiles, instead of one
+    # thread block per tile
 
     def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
 
     def __str__(self) -> str:
         free = "" if self.take_turns or self.threads == 128 else "/free"
-        return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}"
+        persistent = "/persistent" if self.persistent else ""
+        return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}{persistent}"
 
 
 # sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, "Variants", "Shipped"
@@ -41,12 +44,16 @@ class TileConfig:
 #   limits, and a third warpgroup gives it more issue slots than the ping-pong does. Taking
 #   turns (a ring) measured +10% non-causal (436 vs 397 TFLOP/s fp16, 451 vs 405 bf16) and
 #   -9% causal (354 vs 386), 2026-11-30, so causal runs free;
+# - persistent (one thread block per SM walking the work tiles, fifth session): d64 causal
+#   403.7 vs 377.4 per tile (+7%), d128 non-causal 573.6 vs 560.3 (+2.4%) at 4096; at 1024
+#   within 1% of per-tile for both; d128 causal (+2.5% at 4096, -2.5% at 1024) and d64
+#   non-causal (level) stay per tile;
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 64, False): TileConfig(192, 128, 2, 384),
-    ("sm_90", 64, True): TileConfig(192, 128, 2, 384, take_turns=False),
-    ("sm_90", 128, False): TileConfig(128, 176, 2, 256),
+    ("sm_90", 64, True): TileConfig(192, 128, 2, 384, take_turns=False, persistent=True),
+    ("sm_90", 128, False): TileConfig(128, 176, 2, 256, persistent=True),
     ("sm_90", 128, True): TileConfig(128, 176, 2, 256),
     ("sm_90", 256, False): TileConfig(128, 64, 2, 256),
     ("sm_90", 256, True): TileConfig(128, 64, 2, 256),

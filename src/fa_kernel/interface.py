@@ -137,6 +137,7 @@ def _forward(
         dtype=_DTYPE_NAMES[q.dtype],
         config=tile_config_for(q.device, head_dim, causal),
         arch=_compile_arch(q.device),
+        sm_count=torch.cuda.get_device_properties(q.device).multi_processor_count,
     )
     # The kernel assumes dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))

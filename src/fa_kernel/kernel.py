@@ -23,7 +23,11 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   after each K tile lands (d64, three warpgroups: +10%; causal d64 measured faster without);
 - the mask is written only into tiles that hold a key some row may not see; every other
   tile's Q.K^T starts from a zeroed accumulator;
-- causal launches the query blocks with the most keys first.
+- causal launches the query blocks with the most keys first;
+- with `config.persistent`, one thread block per SM walks the work tiles (query block,
+  head, batch) in rounds, snake order, instead of one thread block per tile: the producer
+  loads the next tile's K/V while the consumers finish the current one, and the ring of
+  K/V stages, its mbarrier phases and the turn order carry over from tile to tile.
 
 Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
 softmax scale is a runtime argument: one compiled kernel serves every shape with the same
@@ -56,6 +60,9 @@ PRODUCER_REGISTERS = 24
 # Named barriers for taking turns: TURN_BARRIERS[w] = "consumer warpgroup w may issue its
 # GEMMs". TileLang allocates its own named barriers from 3 upwards.
 TURN_BARRIERS = (13, 14, 15)
+# Streaming multiprocessors of an H100/H200 SXM: the persistent grid's size when compiling
+# without a GPU (`fa_kernel.interface` passes the device's own count).
+H100_SM_COUNT = 132
 
 
 def consumer_registers(consumer_threads: int) -> int:
@@ -72,6 +79,7 @@ def forward_program(
     causal: bool,
     dtype: str,
     config: TileConfig,
+    sm_count: int = H100_SM_COUNT,
 ):
     """The kernel as a TileLang PrimFunc.
 
@@ -135,6 +143,46 @@ def forward_program(
         for i, d in T.Parallel(block_m, head_dim):
             acc_o[i, d] *= alpha[i]
 
+    # Bottom-right causal alignment (flash-attn >= 2.1): query i sees key j <= i + offset.
+    diagonal_offset = seqlen_k - seqlen_q
+
+    # A work tile is one block of query rows of one (batch, head). The per-tile grid is
+    # (query block, head, batch); the persistent grid numbers the tiles in that order, query
+    # block fastest, so the thread blocks running at once share their K/V in L2.
+    q_blocks = T.ceildiv(seqlen_q, block_m)
+    num_tiles = q_blocks * heads * batch
+    # Persistent: one thread block per SM walks the tiles, a round of `workers` at a time; its
+    # producer loads the next tile's K/V while the consumers finish the last one.
+    workers = T.min(sm_count, num_tiles)
+
+    def work_tile(block, tile_round):
+        """(batch, head, K/V head, first query row, K/V tiles to visit) of thread block
+        `block`'s tile_round-th work tile."""
+        if config.persistent:
+            # Round r covers tiles [r * workers, (r + 1) * workers), in snake order: a thread
+            # block's place reverses every round, so (causal) heavy and light tiles even out
+            # over a thread block's rounds instead of some blocks drawing the heavy ones.
+            worker = block[0]
+            tile = tile_round * workers + T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
+            q_block, head, b = tile % q_blocks, tile // q_blocks % heads, tile // (q_blocks * heads)
+        else:
+            q_block, head, b = block
+        if causal:
+            # Later query blocks see more keys: run them first, so the short ones fill the
+            # tail of the grid.
+            q_block = q_blocks - 1 - q_block
+        kv_head = head // (heads // heads_kv)  # GQA/MQA: a group of query heads shares a K/V head
+        q_start = q_block * block_m
+        num_kv_blocks = T.ceildiv(seqlen_k, block_n)
+        if causal:
+            # Tiles right of this block's last visible key are never loaded. At least one tile
+            # is: every TMA load issued must be waited for before the block exits (a load in
+            # flight would land in the next block's shared memory), and the consumers' loop is
+            # written for one tile or more. The mask zeroes that tile.
+            last_visible = q_start + block_m + diagonal_offset
+            num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
+        return b, head, kv_head, q_start, num_kv_blocks
+
     @T.prim_func
     def flash_attention_forward(
         Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
@@ -144,11 +192,8 @@ def forward_program(
         LSE: T.Tensor([batch, heads, seqlen_q], accum),
         scale_log2: T.float32,
     ):
-        with T.Kernel(T.ceildiv(seqlen_q, block_m), heads, batch, threads=consumers + PRODUCER_THREADS) as (
-            launch_block,
-            head,
-            b,
-        ):
+        grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
+        with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS) as block:
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
             V_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
@@ -165,121 +210,142 @@ def forward_program(
             tile_sum = T.alloc_fragment([block_m], accum)
             row_sum = T.alloc_fragment([block_m], accum)
             # full[stage]: the producer's threads arrived and the TMA bytes landed;
-            # empty[stage]: every consumer thread is done reading the buffer.
+            # empty[stage]: every consumer thread is done reading the buffer. q_empty: the
+            # tile's O has left Q's (shared) buffer, the next Q may land there.
             q_full = T.alloc_barrier(PRODUCER_THREADS)
+            q_empty = T.alloc_barrier(consumers)
             k_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
             k_empty = T.alloc_barrier([consumers] * stages)
             v_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
             v_empty = T.alloc_barrier([consumers] * stages)
+            # K/V tiles this thread block went through before the current work tile: the ring
+            # of stages, and the mbarriers' phases with it, run on across work tiles.
+            kv_before = T.alloc_var(T.int32, init=0)
+            # The current work tile, computed once per tile: left as expressions, its integer
+            # divisions would be recomputed inside the loops (and the mask) that use them.
+            b = T.alloc_var(T.int32)
+            head = T.alloc_var(T.int32)
+            kv_head = T.alloc_var(T.int32)
+            q_start = T.alloc_var(T.int32)
+            num_kv_blocks = T.alloc_var(T.int32)
 
             thread = T.get_thread_binding()
-            q_block = launch_block
-            if causal:
-                # Later query blocks see more keys: launch them first, so the short ones fill
-                # the tail of the grid.
-                q_block = T.ceildiv(seqlen_q, block_m) - 1 - launch_block
-            kv_head = head // (heads // heads_kv)  # GQA/MQA: a group of query heads shares a K/V head
-            # Bottom-right causal alignment (flash-attn >= 2.1): query i sees key j <= i + offset.
-            diagonal_offset = seqlen_k - seqlen_q
-            q_start = q_block * block_m
-
-            num_kv_blocks = T.ceildiv(seqlen_k, block_n)
-            if causal:
-                # Tiles right of this block's last visible key are never loaded. At least one
-                # tile is: every TMA load issued must be waited for before the block exits (a
-                # load in flight would land in the next block's shared memory), and the
-                # consumers' loop is written for one tile or more. The mask zeroes that tile.
-                last_visible = q_start + block_m + diagonal_offset
-                num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
+            # Work tiles of this thread block: every full round, and the last, partial one if
+            # its place there holds a tile. (One in the per-tile grid: a loop of one trip, which
+            # the compiler removes.)
+            rounds = 1
+            if config.persistent:
+                worker = block[0]
+                place_in_last = T.if_then_else(num_tiles // workers % 2 == 0, worker, workers - 1 - worker)
+                rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
 
             if thread >= consumers:
                 # ---- producer warpgroup: TMA loads, never more than `stages` tiles ahead ----
                 T.set_max_nreg(PRODUCER_REGISTERS, 0)
-                T.tma_copy(Q[b, q_start : q_start + block_m, head, :], Q_shared, barrier=q_full)
-                T.mbarrier_arrive(q_full)
-                for kv_block in T.serial(num_kv_blocks):
-                    stage = kv_block % stages
-                    phase = (kv_block // stages) & 1
-                    kv_start = kv_block * block_n
-                    T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
-                    T.tma_copy(
-                        K[b, kv_start : kv_start + block_n, kv_head, :], K_shared[stage, :, :], barrier=k_full[stage]
-                    )
-                    T.mbarrier_arrive(k_full[stage])
-                    T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
-                    T.tma_copy(
-                        V[b, kv_start : kv_start + block_n, kv_head, :], V_shared[stage, :, :], barrier=v_full[stage]
-                    )
-                    T.mbarrier_arrive(v_full[stage])
+                for tile_round in T.serial(rounds):
+                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+                    T.mbarrier_wait_parity(q_empty, (tile_round & 1) ^ 1)
+                    T.tma_copy(Q[b, q_start : q_start + block_m, head, :], Q_shared, barrier=q_full)
+                    T.mbarrier_arrive(q_full)
+                    for kv_block in T.serial(num_kv_blocks):
+                        stage = (kv_before + kv_block) % stages
+                        phase = ((kv_before + kv_block) // stages) & 1
+                        kv_start = kv_block * block_n
+                        T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
+                        T.tma_copy(
+                            K[b, kv_start : kv_start + block_n, kv_head, :],
+                            K_shared[stage, :, :],
+                            barrier=k_full[stage],
+                        )
+                        T.mbarrier_arrive(k_full[stage])
+                        T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
+                        T.tma_copy(
+                            V[b, kv_start : kv_start + block_n, kv_head, :],
+                            V_shared[stage, :, :],
+                            barrier=v_full[stage],
+                        )
+                        T.mbarrier_arrive(v_full[stage])
+                    kv_before = kv_before + num_kv_blocks
             else:
                 # ---- consumer warpgroups: the FlashAttention loop ----
                 T.set_max_nreg(consumer_registers(consumers), 1)
-                T.fill(acc_o, 0)
-                T.fill(row_sum, 0)
-                T.fill(row_max, neg_inf)
-                T.mbarrier_wait_parity(q_full, 0)
-                if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
-                    # The last warpgroup lets warpgroup 0 issue first. Each arrive has a matching
-                    # sync, by the next warpgroup in the ring (256 = the two warpgroups).
-                    if thread >= consumers - 128 and num_kv_blocks > 1:
-                        T.named_barrier_arrive(TURN_BARRIERS[0], 256)
-
-                # Tile 0: its scores and softmax; P~_0 waits in acc_p for the first P.V.
-                T.mbarrier_wait_parity(k_full[0], 0)
-                issue_scores(Q_shared, K_shared[0, :, :], acc_s, 0, q_start, diagonal_offset, seqlen_k)
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                T.mbarrier_arrive(k_empty[0])
-                online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)
-                T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
-
-                for kv_block in T.serial(1, num_kv_blocks):
-                    stage = kv_block % stages
-                    phase = (kv_block // stages) & 1
-                    prev_stage = (kv_block - 1) % stages
-                    prev_phase = ((kv_block - 1) // stages) & 1
-                    kv_start = kv_block * block_n
-                    T.mbarrier_wait_parity(k_full[stage], phase)
-                    if take_turns:
-                        T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
-                    issue_scores(Q_shared, K_shared[stage, :, :], acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
-                    # acc_o must be rescaled to tile j-1's max before P~_{j-1}.V_{j-1} adds to it.
-                    rescale_output(acc_o, alpha)
-                    T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                    T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                for tile_round in T.serial(rounds):
+                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+                    T.fill(acc_o, 0)
+                    T.fill(row_sum, 0)
+                    T.fill(row_max, neg_inf)
+                    T.mbarrier_wait_parity(q_full, tile_round & 1)
                     if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
-                        # Hand the tensor cores to the next warpgroup; the last one's last hand-over
-                        # would have no taker (warpgroup 0 has no next tile).
-                        if thread < consumers - 128 or kv_block < num_kv_blocks - 1:
-                            T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
-                    T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
+                        # The last warpgroup lets warpgroup 0 issue first. Each arrive has a matching
+                        # sync, by the next warpgroup in the ring (256 = the two warpgroups).
+                        if thread >= consumers - 128 and num_kv_blocks > 1:
+                            T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+
+                    # Tile 0: its scores and softmax; P~_0 waits in acc_p for the first P.V.
+                    first_stage = kv_before % stages
+                    T.mbarrier_wait_parity(k_full[first_stage], (kv_before // stages) & 1)
+                    issue_scores(Q_shared, K_shared[first_stage, :, :], acc_s, 0, q_start, diagonal_offset, seqlen_k)
+                    T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                    T.mbarrier_arrive(k_empty[stage])
+                    T.mbarrier_arrive(k_empty[first_stage])
                     online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)
-                    T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten
-                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                    T.mbarrier_arrive(v_empty[prev_stage])
-                    T.copy(acc_s, acc_p)
+                    T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
-                # The last tile's P~.V, after the same rescale.
-                last = num_kv_blocks - 1
-                rescale_output(acc_o, alpha)
-                T.mbarrier_wait_parity(v_full[last % stages], (last // stages) & 1)
-                T.wgmma_gemm(acc_p, V_shared[last % stages, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                T.mbarrier_arrive(v_empty[last % stages])
-
-                # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
-                for i, d in T.Parallel(block_m, head_dim):
-                    acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
-                for i in T.Parallel(block_m):
-                    if q_start + i < seqlen_q:
-                        LSE[b, head, q_start + i] = T.if_then_else(
-                            row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
+                    for kv_block in T.serial(1, num_kv_blocks):
+                        stage = (kv_before + kv_block) % stages
+                        phase = ((kv_before + kv_block) // stages) & 1
+                        prev_stage = (kv_before + kv_block - 1) % stages
+                        prev_phase = ((kv_before + kv_block - 1) // stages) & 1
+                        kv_start = kv_block * block_n
+                        T.mbarrier_wait_parity(k_full[stage], phase)
+                        if take_turns:
+                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+                        issue_scores(
+                            Q_shared, K_shared[stage, :, :], acc_s, kv_start, q_start, diagonal_offset, seqlen_k
                         )
-                T.copy(acc_o, O_shared)
-                T.copy(O_shared, Output[b, q_start : q_start + block_m, head, :])
+                        # acc_o must be rescaled to tile j-1's max before P~_{j-1}.V_{j-1} adds to it.
+                        rescale_output(acc_o, alpha)
+                        T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
+                        T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                        if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
+                            # Hand the tensor cores to the next warpgroup; the last one's last hand-over
+                            # would have no taker (warpgroup 0 has no next tile).
+                            if thread < consumers - 128 or kv_block < num_kv_blocks - 1:
+                                T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
+                        T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
+                        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                        T.mbarrier_arrive(k_empty[stage])
+                        online_softmax(
+                            acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2
+                        )
+                        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten
+                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                        T.mbarrier_arrive(v_empty[prev_stage])
+                        T.copy(acc_s, acc_p)
+
+                    # The last tile's P~.V, after the same rescale.
+                    last = kv_before + num_kv_blocks - 1  # counted over this thread block's life
+                    last_stage = last % stages
+                    rescale_output(acc_o, alpha)
+                    T.mbarrier_wait_parity(v_full[last_stage], (last // stages) & 1)
+                    T.wgmma_gemm(acc_p, V_shared[last_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                    T.mbarrier_arrive(v_empty[last_stage])
+
+                    # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
+                    for i, d in T.Parallel(block_m, head_dim):
+                        acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
+                    for i in T.Parallel(block_m):
+                        if q_start + i < seqlen_q:
+                            LSE[b, head, q_start + i] = T.if_then_else(
+                                row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
+                            )
+                    T.copy(acc_o, O_shared)
+                    T.copy(O_shared, Output[b, q_start : q_start + block_m, head, :])
+                    # The thread that issued O's TMA store arrives once the store has read it.
+                    T.mbarrier_arrive(q_empty)
+                    kv_before = kv_before + num_kv_blocks
 
     return flash_attention_forward
 
@@ -292,6 +358,7 @@ def compiled_forward(
     dtype: str,
     config: TileConfig,
     arch: str | None = None,
+    sm_count: int = H100_SM_COUNT,
 ):
     """The compiled kernel, cached in this process; TileLang's disk cache spans processes.
 
@@ -299,5 +366,5 @@ def compiled_forward(
     that architecture without needing a GPU (nvcc only).
     """
     target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
-    program = forward_program(head_dim=head_dim, causal=causal, dtype=dtype, config=config)
+    program = forward_program(head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count)
     return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
