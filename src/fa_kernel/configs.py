@@ -44,15 +44,16 @@ class TileConfig:
 #   limits, and a third warpgroup gives it more issue slots than the ping-pong does. Taking
 #   turns (a ring) measured +10% non-causal (436 vs 397 TFLOP/s fp16, 451 vs 405 bf16) and
 #   -9% causal (354 vs 386), 2026-11-30, so causal runs free;
-# - persistent (one thread block per SM walking the work tiles, fifth session): d64 causal
-#   403.7 vs 377.4 per tile (+7%), d128 non-causal 573.6 vs 560.3 (+2.4%) at 4096; at 1024
-#   within 1% of per-tile for both; d128 causal (+2.5% at 4096, -2.5% at 1024) and d64
-#   non-causal (level) stay per tile;
+# - persistent (one thread block per SM walking the work tiles, fifth session): d128
+#   non-causal 573.6 vs 560.3 per tile at 4096 (+2.4%), 602.5 vs 593.0 at 16384, 518.9 vs
+#   523.5 at 1024. The others stay per tile: d64 causal gained 7% at 4096 but lost 12% at
+#   16384 (390.7 vs 442.4: the static order balances causal tiles worse than the hardware's
+#   block scheduler there), d128 causal +2.5% at 4096 and -2.5% at 1024, d64 level;
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 64, False): TileConfig(192, 128, 2, 384),
-    ("sm_90", 64, True): TileConfig(192, 128, 2, 384, take_turns=False, persistent=True),
+    ("sm_90", 64, True): TileConfig(192, 128, 2, 384, take_turns=False),
     ("sm_90", 128, False): TileConfig(128, 176, 2, 256, persistent=True),
     ("sm_90", 128, True): TileConfig(128, 176, 2, 256),
     ("sm_90", 256, False): TileConfig(128, 64, 2, 256),
