@@ -52,6 +52,9 @@ a module of their own; a patch that no longer applies raises). Levers, correct:
 (Fourth session: the ring of three consumer warpgroups was a patch here, `round_robin`,
 before it became kernel.py's `config.take_turns`.)
 
+`file:PATH` names another copy of kernel.py (an earlier commit's): the sweep then measures a
+change against its parent in one process.
+
 Leave-one-out diagnostics, timing only (wrong results by design, in KNOWN_INCORRECT): what
 the kernel would gain if a piece of the softmax cost nothing.
 

@@ -48,7 +48,8 @@ class TileConfig:
 #   non-causal 573.6 vs 560.3 per tile at 4096 (+2.4%), 602.5 vs 593.0 at 16384, 518.9 vs
 #   523.5 at 1024. The others stay per tile: d64 causal gained 7% at 4096 but lost 12% at
 #   16384 (390.7 vs 442.4: the static order balances causal tiles worse than the hardware's
-#   block scheduler there), d128 causal +2.5% at 4096 and -2.5% at 1024, d64 level;
+#   block scheduler there), d128 causal +2.5% at 4096, -2.5% at 1024 and -2% at 16384
+#   (571.7 vs 582.4), d64 level;
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
