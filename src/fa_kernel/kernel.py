@@ -139,6 +139,13 @@ def forward_program(
             row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
 
     @T.macro
+    def load_tile(tile, ring, empty, full, stage, phase):
+        """TMA-load one K or V tile into ring[stage] once the consumers have released it."""
+        T.mbarrier_wait_parity(empty[stage], phase ^ 1)
+        T.tma_copy(tile, ring[stage, :, :], barrier=full[stage])
+        T.mbarrier_arrive(full[stage])
+
+    @T.macro
     def rescale_output(acc_o, alpha):
         for i, d in T.Parallel(block_m, head_dim):
             acc_o[i, d] *= alpha[i]
@@ -251,20 +258,10 @@ def forward_program(
                         stage = (kv_before + kv_block) % stages
                         phase = ((kv_before + kv_block) // stages) & 1
                         kv_start = kv_block * block_n
-                        T.mbarrier_wait_parity(k_empty[stage], phase ^ 1)
-                        T.tma_copy(
-                            K[b, kv_start : kv_start + block_n, kv_head, :],
-                            K_shared[stage, :, :],
-                            barrier=k_full[stage],
-                        )
-                        T.mbarrier_arrive(k_full[stage])
-                        T.mbarrier_wait_parity(v_empty[stage], phase ^ 1)
-                        T.tma_copy(
-                            V[b, kv_start : kv_start + block_n, kv_head, :],
-                            V_shared[stage, :, :],
-                            barrier=v_full[stage],
-                        )
-                        T.mbarrier_arrive(v_full[stage])
+                        key_rows = K[b, kv_start : kv_start + block_n, kv_head, :]
+                        value_rows = V[b, kv_start : kv_start + block_n, kv_head, :]
+                        load_tile(key_rows, K_shared, k_empty, k_full, stage, phase)
+                        load_tile(value_rows, V_shared, v_empty, v_full, stage, phase)
                     kv_before = kv_before + num_kv_blocks
             else:
                 # ---- consumer warpgroups: the FlashAttention loop ----
