@@ -162,15 +162,17 @@ def forward_program(
     # producer loads the next tile's K/V while the consumers finish the last one.
     workers = T.min(sm_count, num_tiles)
 
+    def place_in_round(worker, tile_round):
+        """Round r covers tiles [r * workers, (r + 1) * workers) in snake order: a thread
+        block's place reverses every round, so (causal) heavy and light tiles even out over a
+        thread block's rounds instead of some blocks drawing the heavy ones."""
+        return T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
+
     def work_tile(block, tile_round):
         """(batch, head, K/V head, first query row, K/V tiles to visit) of thread block
         `block`'s tile_round-th work tile."""
         if config.persistent:
-            # Round r covers tiles [r * workers, (r + 1) * workers), in snake order: a thread
-            # block's place reverses every round, so (causal) heavy and light tiles even out
-            # over a thread block's rounds instead of some blocks drawing the heavy ones.
-            worker = block[0]
-            tile = tile_round * workers + T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
+            tile = tile_round * workers + place_in_round(block[0], tile_round)
             q_block, head, b = tile % q_blocks, tile // q_blocks % heads, tile // (q_blocks * heads)
         else:
             q_block, head, b = block
@@ -242,8 +244,7 @@ def forward_program(
             # the compiler removes.)
             rounds = 1
             if config.persistent:
-                worker = block[0]
-                place_in_last = T.if_then_else(num_tiles // workers % 2 == 0, worker, workers - 1 - worker)
+                place_in_last = place_in_round(block[0], num_tiles // workers)
                 rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
 
             if thread >= consumers:
