@@ -143,10 +143,8 @@ def check(job: tuple) -> dict:
     row.update(_ptxas(src))
     if save:
         Path(save).mkdir(parents=True, exist_ok=True)
-        cfg_tag = f"{config.block_m}x{config.block_n}_{config.num_stages}_{config.threads}"
-        cfg_tag += "" if config.take_turns else "_free"
-        cfg_tag += "_persistent" if config.persistent else ""
-        tag = f"{re.sub(r'[^A-Za-z0-9_]+', '_', name)}_d{head_dim}_{'c' if causal else 'nc'}_{dtype}_{cfg_tag}"
+        case = f"d{head_dim}_{'c' if causal else 'nc'}_{dtype}"
+        tag = re.sub(r"[^A-Za-z0-9_]+", "_", f"{name}_{case}_{config}")  # a file name from config's str
         (Path(save) / f"{tag}.cu").write_text(src)
     return row
 

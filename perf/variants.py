@@ -379,7 +379,12 @@ def _patched_kernel_module(name: str):
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(source)
     os.replace(partial, path)
-    spec = importlib.util.spec_from_file_location(f"fa_kernel_variant_{name}", path)
+    return _import_file(path, f"fa_kernel_variant_{name}")
+
+
+def _import_file(path: Path, module_name: str):
+    """A copy of kernel.py as a module of its own (TileLang reads the kernel's source from it)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -416,11 +421,7 @@ def is_variant(name: str) -> bool:
 
 @functools.cache
 def _kernel_module_from_file(path: str):
-    module_name = f"fa_kernel_file_{hashlib.sha1(path.encode()).hexdigest()[:12]}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _import_file(Path(path), f"fa_kernel_file_{hashlib.sha1(path.encode()).hexdigest()[:12]}")
 
 
 def build(name: str, head_dim: int, causal: bool, dtype: str, config: TileConfig):
