@@ -86,7 +86,7 @@ import tilelang
 
 from fa_kernel import kernel as shipped_kernel
 from fa_kernel.configs import TileConfig
-from fa_kernel.kernel import PASS_CONFIGS, ForwardKernel, forward_program
+from fa_kernel.kernel import PASS_CONFIGS, forward_program
 
 # --------------------------------------------------------------------------------------
 # Patched builds of the shipped kernel
@@ -435,5 +435,4 @@ def build(name: str, head_dim: int, causal: bool, dtype: str, config: TileConfig
 def compile_variant(name: str, head_dim: int, causal: bool, dtype: str, config: TileConfig, arch: str | None = None):
     """tilelang.compile of a variant with the shipped pass configs; arch None = this GPU."""
     target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
-    program = build(name, head_dim, causal, dtype, config)
-    return ForwardKernel(tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS))
+    return tilelang.compile(build(name, head_dim, causal, dtype, config), target=target, pass_configs=PASS_CONFIGS)

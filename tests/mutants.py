@@ -123,13 +123,6 @@ KERNEL_MUTANTS = [
         "place_in_last < 0, 1, 0)",
     ),
     Mutant(
-        # The dynamic (causal persistent) order skips a tile after each thread block's first.
-        "tile_counter_skips_a_tile",
-        "kernel.py",
-        "workers + T.atomic_add(tile_counter[0], 1, return_prev=True)",
-        "workers + 1 + T.atomic_add(tile_counter[0], 1, return_prev=True)",
-    ),
-    Mutant(
         "normalise_inside_loop",
         "kernel.py",
         "                        T.mbarrier_arrive(v_empty[prev_stage])\n",

@@ -101,11 +101,9 @@ def test_every_consumer_schedule(head_dim, config, causal):
 def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # A grid of 5 thread blocks over 1..24 work tiles: each block carries its K/V ring,
     # mbarrier phases and turn order from one tile into the next (an odd number of K/V tiles
-    # per work tile flips the phases) and reloads Q only after O has left the shared buffer.
-    # Full: the blocks take their places in the odd rounds from the other end (snake order)
-    # and the tiles do not divide evenly over 5 blocks (a last, partial round). Causal: the
-    # blocks draw tiles from the counter, the slots alternate, and each stops at the first
-    # index past the last tile.
+    # per work tile flips the phases), reloads Q only after O has left the shared buffer,
+    # takes its place in the odd rounds from the other end (snake order), and the tiles do not
+    # divide evenly over 5 blocks (a last, partial round).
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)
     assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of 5")
 
@@ -144,8 +142,7 @@ def test_every_output_element_is_written(causal):
     poison = torch.full((64 << 20,), math.nan, device="cuda")
     del poison
     # 9 query blocks x 8 heads x 3 = 216 work tiles: more than an H100/H200 has SMs, so a
-    # persistent config walks two rounds (the second partial) or, causal, draws the tiles past
-    # the first 132 from its counter.
+    # persistent config walks two rounds, the second one partial.
     q, k, v = random_qkv(3, 1031, 1031, 8, 4, 128, torch.float16)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()

@@ -25,12 +25,9 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   tile's Q.K^T starts from a zeroed accumulator;
 - causal launches the query blocks with the most keys first;
 - with `config.persistent`, one thread block per SM walks the work tiles (query block,
-  head, batch) instead of one thread block per tile: the producer loads the next tile's K/V
-  while the consumers finish the current one, and the ring of K/V stages, its mbarrier
-  phases and the turn order carry over from tile to tile. Tiles of equal cost go in rounds,
-  snake order; causal tiles (of unequal cost) go to whichever thread block asks first, from
-  a counter in global memory: the kernel then takes a 7th argument, `tile_counter`, an int32
-  [1] tensor of zero (`ForwardKernel` passes a fresh one).
+  head, batch) in rounds, snake order, instead of one thread block per tile: the producer
+  loads the next tile's K/V while the consumers finish the current one, and the ring of
+  K/V stages, its mbarrier phases and the turn order carry over from tile to tile.
 
 Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
 softmax scale is a runtime argument: one compiled kernel serves every shape with the same
@@ -44,7 +41,6 @@ import math
 
 import tilelang
 import tilelang.language as T
-import torch
 
 from fa_kernel.configs import TileConfig
 
@@ -64,7 +60,6 @@ PRODUCER_REGISTERS = 24
 # Named barriers for taking turns: TURN_BARRIERS[w] = "consumer warpgroup w may issue its
 # GEMMs". TileLang allocates its own named barriers from 3 upwards.
 TURN_BARRIERS = (13, 14, 15)
-PRODUCER_BARRIER = 12  # the producer's threads wait here for the tile index one of them fetched
 # Streaming multiprocessors of an H100/H200 SXM: the persistent grid's size when compiling
 # without a GPU (`fa_kernel.interface` passes the device's own count).
 H100_SM_COUNT = 132
@@ -166,11 +161,6 @@ def forward_program(
     # Persistent: one thread block per SM walks the tiles, a round of `workers` at a time; its
     # producer loads the next tile's K/V while the consumers finish the last one.
     workers = T.min(sm_count, num_tiles)
-    # Causal tiles differ in cost (a query block visits the K/V tiles left of its diagonal),
-    # and a fixed order balances them worse than the hardware's block scheduler (PERF.md,
-    # fifth session). So a persistent causal grid hands tiles out as that scheduler does: in
-    # order, heaviest first, each to whichever thread block asks next, from a global counter.
-    dynamic_tiles = config.persistent and causal
 
     def place_in_round(worker, tile_round):
         """Round r covers tiles [r * workers, (r + 1) * workers) in snake order: a thread
@@ -178,14 +168,11 @@ def forward_program(
         thread block's rounds instead of some blocks drawing the heavy ones."""
         return T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
 
-    def work_tile(block, tile_round, tile_slots):
+    def work_tile(block, tile_round):
         """(batch, head, K/V head, first query row, K/V tiles to visit) of thread block
         `block`'s tile_round-th work tile."""
-        if dynamic_tiles:
-            tile = tile_slots[tile_round % 2]
-        elif config.persistent:
-            tile = tile_round * workers + place_in_round(block[0], tile_round)
         if config.persistent:
+            tile = tile_round * workers + place_in_round(block[0], tile_round)
             q_block, head, b = tile % q_blocks, tile // q_blocks % heads, tile // (q_blocks * heads)
         else:
             q_block, head, b = block
@@ -205,8 +192,15 @@ def forward_program(
             num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
         return b, head, kv_head, q_start, num_kv_blocks
 
-    @T.macro
-    def attention(Q, K, V, Output, LSE, scale_log2, tile_counter):
+    @T.prim_func
+    def flash_attention_forward(
+        Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        K: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        V: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        LSE: T.Tensor([batch, heads, seqlen_q], accum),
+        scale_log2: T.float32,
+    ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS) as block:
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
@@ -215,7 +209,6 @@ def forward_program(
             # The output tile reuses Q's shared memory: each consumer warpgroup reads only its
             # own rows of Q and writes only its own rows of O, after its last Q.K^T is done.
             O_shared = Q_shared
-            tile_slots = T.alloc_shared([2], T.int32) if dynamic_tiles else None
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
@@ -250,11 +243,7 @@ def forward_program(
             # its place there holds a tile. (One in the per-tile grid: a loop of one trip, which
             # the compiler removes.)
             rounds = 1
-            if dynamic_tiles:
-                # At most: every tile the other thread blocks do not take, one each. The loop
-                # stops early at the first tile index past the last tile.
-                rounds = num_tiles - workers + 1
-            elif config.persistent:
+            if config.persistent:
                 place_in_last = place_in_round(block[0], num_tiles // workers)
                 rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
 
@@ -262,23 +251,7 @@ def forward_program(
                 # ---- producer warpgroup: TMA loads, never more than `stages` tiles ahead ----
                 T.set_max_nreg(PRODUCER_REGISTERS, 0)
                 for tile_round in T.serial(rounds):
-                    if dynamic_tiles:
-                        # A thread block's first tile is its own index, every next one the counter's
-                        # next value. The slot alternates: the consumers may still be reading the
-                        # last tile's index (never the one before: this warpgroup waited on q_empty).
-                        if thread == consumers:
-                            tile_slots[tile_round % 2] = T.if_then_else(
-                                tile_round == 0, block[0], workers + T.atomic_add(tile_counter[0], 1, return_prev=True)
-                            )
-                        T.sync_threads(PRODUCER_BARRIER, PRODUCER_THREADS)
-                        if tile_slots[tile_round % 2] >= num_tiles:
-                            # No tile left: a q_full with no Q behind it tells the consumers, once
-                            # they are done with the last Q buffer (a phase must not complete twice
-                            # before they wait on it).
-                            T.mbarrier_wait_parity(q_empty, (tile_round & 1) ^ 1)
-                            T.mbarrier_arrive(q_full)
-                            T.loop_break()
-                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round, tile_slots)
+                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
                     T.mbarrier_wait_parity(q_empty, (tile_round & 1) ^ 1)
                     T.tma_copy(Q[b, q_start : q_start + block_m, head, :], Q_shared, barrier=q_full)
                     T.mbarrier_arrive(q_full)
@@ -295,17 +268,11 @@ def forward_program(
                 # ---- consumer warpgroups: the FlashAttention loop ----
                 T.set_max_nreg(consumer_registers(consumers), 1)
                 for tile_round in T.serial(rounds):
-                    if dynamic_tiles:
-                        # The tile index arrives with Q (written before the producer's arrive).
-                        T.mbarrier_wait_parity(q_full, tile_round & 1)
-                        if tile_slots[tile_round % 2] >= num_tiles:
-                            T.loop_break()
-                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round, tile_slots)
+                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
                     T.fill(acc_o, 0)
                     T.fill(row_sum, 0)
                     T.fill(row_max, neg_inf)
-                    if not dynamic_tiles:
-                        T.mbarrier_wait_parity(q_full, tile_round & 1)
+                    T.mbarrier_wait_parity(q_full, tile_round & 1)
                     if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
                         # The last warpgroup lets warpgroup 0 issue first. Each arrive has a matching
                         # sync, by the next warpgroup in the ring (256 = the two warpgroups).
@@ -378,62 +345,7 @@ def forward_program(
                     T.mbarrier_arrive(q_empty)
                     kv_before = kv_before + num_kv_blocks
 
-    # The launch signature; only the dynamic order takes the tile counter. (One T.Tensor per
-    # argument: two arguments annotated with the same T.Tensor object become one buffer.)
-    q_shape = [batch, seqlen_q, heads, head_dim]
-    kv_shape = [batch, seqlen_k, heads_kv, head_dim]
-    lse_shape = [batch, heads, seqlen_q]
-    if dynamic_tiles:
-
-        @T.prim_func
-        def flash_attention_forward(
-            Q: T.Tensor(q_shape, dtype),
-            K: T.Tensor(kv_shape, dtype),
-            V: T.Tensor(kv_shape, dtype),
-            Output: T.Tensor(q_shape, dtype),
-            LSE: T.Tensor(lse_shape, accum),
-            scale_log2: T.float32,
-            tile_counter: T.Tensor([1], T.int32),
-        ):
-            attention(Q, K, V, Output, LSE, scale_log2, tile_counter)
-
-    else:
-
-        @T.prim_func
-        def flash_attention_forward(
-            Q: T.Tensor(q_shape, dtype),
-            K: T.Tensor(kv_shape, dtype),
-            V: T.Tensor(kv_shape, dtype),
-            Output: T.Tensor(q_shape, dtype),
-            LSE: T.Tensor(lse_shape, accum),
-            scale_log2: T.float32,
-        ):
-            attention(Q, K, V, Output, LSE, scale_log2, None)
-
     return flash_attention_forward
-
-
-class ForwardKernel:
-    """A compiled forward kernel, launched as kernel(q, k, v, out, lse, scale_log2).
-
-    The persistent causal kernel takes one more argument, the counter its thread blocks draw
-    work tiles from; it must be zero at launch and is written by the kernel, so each launch
-    gets a fresh one here (a 4-byte fill, ~2 us) and callers never see it.
-    """
-
-    def __init__(self, jit_kernel):
-        self.jit_kernel = jit_kernel
-        self.takes_tile_counter = any(buffer.name == "tile_counter" for buffer in jit_kernel.prim_func.buffer_map.values())
-
-    def __call__(self, q, k, v, out, lse, scale_log2):
-        if self.takes_tile_counter:
-            tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
-            self.jit_kernel(q, k, v, out, lse, scale_log2, tile_counter)
-        else:
-            self.jit_kernel(q, k, v, out, lse, scale_log2)
-
-    def get_kernel_source(self) -> str:
-        return self.jit_kernel.get_kernel_source()
 
 
 @functools.cache
@@ -453,4 +365,4 @@ def compiled_forward(
     """
     target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
     program = forward_program(head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count)
-    return ForwardKernel(tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS))
+    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
