@@ -42,9 +42,8 @@ a module of their own; a patch that no longer applies raises). Levers, correct:
   mask_first           the mask written before the turn-taking wait, not after it: -3% d128.
   row_limit_mask       the mask from one bound per row (a compare and a select per element):
                        within noise, -4% d64 causal free.
-  two_blocks_per_sm    __launch_bounds__(threads, 2) and halved register budgets, for one
-                       consumer warpgroup (64-row blocks): at seq 1024 d64 causal +18% over the
-                       shipped config, d128 causal +3%; at 4096 slower (PERF.md, fourth session).
+  (two_blocks_per_sm, fourth session, is now a config: TileConfig.blocks_per_sm, "/2persm"
+  in sweep configs, shipped for causal at seqlen_k <= 2048.)
 
   turns_from_8 / 16   take turns only in blocks with more than 8 / 16 K/V tiles: d64 causal
                        370 / 374 against the ring's 357-361 and free 380-388.
@@ -294,22 +293,6 @@ _ROW_LIMIT_MASK = (
 )
 
 
-# Two thread blocks per SM (registers halved, __launch_bounds__(threads, 2)): one block's
-# prologue (Q and the first K/V loads) and epilogue (O store) run beside the other's loop. For
-# one consumer warpgroup: 232 registers per consumer thread still.
-_TWO_BLOCKS_PER_SM = (
-    (
-        "per_thread = min(255, 65536 // total_threads) // 8 * 8",
-        "per_thread = min(255, 32768 // total_threads) // 8 * 8",
-    ),
-    (
-        "            Q_shared = T.alloc_shared([block_m, head_dim], dtype)\n",
-        "            T.annotate_min_blocks_per_sm(2)\n"
-        "            Q_shared = T.alloc_shared([block_m, head_dim], dtype)\n",
-    ),
-)
-
-
 # Take turns only in thread blocks with more than `min_tiles` K/V tiles (a runtime test,
 # uniform over the block): is the ring's loss at d64 causal in the short blocks?
 def _turns_from_patch(min_tiles: int):
@@ -354,7 +337,6 @@ PATCHES["fma_exp2_1of4"] = _exp2_on_fma_patch(1, 4)
 PATCHES["pairwise_max"] = _PAIRWISE_MAX
 PATCHES["mask_first"] = _MASK_FIRST
 PATCHES["row_limit_mask"] = _ROW_LIMIT_MASK
-PATCHES["two_blocks_per_sm"] = _TWO_BLOCKS_PER_SM
 PATCHES["turns_from_8"] = _turns_from_patch(8)
 PATCHES["turns_from_16"] = _turns_from_patch(16)
 

@@ -7,27 +7,31 @@ import re
 
 import pytest
 
-from fa_kernel.configs import select_config
+from fa_kernel.configs import SHORT_KEYS, select_config
 from fa_kernel.kernel import compiled_forward
 
 pytestmark = pytest.mark.compile
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "causal", "dtype"),
+    ("head_dim", "causal", "dtype", "seqlen_k"),
     [
-        (64, False, "float16"),
-        (64, True, "float16"),
-        (128, False, "float16"),
-        (128, True, "bfloat16"),
-        (256, False, "bfloat16"),
-        (256, True, "float16"),
+        (64, False, "float16", None),
+        (64, True, "float16", None),
+        (64, True, "bfloat16", SHORT_KEYS),
+        (128, False, "float16", None),
+        (128, True, "bfloat16", None),
+        (128, True, "float16", SHORT_KEYS),
+        (256, False, "bfloat16", None),
+        (256, True, "float16", None),
     ],
 )
-def test_compiles_for_sm90a_with_hopper_instructions(head_dim, causal, dtype):
-    config = select_config("sm_90", head_dim, causal)
+def test_compiles_for_sm90a_with_hopper_instructions(head_dim, causal, dtype, seqlen_k):
+    config = select_config("sm_90", head_dim, causal, seqlen_k)
     source = compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch="sm_90a")
     source = source.get_kernel_source()
+    threads = config.threads + 128  # the consumers and the producer warpgroup
+    assert f"__launch_bounds__({threads}, {config.blocks_per_sm})" in source, "registers for blocks_per_sm blocks"
     assert "wgmma" in source, "Q.K^T and P.V should be warpgroup MMAs on Hopper"
     assert "tma_load" in source or "cp.async" in source, "K/V tiles should arrive by TMA or cp.async"
     assert "exp2" in source, "softmax should use exp2 with log2(e) folded into the scale"

@@ -76,14 +76,25 @@ def test_gqa_and_unequal_lengths(seqlen_q, seqlen_k, group, causal):
         (128, TileConfig(192, 64, 1, 384)),
         (64, TileConfig(128, 64, 2, 256, take_turns=False)),
         (64, TileConfig(192, 128, 2, 384, take_turns=False)),
+        (64, TileConfig(64, 128, 2, 128, blocks_per_sm=2)),
+        (128, TileConfig(64, 64, 2, 128, blocks_per_sm=2)),
     ],
-    ids=["1-warpgroup-fallback", "2-warpgroups-pingpong", "3-warpgroups-ring-1-stage", "2-free", "3-free"],
+    ids=[
+        "1-warpgroup-fallback",
+        "2-warpgroups-pingpong",
+        "3-warpgroups-ring-1-stage",
+        "2-free",
+        "3-free",
+        "1-warpgroup-2-per-sm-d64",
+        "1-warpgroup-2-per-sm-d128",
+    ],
 )
 def test_every_consumer_schedule(head_dim, config, causal):
     # The tuned table runs two warpgroups in ping-pong (d128, d256) and three, in a ring or
     # free (d64); these configs cover the one-warpgroup path, ping-pong on power-of-two tiles,
     # the ring with a single K/V stage (producer and consumers share each buffer), both
-    # free-running counts, and Sq > Sk rows with no key.
+    # free-running counts, the short-sequence configs (two blocks per SM, halved registers),
+    # and Sq > Sk rows with no key.
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config)
     assert_kernel_matches_reference(kernel, head_dim, causal, label=str(config))
 

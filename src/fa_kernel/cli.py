@@ -23,7 +23,7 @@ from rich.table import Table
 
 from fa_kernel import __version__
 from fa_kernel.bench import Shape, cuda_median_ms, measure
-from fa_kernel.configs import TUNED, TileConfig, arch_of, select_config
+from fa_kernel.configs import SHORT_KEYS, TUNED, TUNED_SHORT, TileConfig, arch_of, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
 from fa_kernel.kernel import LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
@@ -132,12 +132,12 @@ def _compile_only(console: Console) -> int:
         return EXIT_NO_GPU
     console.print("No CUDA GPU here: compiling the kernels for sm_90a with nvcc instead.")
     for head_dim, causal, dtype in itertools.product(SUPPORTED_HEAD_DIMS, (False, True), ("float16", "bfloat16")):
-        config = select_config("sm_90", head_dim, causal)
-        start = time.perf_counter()
-        compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch="sm_90a")
-        console.print(
-            f"  compiled {dtype} head_dim={head_dim} causal={causal} {config} in {time.perf_counter() - start:.1f} s"
-        )
+        # the long-sequence config, and the short-sequence one where it differs
+        for config in dict.fromkeys(select_config("sm_90", head_dim, causal, keys) for keys in (None, SHORT_KEYS)):
+            start = time.perf_counter()
+            compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch="sm_90a")
+            seconds = time.perf_counter() - start
+            console.print(f"  compiled {dtype} head_dim={head_dim} causal={causal} {config} in {seconds:.1f} s")
     console.print("[bold]Nothing was run on a GPU[/]: the kernels compile, but correctness is unverified here.")
     return EXIT_COMPILED_ONLY
 
@@ -230,37 +230,44 @@ def cmd_tune(args) -> int:
         )
         if take_turns or threads > 128
     ]
+    # Two thread blocks per SM: one consumer warpgroup each (two or three would leave each
+    # warpgroup too few registers for its accumulators).
+    shared_sm = [TileConfig(64, block_n, 2, 128, blocks_per_sm=2) for block_n in (64, 128)]
+    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT (causal, seqlen_k <= SHORT_KEYS)
+    # at 1024. Causal grids run one block per tile: persistent ones measured no faster and
+    # their static tile order balances causal work worse than the hardware (PERF.md).
+    searches = [
+        ("TUNED", Shape(8, 32, 4096, head_dim, causal), [c for c in candidates if not (causal and c.persistent)])
+        for head_dim, causal in itertools.product(args.head_dim, (False, True))
+    ] + [
+        ("TUNED_SHORT", Shape(32, 16, 1024, head_dim, True), [c for c in candidates if not c.persistent] + shared_sm)
+        for head_dim in args.head_dim
+    ]
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    winners = {}
-    for head_dim, causal in itertools.product(args.head_dim, (False, True)):
-        shape = Shape(8, 32, 4096, head_dim, causal)
+    winners = []
+    for table, shape, configs in searches:
         q, k, v = shape.inputs()
+        out = torch.empty_like(q)
+        lse = q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
+        scale_log2 = LOG2E / shape.head_dim**0.5
         timings = []
-        for config in track(candidates, description=f"d{head_dim} causal={causal}", console=console, transient=True):
+        for config in track(configs, description=f"{table} {shape.label}", console=console, transient=True):
             try:
                 kernel = compiled_forward(
-                    head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count
+                    head_dim=shape.head_dim, causal=shape.causal, dtype="float16", config=config, sm_count=sm_count
                 )
             except Exception as error:  # a config that does not fit (shared memory, registers) is skipped
                 console.print(f"  {config}: does not compile ({type(error).__name__})")
                 continue
-            out = torch.empty_like(q)
-            lse = q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
-            scale_log2 = LOG2E / head_dim**0.5
             ms = cuda_median_ms(functools.partial(kernel, q, k, v, out, lse, scale_log2), warmup=5, repeats=20)
             timings.append((shape.flops / ms / 1e9, config))
-            console.print(f"  d{head_dim} causal={causal} {config}: {shape.flops / ms / 1e9:.0f} TFLOP/s")
+            console.print(f"  {table} {shape.label} {config}: {shape.flops / ms / 1e9:.0f} TFLOP/s")
         best_tflops, best = max(timings, key=lambda t: t[0])
-        winners[(arch, head_dim, causal)] = (best, best_tflops)
-    console.print("\n# Paste into TUNED in src/fa_kernel/configs.py:")
-    for (arch, head_dim, causal), (config, tflops) in winners.items():
-        free = "" if config.take_turns or config.threads == 128 else ", take_turns=False"
-        persistent = ", persistent=True" if config.persistent else ""
-        console.print(
-            f'    ("{arch}", {head_dim}, {causal}): TileConfig({config.block_m}, {config.block_n}, '
-            f"{config.num_stages}, {config.threads}{free}{persistent}),  # {tflops:.0f} TFLOP/s",
-            highlight=False,
-        )
+        winners.append((table, (arch, shape.head_dim, shape.causal), best, best_tflops))
+    for table in ("TUNED", "TUNED_SHORT"):
+        console.print(f"\n# Paste into {table} in src/fa_kernel/configs.py:")
+        for _, key, config, tflops in (winner for winner in winners if winner[0] == table):
+            console.print(f"    {key!r}: {config!r},  # {tflops:.0f} TFLOP/s", highlight=False)
     return 0
 
 
@@ -280,10 +287,15 @@ def cmd_info(args) -> int:
         console.print("GPU: none (torch.cuda.is_available() is False); showing the configs an sm_90 GPU would use")
     rows = []
     for head_dim, causal in itertools.product(SUPPORTED_HEAD_DIMS, (False, True)):
-        config = select_config(arch, head_dim, causal)
-        source = "tuned" if (arch, head_dim, causal) in TUNED else "fallback"
-        rows.append([str(head_dim), "causal" if causal else "", str(config), source])
-    _print_table(console, ["head_dim", "mask", "tile config", "source"], rows, False, title=f"tile configs for {arch}")
+        key = (arch, head_dim, causal)
+        config = select_config(*key)
+        source = "tuned" if key in TUNED else "fallback"
+        keys = f"> {SHORT_KEYS}" if key in TUNED_SHORT else "any"
+        rows.append([str(head_dim), "causal" if causal else "", keys, str(config), source])
+        if key in TUNED_SHORT:
+            rows.append([str(head_dim), "causal", f"<= {SHORT_KEYS}", str(TUNED_SHORT[key]), "tuned (short)"])
+    headers = ["head_dim", "mask", "seqlen_k", "tile config", "source"]
+    _print_table(console, headers, rows, False, title=f"tile configs for {arch}")
     return 0
 
 

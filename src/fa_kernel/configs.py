@@ -1,9 +1,10 @@
 """Tile configurations: which block sizes, pipeline depth and thread count each case runs.
 
 The table is keyed by (GPU architecture, head_dim, causal) and was filled by measurement
-(`fa-kernel tune` regenerates it; PERF.md keeps the numbers behind each entry). The kernel
-is written for Hopper (TMA, wgmma, setmaxnreg), so the table has sm_90 rows only; a case
-not in it gets the smallest configuration, which is correct and slow.
+(`fa-kernel tune` regenerates it; PERF.md keeps the numbers behind each entry). Causal
+attention over few keys (seqlen_k <= SHORT_KEYS) has a second table, TUNED_SHORT. The kernel
+is written for Hopper (TMA, wgmma, setmaxnreg), so the tables have sm_90 rows only; a case
+not in them gets the smallest configuration, which is correct and slow.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class TileConfig:
     # (ping-pong / ring) so their softmaxes stagger; False lets them run free
     persistent: bool = False  # one thread block per SM walks the work tiles, instead of one
     # thread block per tile
+    blocks_per_sm: int = 1  # 2: registers halved so that two thread blocks share an SM, one
+    # block's prologue and epilogue beside the other's loop (short sequences)
 
     def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
@@ -31,7 +34,8 @@ class TileConfig:
     def __str__(self) -> str:
         free = "" if self.take_turns or self.threads == 128 else "/free"
         persistent = "/persistent" if self.persistent else ""
-        return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}{persistent}"
+        shared = f"/{self.blocks_per_sm}persm" if self.blocks_per_sm > 1 else ""
+        return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}{persistent}{shared}"
 
 
 # sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, "Variants", "Shipped"
@@ -61,6 +65,20 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 256, True): TileConfig(128, 64, 2, 256),
 }
 
+# Causal, seqlen_k <= SHORT_KEYS: a work tile visits few K/V tiles (at most 8 of 128 keys at
+# 1024), so what it pays once, its Q load, first softmax, last P.V and O store, weighs more
+# than the loop. Two thread blocks of one consumer warpgroup per SM overlap one block's
+# prologue and epilogue with the other's loop; small tiles also waste less on the diagonal.
+# Measured on the H200, fp16, sixth session (PERF.md), TFLOP/s against the long-sequence entry:
+# d64 causal 283.5 vs 227.8 at B=32 H=16 N=1024 (+24%), 351.0 vs 330.9 at N=2048 (+6%);
+# d128 causal 398.0 vs 347.0 at 1024 (+15%), 448.9 vs 448.6 at 2048. At 4096 two blocks per
+# SM measured slower (fourth session). Non-causal gains nothing from it (PERF.md).
+SHORT_KEYS = 2048
+TUNED_SHORT: dict[tuple[str, int, bool], TileConfig] = {
+    ("sm_90", 64, True): TileConfig(64, 128, 2, 128, blocks_per_sm=2),
+    ("sm_90", 128, True): TileConfig(64, 64, 2, 128, blocks_per_sm=2),
+}
+
 # One consumer warpgroup, one stage: fits any head_dim up to 256 in a Hopper SM's shared
 # memory and registers. Slower than tuned, never wrong; the GPU tests run it too.
 FALLBACK = TileConfig(64, 64, 1, 128)
@@ -72,6 +90,10 @@ def arch_of(compute_capability: tuple[int, int]) -> str:
     return f"sm_{major}{minor}"
 
 
-def select_config(arch: str, head_dim: int, causal: bool) -> TileConfig:
-    """The measured configuration for this case, or the fallback."""
-    return TUNED.get((arch, head_dim, causal), FALLBACK)
+def select_config(arch: str, head_dim: int, causal: bool, seqlen_k: int | None = None) -> TileConfig:
+    """The measured configuration for this case, or the fallback. seqlen_k None: the
+    long-sequence entry."""
+    key = (arch, head_dim, causal)
+    if seqlen_k is not None and seqlen_k <= SHORT_KEYS and key in TUNED_SHORT:
+        return TUNED_SHORT[key]
+    return TUNED.get(key, FALLBACK)

@@ -41,7 +41,7 @@ def attention_tiled(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     scale_log2 = softmax_scale * LOG2E
-    config = config or select_config("sm_90", head_dim, causal)
+    config = config or select_config("sm_90", head_dim, causal, k.shape[1])
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32)
     # One (batch, head) at a time, as the kernel's grid does: every head then runs the very

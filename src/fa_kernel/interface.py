@@ -58,9 +58,9 @@ def flash_attn_func(
     return (out, lse) if return_lse else out
 
 
-def tile_config_for(device: torch.device, head_dim: int, causal: bool) -> TileConfig:
+def tile_config_for(device: torch.device, head_dim: int, causal: bool, seqlen_k: int) -> TileConfig:
     """The tile configuration the kernel uses on this device for this case."""
-    return select_config(arch_of(torch.cuda.get_device_capability(device)), head_dim, causal)
+    return select_config(arch_of(torch.cuda.get_device_capability(device)), head_dim, causal, seqlen_k)
 
 
 def _check_inputs(q, k, v, softmax_scale, causal) -> float:
@@ -135,7 +135,7 @@ def _forward(
         head_dim=head_dim,
         causal=causal,
         dtype=_DTYPE_NAMES[q.dtype],
-        config=tile_config_for(q.device, head_dim, causal),
+        config=tile_config_for(q.device, head_dim, causal, k.shape[1]),
         arch=_compile_arch(q.device),
         sm_count=torch.cuda.get_device_properties(q.device).multi_processor_count,
     )

@@ -65,10 +65,12 @@ TURN_BARRIERS = (13, 14, 15)
 H100_SM_COUNT = 132
 
 
-def consumer_registers(consumer_threads: int) -> int:
-    """Registers per consumer thread (setmaxnreg) such that the block fits the SM's 64K."""
+def consumer_registers(consumer_threads: int, blocks_per_sm: int = 1) -> int:
+    """Registers per consumer thread (setmaxnreg) such that `blocks_per_sm` blocks fit the
+    SM's 64K."""
     total_threads = consumer_threads + PRODUCER_THREADS
-    per_thread = min(255, 65536 // total_threads) // 8 * 8  # what ptxas gets from the launch bounds
+    # what ptxas gets from the launch bounds
+    per_thread = min(255, 65536 // blocks_per_sm // total_threads) // 8 * 8
     warpgroups = consumer_threads // 128
     return min(240, (per_thread * (warpgroups + 1) - PRODUCER_REGISTERS) // warpgroups // 8 * 8)
 
@@ -203,6 +205,11 @@ def forward_program(
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS) as block:
+            if config.blocks_per_sm > 1:
+                # __launch_bounds__(threads, 2): registers (and shared memory, by the config's
+                # sizes) for two resident blocks, so one block's prologue and epilogue run
+                # beside the other's loop.
+                T.annotate_min_blocks_per_sm(config.blocks_per_sm)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
             V_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
@@ -266,7 +273,7 @@ def forward_program(
                     kv_before = kv_before + num_kv_blocks
             else:
                 # ---- consumer warpgroups: the FlashAttention loop ----
-                T.set_max_nreg(consumer_registers(consumers), 1)
+                T.set_max_nreg(consumer_registers(consumers, config.blocks_per_sm), 1)
                 for tile_round in T.serial(rounds):
                     b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
                     T.fill(acc_o, 0)
