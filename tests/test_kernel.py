@@ -1,7 +1,7 @@
 """The TileLang kernel on a GPU, against the fp32 reference, on a fixed grid of shapes.
 
 The bound is flash-attn's: at most twice the error of the same computation done by PyTorch
-in the input dtype, plus one rounding of the exact output (see fa_kernel.reference). The
+in the input dtype, plus one rounding of the output (see fa_kernel.reference). The
 property suite (test_properties.py) draws hundreds more cases; these are the named ones.
 """
 

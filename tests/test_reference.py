@@ -64,10 +64,23 @@ def test_baseline_rounds_what_the_kernel_rounds():
     baseline, _ = attention_ref(q, k, v, upcast=False)
     assert baseline.dtype == torch.float16 and ref.dtype == torch.float32
     bound = output_bound(ref, baseline, torch.float16, seqlen_k=k.shape[1], dominant_term=0.0)
-    # The baseline is wrong by more than one rounding of the output and by far less than fp16's
-    # worst case; the bound is twice it plus that rounding.
-    assert bound.rounding_max_abs < bound.baseline_max_abs < 1e-2
+    # The baseline is wrong by far less than fp16's worst case; the bound is twice that plus
+    # one rounding of the output: half an ulp at the largest output.
+    assert 0 < bound.baseline_max_abs < 1e-2
+    assert bound.rounding_max_abs == pytest.approx(2.0**-11 * ref.abs().max().item())
     assert bound.atol == pytest.approx(2 * bound.baseline_max_abs + bound.rounding_max_abs)
+
+
+def test_the_output_rounding_counts_where_the_exact_output_is_representable():
+    # One key per row: the exact output is v itself, representable in fp16, and the baseline
+    # is exact too. A kernel's fp32 result a hair off v still rounds, by up to an ulp.
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 5, 2, 64, generator=gen).half() for _ in range(3))
+    ref, _ = attention_ref(q, k[:, :1], v[:, :1])
+    baseline, _ = attention_ref(q, k[:, :1], v[:, :1], upcast=False)
+    bound = output_bound(ref, baseline, torch.float16, seqlen_k=1, dominant_term=0.0)
+    assert bound.baseline_max_abs == 0 and torch.equal(ref.half().float(), ref)
+    assert bound.atol >= 2.0**-11 * v[:, :1].abs().max().item() > 0
 
 
 def test_error_report_counts_what_it_should():
