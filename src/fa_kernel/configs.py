@@ -53,7 +53,10 @@ class TileConfig:
 #   523.5 at 1024. The others stay per tile: d64 causal gained 7% at 4096 but lost 12% at
 #   16384 (390.7 vs 442.4: the static order balances causal tiles worse than the hardware's
 #   block scheduler there), d128 causal +2.5% at 4096, -2.5% at 1024 and -2% at 16384
-#   (571.7 vs 582.4), d64 level;
+#   (571.7 vs 582.4), d64 level. Sixth session: with the causal tiles handed out by a global
+#   counter (balanced like the hardware's order) persistent causal was still level with one
+#   block per tile (d64 16k 449.8 vs 452.3, 4k 385.4 vs 386.7), and the 4096 gain above did
+#   not repeat (snake 391.0 vs 386.8);
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
