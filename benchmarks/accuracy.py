@@ -1,7 +1,9 @@
 """Gated accuracy figures, lower is better, against the fp32 reference on fixed inputs.
 
-The shape is ragged on purpose: 777 queries against 1333 keys (partial tiles, bottom-right
-causal alignment), 8 query heads on 2 K/V heads (the GQA head mapping). The tolerance is
+The shape is ragged on purpose: 777 queries against 1333 or 3333 keys (partial tiles,
+bottom-right causal alignment), 8 query heads on 2 K/V heads (the GQA head mapping). Causal,
+the two key counts run different tile configs: the short-sequence table up to SHORT_KEYS keys,
+the long one past it. The tolerance is
 `reference.judge`'s: twice the error of the same computation done by PyTorch in the input
 dtype, plus one rounding. A mismatch count going from 0 to anything fails the gate.
 """
@@ -16,13 +18,13 @@ from .cases import DTYPES, require_cuda
 
 
 class Accuracy:
-    params = ([64, 128], [False, True], list(DTYPES))
-    param_names = ["head_dim", "causal", "dtype"]
+    params = ([64, 128], [False, True], list(DTYPES), [1333, 3333])
+    param_names = ["head_dim", "causal", "dtype", "seqlen_k"]
     timeout = 300
 
-    def setup(self, head_dim, causal, dtype):
+    def setup(self, head_dim, causal, dtype, seqlen_k):
         require_cuda()
-        shape = Shape(2, 8, 777, head_dim, causal, DTYPES[dtype], nheads_kv=2, seqlen_k=1333)
+        shape = Shape(2, 8, 777, head_dim, causal, DTYPES[dtype], nheads_kv=2, seqlen_k=seqlen_k)
         self.q, self.k, self.v = shape.inputs(seed=0)
         self.causal = causal
         flash_attn_func(self.q, self.k, self.v, causal=causal)  # compile

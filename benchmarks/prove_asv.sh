@@ -12,8 +12,8 @@
 #   (b) prove-slow     non-causal cases get the fallback tile config  -> exit 1, naming non-causal perf.*
 #   (c) prove-acc      the causal mask also hides the diagonal key    -> exit 1, naming causal accuracy.*
 # To stay near 8 minutes of GPU time, REGEX keeps each run small: perf.* is MHA at seq_len
-# 4096, head_dim 128, bf16, causal and not; accuracy.* is head_dim 128, bf16, causal and not.
-# (a) runs both, (b) perf.* alone, (c) accuracy.* alone: 34 benchmark processes in all.
+# 4096, head_dim 128, bf16, causal and not; accuracy.* is head_dim 128, bf16, causal and not,
+# at both key counts. (a) runs both, (b) perf.* alone, (c) accuracy.* alone.
 # prove-comment's code is main's, so its ratios are run-to-run noise (two builds, two
 # processes each); `noise` mode measures that over a wider selection, by default MHA at
 # seq_len 4096, GQA and Prefill at 4096 (about 5 minutes); pass another REGEX for the rest.
@@ -89,7 +89,7 @@ branch prove-acc src/fa_kernel/kernel.py 's/kv_start + j > q_start + i + diagona
 git checkout -q main
 
 perf="MHA\.track_\w+\(4096, 128, \w+, 'bfloat16'\)"
-acc="Accuracy\.track_\w+\(128, \w+, 'bfloat16'\)"
+acc="Accuracy\.track_\w+\(128, \w+, 'bfloat16', \d+\)"
 experiments=("$@")
 [ $# -eq 0 ] && experiments=(a b c)
 {
