@@ -32,3 +32,37 @@ def test_verify_without_gpu_compiles_and_says_nothing_ran(capsys):
     out = capsys.readouterr().out
     # every (head_dim, causal) case's config, and the short-sequence configs beside them
     assert "Nothing was run on a GPU" in out and out.count("compiled bfloat16") == 6 + len(TUNED_SHORT)
+
+
+def test_tune_searches_both_tables_and_prints_pasteable_entries(monkeypatch, capsys):
+    # The search and the printout, with the GPU parts stubbed: which configs each table's
+    # search times, and that what it prints is valid Python for configs.py.
+    import fa_kernel.cli as cli
+    from fa_kernel.bench import Shape
+    from fa_kernel.configs import TileConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
+    device = type("Properties", (), {"multi_processor_count": 132})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *args: device)
+    monkeypatch.setattr(Shape, "inputs", lambda self, seed=0: (torch.empty(1, 1, 1, 1),) * 3)
+    timed = []
+
+    def compile_stub(*, head_dim, causal, dtype, config, sm_count):
+        timed.append((head_dim, causal, config))
+        return lambda *args: None
+
+    monkeypatch.setattr(cli, "compiled_forward", compile_stub)
+    monkeypatch.setattr(cli, "cuda_median_ms", lambda fn, warmup, repeats: 1.0)
+    assert main(["tune", "--head-dim", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "# Paste into TUNED in" in out and "# Paste into TUNED_SHORT in" in out
+    # each timing line names its table, shape and config
+    assert "TUNED_SHORT 32x16x1024x128 float16 causal 64x64/2st/128thr/2persm: " in out
+    entries = [line.split("  #")[0].strip().rstrip(",") for line in out.splitlines() if line.startswith("    ('sm_90'")]
+    table = eval("{" + ", ".join(entries) + "}", {"TileConfig": TileConfig})  # noqa: S307 - our own printout
+    assert set(table) == {("sm_90", 128, False), ("sm_90", 128, True)}  # short keys repeat (128, True)
+    assert len(entries) == 3
+    assert not any(causal and config.persistent for _, causal, config in timed), "causal grids stay per tile"
+    assert any(config.blocks_per_sm == 2 for _, causal, config in timed if causal), "two per SM for short causal"
+    assert any(config.persistent for _, causal, config in timed if not causal)

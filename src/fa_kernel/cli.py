@@ -251,7 +251,7 @@ def cmd_tune(args) -> int:
         lse = q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
         scale_log2 = LOG2E / shape.head_dim**0.5
         timings = []
-        for config in track(configs, description=f"{table} {shape.label}", console=console, transient=True):
+        for config in track(configs, description=f"{table} {shape.label()}", console=console, transient=True):
             try:
                 kernel = compiled_forward(
                     head_dim=shape.head_dim, causal=shape.causal, dtype="float16", config=config, sm_count=sm_count
@@ -261,13 +261,13 @@ def cmd_tune(args) -> int:
                 continue
             ms = cuda_median_ms(functools.partial(kernel, q, k, v, out, lse, scale_log2), warmup=5, repeats=20)
             timings.append((shape.flops / ms / 1e9, config))
-            console.print(f"  {table} {shape.label} {config}: {shape.flops / ms / 1e9:.0f} TFLOP/s")
+            console.print(f"  {table} {shape.label()} {config}: {shape.flops / ms / 1e9:.0f} TFLOP/s")
         best_tflops, best = max(timings, key=lambda t: t[0])
         winners.append((table, (arch, shape.head_dim, shape.causal), best, best_tflops))
     for table in ("TUNED", "TUNED_SHORT"):
         console.print(f"\n# Paste into {table} in src/fa_kernel/configs.py:")
         for _, key, config, tflops in (winner for winner in winners if winner[0] == table):
-            console.print(f"    {key!r}: {config!r},  # {tflops:.0f} TFLOP/s", highlight=False)
+            console.print(f"    {key!r}: {config!r},  # {tflops:.0f} TFLOP/s", highlight=False, soft_wrap=True)
     return 0
 
 
