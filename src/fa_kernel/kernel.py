@@ -24,6 +24,8 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
 - the mask is written only into tiles that hold a key some row may not see; every other
   tile's Q.K^T starts from a zeroed accumulator;
 - causal launches the query blocks with the most keys first;
+- with `config.blocks_per_sm = 2` (causal over few keys) registers are budgeted for two
+  resident thread blocks per SM, one consumer warpgroup each;
 - with `config.persistent`, one thread block per SM walks the work tiles (query block,
   head, batch) in rounds, snake order, instead of one thread block per tile: the producer
   loads the next tile's K/V while the consumers finish the current one, and the ring of
@@ -206,9 +208,9 @@ def forward_program(
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS) as block:
             if config.blocks_per_sm > 1:
-                # __launch_bounds__(threads, 2): registers (and shared memory, by the config's
-                # sizes) for two resident blocks, so one block's prologue and epilogue run
-                # beside the other's loop.
+                # __launch_bounds__(threads, 2): ptxas budgets registers for two resident
+                # blocks (the config's tiles keep shared memory within half an SM), so one
+                # block's prologue and epilogue run beside the other's loop.
                 T.annotate_min_blocks_per_sm(config.blocks_per_sm)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
