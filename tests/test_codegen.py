@@ -8,7 +8,7 @@ import re
 import pytest
 
 from fa_kernel.configs import SHORT_KEYS, select_config
-from fa_kernel.kernel import compiled_forward
+from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward
 
 pytestmark = pytest.mark.compile
 
@@ -30,7 +30,7 @@ def test_compiles_for_sm90a_with_hopper_instructions(head_dim, causal, dtype, se
     config = select_config("sm_90", head_dim, causal, seqlen_k)
     source = compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch="sm_90a")
     source = source.get_kernel_source()
-    threads = config.threads + 128  # the consumers and the producer warpgroup
+    threads = config.threads + PRODUCER_THREADS
     assert f"__launch_bounds__({threads}, {config.blocks_per_sm})" in source, "registers for blocks_per_sm blocks"
     assert "wgmma" in source, "Q.K^T and P.V should be warpgroup MMAs on Hopper"
     assert "tma_load" in source or "cp.async" in source, "K/V tiles should arrive by TMA or cp.async"
