@@ -93,7 +93,12 @@ from fa_kernel.kernel import PASS_CONFIGS, forward_program
 
 # The P.V wait of the steady-state loop, and the statements the patches below replace.
 _PV_WAIT = "                        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten"
-_K_RELEASE = "                        T.mbarrier_arrive(k_empty[stage])"  # the loop's (tile 0 releases k_empty[0])
+# The loop's releases of K_j and, after the tile's last Q.K^T, of Q (tile 0 has its own).
+_K_RELEASE = """                        T.mbarrier_arrive(k_empty[stage])
+                        if kv_block == num_kv_blocks - 1:
+                            # The tile's last read of Q: the next work tile's Q loads under this
+                            # tile's last softmax, P.V and epilogue (persistent grid).
+                            T.mbarrier_arrive(q_empty)"""
 _SOFTMAX = "online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)"
 # The loop's call, as ruff formats it at that depth: one argument line.
 _LOOP_SOFTMAX = _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + _SOFTMAX[len("online_softmax(") : -1]
@@ -177,12 +182,13 @@ def accumulator_layout(rows, cols):
     return T.Fragment([rows, cols], forward_fn=thread_and_register)
 """
 _SOFTMAX_SIGNATURE = "online_softmax(acc_s, row_max,"
+_TILE0_Q_RELEASE = "T.mbarrier_arrive(q_empty)  # (as in the loop below)\n"  # just before tile 0's softmax
 _PAIRWISE_MAX = (
     (_EXP2_ANCHOR, _ACCUMULATOR_LAYOUT + _EXP2_ANCHOR),
     ("def " + _SOFTMAX_SIGNATURE, "def online_softmax(acc_s, pair_max, row_max,"),
     (
-        "T.mbarrier_arrive(k_empty[first_stage])\n" + " " * 20 + _SOFTMAX_SIGNATURE,
-        "T.mbarrier_arrive(k_empty[first_stage])\n" + " " * 20 + "online_softmax(acc_s, pair_max, row_max,",
+        _TILE0_Q_RELEASE + " " * 20 + _SOFTMAX_SIGNATURE,
+        _TILE0_Q_RELEASE + " " * 20 + "online_softmax(acc_s, pair_max, row_max,",
     ),
     (
         _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + "acc_s, row_max,",

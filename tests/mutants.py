@@ -123,6 +123,21 @@ KERNEL_MUTANTS = [
         "place_in_last < 0, 1, 0)",
     ),
     Mutant(
+        # Q's buffer handed to the next work tile after the second Q.K^T, not the last: the
+        # next tile's Q lands under the current one's remaining tiles (persistent grid).
+        "q_released_after_second_tile",
+        "kernel.py",
+        "if kv_block == num_kv_blocks - 1:",
+        "if kv_block == 1:",
+    ),
+    Mutant(
+        # The producer loads the next work tile's V over O before O has left the V ring.
+        "v_loaded_over_unsent_output",
+        "kernel.py",
+        "if kv_block == 0:",
+        "if kv_block < 0:",
+    ),
+    Mutant(
         "normalise_inside_loop",
         "kernel.py",
         "                        T.mbarrier_arrive(v_empty[prev_stage])\n",

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fa_kernel.configs import SHORT_KEYS, select_config
+from fa_kernel.configs import SHORT_KEYS, TileConfig, select_config
 from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward
 
 pytestmark = pytest.mark.compile
@@ -40,3 +40,9 @@ def test_compiles_for_sm90a_with_hopper_instructions(head_dim, causal, dtype, se
     assert signature, "kernel signature not found"
     for name in ("batch", "seqlen_q", "seqlen_k", "heads", "heads_kv", "scale_log2"):
         assert re.search(rf"\b{name}\b", signature.group(2)), f"{name} should be a runtime argument"
+
+
+def test_a_config_whose_output_tile_outgrows_the_v_ring_is_refused():
+    # O is staged in the V ring (num_stages * block_n rows) on its way out.
+    with pytest.raises(ValueError, match=r"output tile \(192 rows\).*num_stages \* block_n = 64 rows"):
+        compiled_forward(head_dim=64, causal=False, dtype="float16", config=TileConfig(192, 64, 1, 384), arch="sm_90a")

@@ -73,7 +73,7 @@ def test_gqa_and_unequal_lengths(seqlen_q, seqlen_k, group, causal):
     [
         (128, FALLBACK),
         (64, TileConfig(128, 128, 2, 256)),
-        (128, TileConfig(192, 64, 1, 384)),
+        (64, TileConfig(192, 192, 1, 384)),
         (64, TileConfig(128, 64, 2, 256, take_turns=False)),
         (64, TileConfig(192, 128, 2, 384, take_turns=False)),
         (64, TileConfig(64, 128, 2, 128, blocks_per_sm=2)),
@@ -112,7 +112,7 @@ def test_every_consumer_schedule(head_dim, config, causal):
 def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # A grid of 5 thread blocks over 1..24 work tiles: each block carries its K/V ring,
     # mbarrier phases and turn order from one tile into the next (an odd number of K/V tiles
-    # per work tile flips the phases), reloads Q only after O has left the shared buffer,
+    # per work tile flips the phases), reloads Q only after its last Q.K^T of the tile,
     # takes its place in the odd rounds from the other end (snake order), and the tiles do not
     # divide evenly over 5 blocks (a last, partial round).
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)

@@ -28,8 +28,10 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   resident thread blocks per SM, one consumer warpgroup each;
 - with `config.persistent`, one thread block per SM walks the work tiles (query block,
   head, batch) in rounds, snake order, instead of one thread block per tile: the producer
-  loads the next tile's K/V while the consumers finish the current one, and the ring of
-  K/V stages, its mbarrier phases and the turn order carry over from tile to tile.
+  loads the next tile's Q (once the current tile's last Q.K^T is done) and K/V while the
+  consumers finish the current one, and the ring of K/V stages, its mbarrier phases and the
+  turn order carry over from tile to tile. O is staged in the V ring rather than in Q's
+  buffer, so the next tile's Q need not wait for O's store.
 
 Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
 softmax scale is a runtime argument: one compiled kernel serves every shape with the same
@@ -95,6 +97,11 @@ def forward_program(
     consumers = config.threads
     if consumers % 128 or not 128 <= consumers <= 384:
         raise ValueError(f"config.threads: expected 128, 256 or 384 consumer threads, got {consumers}")
+    if block_m > stages * block_n:
+        raise ValueError(
+            f"config: the output tile ({block_m} rows) is staged in the V ring, which holds "
+            f"num_stages * block_n = {stages * block_n} rows"
+        )
     warpgroups = consumers // 128
     take_turns = config.take_turns and warpgroups > 1
     dtype = DTYPES[dtype]
@@ -215,9 +222,11 @@ def forward_program(
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
             V_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
-            # The output tile reuses Q's shared memory: each consumer warpgroup reads only its
-            # own rows of Q and writes only its own rows of O, after its last Q.K^T is done.
-            O_shared = Q_shared
+            # The output tile is staged in the V ring (FlashAttention-3 does the same): Q's
+            # buffer already holds the next work tile's Q by then, and at head_dim 128 the
+            # 128x176 tiles leave no room for a buffer of its own. The producer loads no V of
+            # the next work tile until O has left (o_stored).
+            O_shared = T.view(V_shared, [stages * block_n, head_dim])
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
@@ -228,10 +237,12 @@ def forward_program(
             tile_sum = T.alloc_fragment([block_m], accum)
             row_sum = T.alloc_fragment([block_m], accum)
             # full[stage]: the producer's threads arrived and the TMA bytes landed;
-            # empty[stage]: every consumer thread is done reading the buffer. q_empty: the
-            # tile's O has left Q's (shared) buffer, the next Q may land there.
+            # empty[stage]: every consumer thread is done reading the buffer. q_empty: every
+            # consumer's last Q.K^T of the work tile is done, the next tile's Q may land.
+            # o_stored: O, staged in the V ring, has been read out to global memory.
             q_full = T.alloc_barrier(PRODUCER_THREADS)
             q_empty = T.alloc_barrier(consumers)
+            o_stored = T.alloc_barrier(consumers)
             k_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
             k_empty = T.alloc_barrier([consumers] * stages)
             v_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
@@ -271,6 +282,8 @@ def forward_program(
                         key_rows = K[b, kv_start : kv_start + block_n, kv_head, :]
                         value_rows = V[b, kv_start : kv_start + block_n, kv_head, :]
                         load_tile(key_rows, K_shared, k_empty, k_full, stage, phase)
+                        if kv_block == 0:
+                            T.mbarrier_wait_parity(o_stored, (tile_round & 1) ^ 1)  # last tile's O
                         load_tile(value_rows, V_shared, v_empty, v_full, stage, phase)
                     kv_before = kv_before + num_kv_blocks
             else:
@@ -295,6 +308,8 @@ def forward_program(
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
                     T.mbarrier_arrive(k_empty[first_stage])
+                    if num_kv_blocks == 1:
+                        T.mbarrier_arrive(q_empty)  # (as in the loop below)
                     online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)
                     T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
@@ -322,6 +337,10 @@ def forward_program(
                         T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
                         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
                         T.mbarrier_arrive(k_empty[stage])
+                        if kv_block == num_kv_blocks - 1:
+                            # The tile's last read of Q: the next work tile's Q loads under this
+                            # tile's last softmax, P.V and epilogue (persistent grid).
+                            T.mbarrier_arrive(q_empty)
                         online_softmax(
                             acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2
                         )
@@ -348,10 +367,13 @@ def forward_program(
                             LSE[b, head, q_start + i] = T.if_then_else(
                                 row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
                             )
-                    T.copy(acc_o, O_shared)
-                    T.copy(O_shared, Output[b, q_start : q_start + block_m, head, :])
-                    # The thread that issued O's TMA store arrives once the store has read it.
-                    T.mbarrier_arrive(q_empty)
+                    # TileLang syncs the consumer warpgroups before this copy (V_shared is read by
+                    # the others' last P.V) and between the two copies.
+                    T.copy(acc_o, O_shared[0:block_m, :])
+                    T.copy(O_shared[0:block_m, :], Output[b, q_start : q_start + block_m, head, :])
+                    # The next V lands by TMA (the async proxy) where O was written and read.
+                    T.fence_proxy_async()
+                    T.mbarrier_arrive(o_stored)
                     kv_before = kv_before + num_kv_blocks
 
     return flash_attention_forward
