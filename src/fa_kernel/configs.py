@@ -47,7 +47,10 @@ class TileConfig:
 # - d64: 192x128, three consumer warpgroups: at d64 the softmax's FP32 work, not the GEMMs,
 #   limits, and a third warpgroup gives it more issue slots than the ping-pong does. Taking
 #   turns (a ring) measured +10% non-causal (436 vs 397 TFLOP/s fp16, 451 vs 405 bf16) and
-#   -9% causal (354 vs 386), 2026-11-30, so causal runs free;
+#   -9% causal (354 vs 386) in the fourth session. Seventh session (Q released after the
+#   tile's last Q.K^T, O staged in the V ring): the ring wins causal too (4096: 413-415 vs
+#   402-403 free; 16384: 467 vs 420-460), and non-causal runs persistent (1024: 400 vs 371
+#   per tile, 4096: 473-510 vs 451-489, 16384: 494 vs 497);
 # - persistent (one thread block per SM walking the work tiles, fifth session): d128
 #   non-causal 573.6 vs 560.3 per tile at 4096 (+2.4%), 602.5 vs 593.0 at 16384, 518.9 vs
 #   523.5 at 1024. The others stay per tile: d64 causal gained 7% at 4096 but lost 12% at
@@ -56,12 +59,14 @@ class TileConfig:
 #   (571.7 vs 582.4), d64 level. Sixth session: with the causal tiles handed out by a global
 #   counter (balanced like the hardware's order) persistent causal was still level with one
 #   block per tile (d64 16k 449.8 vs 452.3, 4k 385.4 vs 386.7), and the 4096 gain above did
-#   not repeat (snake 391.0 vs 386.8);
+#   not repeat (snake 391.0 vs 386.8). Seventh session: d128 non-causal persistent with
+#   the new Q/O hand-over 552-577 vs 567-589 before at 4096 (-2%), 557-560 vs 541 at 1024
+#   (+3.5%); causal persistent moved between -8% and +10% against per tile from run to run;
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
-    ("sm_90", 64, False): TileConfig(192, 128, 2, 384),
-    ("sm_90", 64, True): TileConfig(192, 128, 2, 384, take_turns=False),
+    ("sm_90", 64, False): TileConfig(192, 128, 2, 384, persistent=True),
+    ("sm_90", 64, True): TileConfig(192, 128, 2, 384),
     ("sm_90", 128, False): TileConfig(128, 176, 2, 256, persistent=True),
     ("sm_90", 128, True): TileConfig(128, 176, 2, 256),
     ("sm_90", 256, False): TileConfig(128, 64, 2, 256),
