@@ -38,9 +38,9 @@ class TileConfig:
         return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}{persistent}{shared}"
 
 
-# sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, "Variants", "Shipped"
-# and "Fourth session"): d128 559 TFLOP/s fp16 (0.98x cuDNN), d64 436 (0.99x), d64 causal 373
-# (0.92x), 2026-11-30.
+# sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, one section per
+# session; the bench of 2026-11-30, seventh session): d128 573 TFLOP/s fp16 (0.99x cuDNN),
+# d128 causal 500 (0.97x), d64 458 (1.03x), d64 causal 402 (0.99x).
 # - d128: 128x176, two consumer warpgroups in ping-pong; block_n 176 (not a power of two:
 #   wgmma's N may be any multiple of 8) takes 1-3% over 128 with fewer loop trips and no
 #   register spills;
@@ -61,7 +61,8 @@ class TileConfig:
 #   block per tile (d64 16k 449.8 vs 452.3, 4k 385.4 vs 386.7), and the 4096 gain above did
 #   not repeat (snake 391.0 vs 386.8). Seventh session: d128 non-causal persistent with
 #   the new Q/O hand-over 552-577 vs 567-589 before at 4096 (-2%), 557-560 vs 541 at 1024
-#   (+3.5%); causal persistent moved between -8% and +10% against per tile from run to run;
+#   (+3.5%); causal persistent against per tile, alternated in one process: level at 4096,
+#   -3% (d128) and -1.5% (d64) at 8192, so causal stays per tile;
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
