@@ -170,7 +170,7 @@ def forward_program(
     q_blocks = T.ceildiv(seqlen_q, block_m)
     num_tiles = q_blocks * heads * batch
     # Persistent: one thread block per SM walks the tiles, a round of `workers` at a time; its
-    # producer loads the next tile's K/V while the consumers finish the last one.
+    # producer loads the next tile's Q and K/V while the consumers finish the last one.
     workers = T.min(sm_count, num_tiles)
 
     def place_in_round(worker, tile_round):
