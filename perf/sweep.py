@@ -63,11 +63,13 @@ CHECK_SHAPES = [(2, 4, 2, 257, 300), (1, 2, 1, 1000, 1000), (2, 4, 4, 300, 257)]
 def parse_config(text: str):
     from fa_kernel.configs import TileConfig
 
-    # "192x128/2/384", then optionally "/free", "/persistent", "/2persm" (two blocks per SM)
+    # "192x128/2/384", then optionally "/free", "/persistent", "/overlap" (with persistent: the
+    # next tile's first Q.K^T under the epilogue), "/2persm" (two blocks per SM)
     tile, stages, threads, *flags = text.split("/")
-    unknown = set(flags) - {"free", "persistent", "2persm"}
+    known = ("free", "persistent", "overlap", "2persm")
+    unknown = set(flags) - set(known)
     if unknown:
-        raise ValueError(f"config {text!r}: unknown flags {sorted(unknown)}, expected free, persistent, 2persm")
+        raise ValueError(f"config {text!r}: unknown flags {sorted(unknown)}, expected {', '.join(known)}")
     block_m, block_n = tile.split("x")
     return TileConfig(
         int(block_m),
@@ -77,6 +79,7 @@ def parse_config(text: str):
         take_turns="free" not in flags,
         persistent="persistent" in flags,
         blocks_per_sm=2 if "2persm" in flags else 1,
+        overlap_epilogue="overlap" in flags,
     )
 
 

@@ -47,12 +47,10 @@ a module of their own; a patch that no longer applies raises). Levers, correct:
 
   turns_from_8 / 16   take turns only in blocks with more than 8 / 16 K/V tiles: d64 causal
                        370 / 374 against the ring's 357-361 and free 380-388.
-  inter_tile_overlap   persistent grids: the next work tile's S_0 issued right after the
-                       current tile's last P.V, the epilogue under it (FA3). Seventh session,
-                       one sweep: +1.5% d128, -9% d64 at 1024 keys, level at 4096.
-
 (Fourth session: the ring of three consumer warpgroups was a patch here, `round_robin`,
-before it became kernel.py's `config.take_turns`.)
+before it became kernel.py's `config.take_turns`; eighth session: `inter_tile_overlap`, the
+next work tile's S_0 issued before the current tile's epilogue, became kernel.py's
+`config.overlap_epilogue`.)
 
 `file:PATH` names another copy of kernel.py (an earlier commit's): the sweep then measures a
 change against its parent in one process.
@@ -216,53 +214,33 @@ _PAIRWISE_MAX = (
 )
 
 
-# kernel.py's mask loop, as the anchor of the two mask patches below (a patch's old text is
+# kernel.py's mask loop, as the anchor of the row-limit mask patch below (a patch's old text is
 # kernel.py's own, by design; tests/test_perf_tools.py fails when it drifts).
-_MASK_LOOP = """            for i, j in T.Parallel(block_m, block_n):
-                if causal:
-                    acc_s[i, j] = T.if_then_else(
-                        T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
-                    )
-                else:
-                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)"""
+_MASK_LOOP = """        for i, j in T.Parallel(block_m, block_n):
+            if causal:
+                acc_s[i, j] = T.if_then_else(
+                    T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
+                )
+            else:
+                acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)"""
 
 # The mask written before the ping-pong / ring wait instead of after it: the wait orders the
 # warpgroups' GEMM issues, and the mask fill (block_m x block_n selects) between the wait and
 # the GEMM delays every warpgroup behind this one.
-_MASK_THEN_GEMM = (
-    "        if needs_mask:\n"
-    "            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.\n"
-    + _MASK_LOOP
-    + "\n            T.wgmma_gemm("
-)
+_WAIT_TURN_THEN_SCORES = """                        T.mbarrier_wait_parity(k_full[stage], phase)
+                        if take_turns:
+                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+                        issue_scores(
+                            Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
+                        )"""
 _MASK_FIRST = (
     (
-        _MASK_THEN_GEMM,
-        """        if needs_mask:
-            T.wgmma_gemm(""",
-    ),
-    (
-        "    @T.macro\n    def issue_scores(",
-        """    @T.macro
-    def write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k):
-        needs_mask = kv_start + block_n > seqlen_k
-        if causal:
-            needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)
-"""
-        + _MASK_THEN_GEMM.split("            T.wgmma_gemm(")[0]
-        + """
-    @T.macro
-    def issue_scores(""",
-    ),
-    (
-        "                    issue_scores(Q_shared, K_shared[first_stage, :, :]",
-        "                    write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)\n"
-        "                    issue_scores(Q_shared, K_shared[first_stage, :, :]",
-    ),
-    (
-        "                        T.mbarrier_wait_parity(k_full[stage], phase)\n",
-        "                        write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
-        "                        T.mbarrier_wait_parity(k_full[stage], phase)\n",
+        _WAIT_TURN_THEN_SCORES,
+        "                        if needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):\n"
+        "                            write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
+        + _WAIT_TURN_THEN_SCORES.replace(
+            "seqlen_k\n                        )", "seqlen_k, mask_written=True\n                        )"
+        ),
     ),
 )
 
@@ -274,25 +252,33 @@ _MASK_FIRST = (
 _ROW_LIMIT_MASK = (
     (
         _MASK_LOOP,
-        """            for i in T.Parallel(block_m):
-                if causal:
-                    last_key[i] = T.min(q_start + i + diagonal_offset, seqlen_k - 1) - kv_start
-                else:
-                    last_key[i] = seqlen_k - 1 - kv_start
-            for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = T.if_then_else(j > last_key[i], neg_inf, 0)""",
+        """        for i in T.Parallel(block_m):
+            if causal:
+                last_key[i] = T.min(q_start + i + diagonal_offset, seqlen_k - 1) - kv_start
+            else:
+                last_key[i] = seqlen_k - 1 - kv_start
+        for i, j in T.Parallel(block_m, block_n):
+            acc_s[i, j] = T.if_then_else(j > last_key[i], neg_inf, 0)""",
     ),
     (
         "def issue_scores(Q_shared, K_tile, acc_s, kv_start,",
         "def issue_scores(Q_shared, K_tile, acc_s, last_key, kv_start,",
     ),
+    ("def write_mask(acc_s, kv_start,", "def write_mask(acc_s, last_key, kv_start,"),
+    ("write_mask(acc_s, kv_start, q_start,", "write_mask(acc_s, last_key, kv_start, q_start,"),
+    ("write_mask(acc_s, 0, next_q_start,", "write_mask(acc_s, last_key, 0, next_q_start,"),
+    ("ring_stage(K_shared, 0), acc_s, 0,", "ring_stage(K_shared, 0), acc_s, last_key, 0,"),
     (
-        "issue_scores(Q_shared, K_shared[first_stage, :, :], acc_s, 0,",
-        "issue_scores(Q_shared, K_shared[first_stage, :, :], acc_s, last_key, 0,",
+        "                            acc_s,\n                            0,\n",
+        "                            acc_s,\n                            last_key,\n                            0,\n",
     ),
     (
-        "Q_shared, K_shared[stage, :, :], acc_s, kv_start,",
-        "Q_shared, K_shared[stage, :, :], acc_s, last_key, kv_start,",
+        "Q_shared, ring_stage(K_shared, first_stage), acc_s, 0,",
+        "Q_shared, ring_stage(K_shared, first_stage), acc_s, last_key, 0,",
+    ),
+    (
+        "Q_shared, ring_stage(K_shared, stage), acc_s, kv_start,",
+        "Q_shared, ring_stage(K_shared, stage), acc_s, last_key, kv_start,",
     ),
     (
         "            row_max = T.alloc_fragment([block_m], accum)\n",
@@ -322,133 +308,6 @@ def _turns_from_patch(min_tiles: int):
     )
 
 
-# FlashAttention-3's inter-tile overlap for persistent grids: the next work tile's S_0 is issued
-# right after the current tile's last P.V, so the epilogue (LSE, O out) runs under it. ptxas
-# keeps the wgmmas asynchronous only if (a) nothing but a wgmma defines an accumulator while
-# S_0 is in flight (the next mask is written before the last P.V, O is normalised on its way
-# into shared memory, acc_o is zeroed after S_0's wait) and (b) the issue is not guarded: the
-# last round issues it too, on stale shared memory, and drops the result. Seventh session:
-# +1.5% d128, -9% d64 at 1024 keys (one sweep).
-_FIRST_TILE_MACROS = """    @T.macro
-    def write_first_mask(acc_s, q_start, diagonal_offset, seqlen_k):
-        \"\"\"The mask of a work tile's first K tile (kv_start 0), if it needs one.\"\"\"
-        needs_mask = block_n > seqlen_k
-        if causal:
-            needs_mask = T.Or(needs_mask, block_n - 1 > q_start + diagonal_offset)
-        if needs_mask:
-            for i, j in T.Parallel(block_m, block_n):
-                if causal:
-                    acc_s[i, j] = T.if_then_else(T.Or(j > q_start + i + diagonal_offset, j >= seqlen_k), neg_inf, 0)
-                else:
-                    acc_s[i, j] = T.if_then_else(j >= seqlen_k, neg_inf, 0)
-
-    @T.macro
-    def issue_first_gemm(Q_shared, K_tile, acc_s, q_start, diagonal_offset, seqlen_k):
-        \"\"\"S_0 = Q.K_0^T onto the mask write_first_mask left (or onto zero).\"\"\"
-        needs_mask = block_n > seqlen_k
-        if causal:
-            needs_mask = T.Or(needs_mask, block_n - 1 > q_start + diagonal_offset)
-        if needs_mask:
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-        else:
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-
-"""
-_NEXT_TILE_VARS = "".join(
-    f"            next_{name} = T.alloc_var(T.int32)\n" for name in ("b", "head", "kv_head", "q_start", "num_kv_blocks")
-)
-_NEXT_TILE = "next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks"
-_INTER_TILE_OVERLAP = (
-    ("    @T.macro\n    def issue_scores(", _FIRST_TILE_MACROS + "    @T.macro\n    def issue_scores("),
-    (
-        "            num_kv_blocks = T.alloc_var(T.int32)\n",
-        "            num_kv_blocks = T.alloc_var(T.int32)\n" + _NEXT_TILE_VARS,
-    ),
-    (
-        """                for tile_round in T.serial(rounds):
-                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
-                    T.fill(acc_o, 0)
-                    T.fill(row_sum, 0)
-                    T.fill(row_max, neg_inf)
-                    T.mbarrier_wait_parity(q_full, tile_round & 1)
-""",
-        """                b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
-                T.mbarrier_wait_parity(q_full, 0)
-                T.mbarrier_wait_parity(k_full[0], 0)
-                issue_scores(Q_shared, K_shared[0, :, :], acc_s, 0, q_start, diagonal_offset, seqlen_k)
-                for tile_round in T.serial(rounds):
-                    T.fill(row_sum, 0)
-                    T.fill(row_max, neg_inf)
-""",
-    ),
-    (
-        """                    T.mbarrier_wait_parity(k_full[first_stage], (kv_before // stages) & 1)
-                    issue_scores(Q_shared, K_shared[first_stage, :, :], acc_s, 0, q_start, diagonal_offset, seqlen_k)
-                    T.wait_wgmma(0)
-""",
-        """                    T.wait_wgmma(0)
-                    T.fill(acc_o, 0)
-""",
-    ),
-    (
-        """                    last_stage = last % stages
-                    rescale_output(acc_o, alpha)""",
-        f"""                    last_stage = last % stages
-                    if config.persistent:
-                        {_NEXT_TILE} = work_tile(block, tile_round + 1)
-                        write_first_mask(acc_s, next_q_start, diagonal_offset, seqlen_k)
-                    rescale_output(acc_o, alpha)""",
-    ),
-    (
-        """                    T.wgmma_gemm(acc_p, V_shared[last_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(0)
-""",
-        """                    T.wgmma_gemm(acc_p, V_shared[last_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    if config.persistent:
-                        next_first = kv_before + num_kv_blocks
-                        if tile_round + 1 < rounds:
-                            T.mbarrier_wait_parity(q_full, (tile_round + 1) & 1)
-                            T.mbarrier_wait_parity(k_full[next_first % stages], (next_first // stages) & 1)
-                        issue_first_gemm(
-                            Q_shared,
-                            K_shared[next_first % stages, :, :],
-                            acc_s,
-                            next_q_start,
-                            diagonal_offset,
-                            seqlen_k,
-                        )
-                        T.wait_wgmma(1)
-                    else:
-                        T.wait_wgmma(0)
-""",
-    ),
-    (
-        """                    for i, d in T.Parallel(block_m, head_dim):
-                        acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
-""",
-        "",
-    ),
-    (
-        "                    T.copy(acc_o, O_shared[0:block_m, :])\n",
-        """                    for i, d in T.Parallel(block_m, head_dim):
-                        O_shared[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
-""",
-    ),
-    (
-        """                    kv_before = kv_before + num_kv_blocks
-
-    return flash_attention_forward""",
-        f"""                    kv_before = kv_before + num_kv_blocks
-                    if config.persistent:
-                        b, head, kv_head, q_start, num_kv_blocks = {_NEXT_TILE}
-                if config.persistent:
-                    T.wait_wgmma(0)  # the last round's unused S_0
-
-    return flash_attention_forward""",
-    ),
-)
-
-
 PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
     "pinned": (
         (
@@ -475,7 +334,6 @@ PATCHES["mask_first"] = _MASK_FIRST
 PATCHES["row_limit_mask"] = _ROW_LIMIT_MASK
 PATCHES["turns_from_8"] = _turns_from_patch(8)
 PATCHES["turns_from_16"] = _turns_from_patch(16)
-PATCHES["inter_tile_overlap"] = _INTER_TILE_OVERLAP
 
 
 @functools.cache

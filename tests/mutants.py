@@ -40,13 +40,7 @@ class Mutant:
 # The steady-state loop's rescale and P.V: acc_o *= alpha_{j-1}, then acc_o += P_{j-1}.V_{j-1}.
 LOOP_RESCALE_THEN_GEMM = """                        rescale_output(acc_o, alpha)
                         T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                        T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)"""
-LAST_WAIT_AND_GEMM = """                    T.mbarrier_wait_parity(v_full[last_stage], (last // stages) & 1)
-                    T.wgmma_gemm(acc_p, V_shared[last_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)"""
-LAST_RESCALE_THEN_GEMM = "                    rescale_output(acc_o, alpha)\n" + LAST_WAIT_AND_GEMM
-
+                        T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)"""
 KERNEL_MUTANTS = [
     Mutant(
         # acc_o = (acc_o + P.V) * alpha: the GEMM is waited for, then rescaled by the same alpha.
@@ -54,16 +48,18 @@ KERNEL_MUTANTS = [
         "kernel.py",
         LOOP_RESCALE_THEN_GEMM,
         """                        T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                        T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                        T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
                         rescale_output(acc_o, alpha)""",
     ),
     Mutant(
-        "last_tile_rescale_after_gemm",
+        # The last tile's P.V added to an acc_o never rescaled to the last tile's max.
+        "last_tile_not_rescaled",
         "kernel.py",
-        LAST_RESCALE_THEN_GEMM,
-        LAST_WAIT_AND_GEMM + "\n                    rescale_output(acc_o, alpha)",
+        "                    rescale_output(acc_o, alpha)\n"
+        "                    T.mbarrier_wait_parity(v_full[last_stage]",
+        "                    T.mbarrier_wait_parity(v_full[last_stage]",
     ),
     Mutant(
         "last_tile_sum", "kernel.py", "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]", "row_sum[i] = tile_sum[i]"
@@ -98,8 +94,8 @@ KERNEL_MUTANTS = [
         # The diagonal tiles lose their mask: only tiles past seqlen_k get one.
         "mask_only_past_the_end",
         "kernel.py",
-        "needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)",
-        "needs_mask = needs_mask",
+        "return T.Or(past_the_end, kv_start + block_n - 1 > q_start + diagonal_offset)",
+        "return past_the_end",
     ),
     Mutant("causal_top_left", "kernel.py", "diagonal_offset = seqlen_k - seqlen_q", "diagonal_offset = 0"),
     Mutant(
@@ -138,6 +134,20 @@ KERNEL_MUTANTS = [
         "if kv_block < 0:",
     ),
     Mutant(
+        # overlap_epilogue: the next work tile's first mask is computed for the current tile.
+        "next_tile_masked_as_current",
+        "kernel.py",
+        "write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)",
+        "write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)",
+    ),
+    Mutant(
+        # O's TMA store covers the first 64 columns only (head_dim 128 and 256 lose the rest).
+        "output_stored_in_one_panel",
+        "kernel.py",
+        "for panel in T.unroll(head_dim // 64):  # one TMA store",
+        "for panel in T.unroll(1):  # one TMA store",
+    ),
+    Mutant(
         "normalise_inside_loop",
         "kernel.py",
         "                        T.mbarrier_arrive(v_empty[prev_stage])\n",
@@ -156,8 +166,14 @@ KERNEL_MUTANTS = [
     Mutant(
         "nan_for_rows_without_keys",
         "kernel.py",
-        "T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
-        "acc_o[i, d] / row_sum[i]",
+        "acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
+        "acc_o[i, d] = acc_o[i, d] / row_sum[i]",
+    ),
+    Mutant(
+        "nan_for_rows_without_keys_overlap",
+        "kernel.py",
+        "V_shared[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
+        "V_shared[i, d] = acc_o[i, d] / row_sum[i]",
     ),
     Mutant("gqa_wrong_kv_head", "kernel.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
     Mutant(

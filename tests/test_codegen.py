@@ -63,11 +63,10 @@ def output_staging_gaps(source: str, consumers: int) -> list[str]:
     still be reading that buffer, by wgmma, which compute-sanitizer's racecheck does not
     see; and the store to global memory reads what every consumer thread wrote. TileLang
     inserts the syncs for both (a mutant cannot remove them), so only the code can show them.
-    TileLang names the V ring after its view, O_shared.
     """
     epilogue = source[source.rindex("v_empty[") :]  # after the tile's last P.V released its stage
     every_consumer = re.compile(rf"__sync_thread_partial\(\d+, {consumers}\)|__syncthreads\(\)")
-    write = re.search(r"\(\((?:half_t|bfloat16_t)\*\)O_shared\)", epilogue)
+    write = re.search(r"\(\((?:half_t|bfloat16_t)\*\)[OV]_shared\)", epilogue)
     store = re.search(r"tl::tma_store\(Output_desc|\(Output \+", epilogue)
     released = epilogue.find("o_stored[0].arrive()")
     if not (write and store and released > store.end()):
@@ -93,3 +92,15 @@ def test_output_staged_in_the_v_ring_waits_for_every_consumer(head_dim, causal, 
     assert output_staging_gaps(unsynced, config.threads)[:1] == [
         "no sync of every consumer between the last P.V and O's write into the V ring"
     ]
+
+
+def test_overlapping_the_epilogue_without_a_persistent_grid_is_refused():
+    # Only a persistent thread block has a next work tile whose Q.K^T could run under the epilogue.
+    with pytest.raises(ValueError, match=r"config.overlap_epilogue: needs persistent=True"):
+        compiled_forward(
+            head_dim=128,
+            causal=False,
+            dtype="float16",
+            config=TileConfig(128, 176, 2, 256, overlap_epilogue=True),
+            arch="sm_90a",
+        )

@@ -106,15 +106,19 @@ def test_every_consumer_schedule(head_dim, config, causal):
         (128, TileConfig(128, 176, 2, 256, persistent=True)),
         (64, TileConfig(192, 128, 2, 384, persistent=True)),
         (64, TileConfig(192, 128, 2, 384, take_turns=False, persistent=True)),
+        (128, TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True)),
+        (64, TileConfig(192, 128, 2, 384, persistent=True, overlap_epilogue=True)),
     ],
-    ids=["2-warpgroups-pingpong", "3-warpgroups-ring", "3-free"],
+    ids=["2-warpgroups-pingpong", "3-warpgroups-ring", "3-free", "2-pingpong-overlap", "3-ring-overlap"],
 )
 def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # A grid of 5 thread blocks over 1..24 work tiles: each block carries its K/V ring,
     # mbarrier phases and turn order from one tile into the next (an odd number of K/V tiles
     # per work tile flips the phases), reloads Q only after its last Q.K^T of the tile,
     # takes its place in the odd rounds from the other end (snake order), and the tiles do not
-    # divide evenly over 5 blocks (a last, partial round).
+    # divide evenly over 5 blocks (a last, partial round). With overlap_epilogue the next
+    # tile's first Q.K^T, and its mask (causal: another q_start), are issued under this
+    # tile's epilogue.
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)
     assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of 5")
 

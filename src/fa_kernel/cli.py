@@ -222,11 +222,13 @@ def cmd_tune(args) -> int:
     arch = arch_of(torch.cuda.get_device_capability())
     # block_m is 64 rows per consumer warpgroup (one wgmma M); one, two or three, and two or
     # three either take turns issuing their GEMMs or run free; one thread block per work tile
-    # or one per SM (persistent). O is staged in the V ring, so it must hold block_m rows.
+    # or one per SM (persistent), which may issue the next tile's first Q.K^T before the
+    # epilogue. O is staged in the V ring, so it must hold block_m rows.
+    grids = ((False, False), (True, False), (True, True))  # (persistent, overlap_epilogue)
     candidates = [
-        TileConfig(block_m, block_n, stages, threads, take_turns, persistent)
-        for (block_m, threads), block_n, stages, take_turns, persistent in itertools.product(
-            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2), (True, False), (False, True)
+        TileConfig(block_m, block_n, stages, threads, take_turns, persistent, overlap_epilogue=overlap)
+        for (block_m, threads), block_n, stages, take_turns, (persistent, overlap) in itertools.product(
+            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2), (True, False), grids
         )
         if (take_turns or threads > 128) and block_m <= stages * block_n
     ]

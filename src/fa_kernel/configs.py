@@ -27,6 +27,8 @@ class TileConfig:
     # thread block per tile
     blocks_per_sm: int = 1  # 2: registers halved so that two thread blocks share an SM, one
     # block's prologue and epilogue beside the other's loop (short sequences)
+    overlap_epilogue: bool = False  # persistent: the next work tile's first Q.K^T is issued
+    # before this tile's epilogue (LSE, O out), which then runs under it
 
     def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
@@ -34,6 +36,7 @@ class TileConfig:
     def __str__(self) -> str:
         free = "" if self.take_turns or self.threads == 128 else "/free"
         persistent = "/persistent" if self.persistent else ""
+        persistent += "/overlap" if self.overlap_epilogue else ""
         shared = f"/{self.blocks_per_sm}persm" if self.blocks_per_sm > 1 else ""
         return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}{persistent}{shared}"
 
@@ -68,7 +71,7 @@ class TileConfig:
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 64, False): TileConfig(192, 128, 2, 384, persistent=True),
     ("sm_90", 64, True): TileConfig(192, 128, 2, 384),
-    ("sm_90", 128, False): TileConfig(128, 176, 2, 256, persistent=True),
+    ("sm_90", 128, False): TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True),
     ("sm_90", 128, True): TileConfig(128, 176, 2, 256),
     ("sm_90", 256, False): TileConfig(128, 64, 2, 256),
     ("sm_90", 256, True): TileConfig(128, 64, 2, 256),

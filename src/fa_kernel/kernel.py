@@ -31,7 +31,9 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   loads the next tile's Q (once the current tile's last Q.K^T is done) and K/V while the
   consumers finish the current one, and the ring of K/V stages, its mbarrier phases and the
   turn order carry over from tile to tile. O is staged in the V ring rather than in Q's
-  buffer, so the next tile's Q need not wait for O's store.
+  buffer, so the next tile's Q need not wait for O's store; with `config.overlap_epilogue`
+  the next tile's first Q.K^T is issued before this tile's epilogue, which runs under it
+  (FlashAttention-3's inter-tile overlap).
 
 Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
 softmax scale is a runtime argument: one compiled kernel serves every shape with the same
@@ -102,6 +104,9 @@ def forward_program(
             f"config: the output tile ({block_m} rows) is staged in the V ring, which holds "
             f"num_stages * block_n = {stages * block_n} rows"
         )
+    if config.overlap_epilogue and not config.persistent:
+        raise ValueError("config.overlap_epilogue: needs persistent=True (the next work tile of a thread block)")
+    overlap_epilogue = config.overlap_epilogue
     warpgroups = consumers // 128
     take_turns = config.take_turns and warpgroups > 1
     dtype = DTYPES[dtype]
@@ -111,24 +116,34 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
-    @T.macro
-    def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, diagonal_offset, seqlen_k):
-        """Start S = Q.K^T for one tile (asynchronous), its mask written in first."""
-        # A tile needs the mask iff it holds a key past seqlen_k or, causal, a key right of
-        # the diagonal for the block's first row (later rows see more). The test is uniform
-        # over the block, so it costs no divergence.
-        needs_mask = kv_start + block_n > seqlen_k
+    def needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):
+        """Whether the K tile at kv_start holds a key past seqlen_k or, causal, a key right of
+        the diagonal for the block's first row (later rows see more). Uniform over the block,
+        so the test costs no divergence."""
+        past_the_end = kv_start + block_n > seqlen_k
         if causal:
-            needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)
-        if needs_mask:
-            # The mask goes into the accumulator before the GEMM, which adds Q.K^T to it.
-            for i, j in T.Parallel(block_m, block_n):
-                if causal:
-                    acc_s[i, j] = T.if_then_else(
-                        T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
-                    )
-                else:
-                    acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)
+            return T.Or(past_the_end, kv_start + block_n - 1 > q_start + diagonal_offset)
+        return past_the_end
+
+    @T.macro
+    def write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k):
+        """-inf where a key is hidden, 0 elsewhere, into the score accumulator: the GEMM then
+        adds Q.K^T to it."""
+        for i, j in T.Parallel(block_m, block_n):
+            if causal:
+                acc_s[i, j] = T.if_then_else(
+                    T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
+                )
+            else:
+                acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)
+
+    @T.macro
+    def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, diagonal_offset, seqlen_k, mask_written=False):
+        """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
+        `mask_written`) or onto zero."""
+        if needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):
+            if not mask_written:
+                write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
         else:
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
@@ -149,11 +164,24 @@ def forward_program(
         for i in T.Parallel(block_m):
             row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
 
+    def ring_stage(ring, stage):
+        """Stage `stage` of a K or V ring: rows [stage * block_n, (stage + 1) * block_n)."""
+        return ring[stage * block_n : (stage + 1) * block_n, :]
+
     @T.macro
-    def load_tile(tile, ring, empty, full, stage, phase):
-        """TMA-load one K or V tile into ring[stage] once the consumers have released it."""
+    def load_tile(source, b, kv_start, kv_head, ring, empty, full, stage, phase):
+        """TMA-load rows kv_start.. of K or V into the ring's stage once the consumers have
+        released it."""
         T.mbarrier_wait_parity(empty[stage], phase ^ 1)
-        T.tma_copy(tile, ring[stage, :, :], barrier=full[stage])
+        # One copy per 64 columns (128 bytes, the swizzle's width): the ring keeps each
+        # 64-column panel of all its rows together, and TileLang lowers a copy to TMA only
+        # where its shared-memory box is contiguous.
+        for panel in T.unroll(head_dim // 64):
+            T.tma_copy(
+                source[b, kv_start : kv_start + block_n, kv_head, panel * 64 : panel * 64 + 64],
+                ring[stage * block_n : (stage + 1) * block_n, panel * 64 : panel * 64 + 64],
+                barrier=full[stage],
+            )
         T.mbarrier_arrive(full[stage])
 
     @T.macro
@@ -220,13 +248,13 @@ def forward_program(
                 # block's prologue and epilogue run beside the other's loop.
                 T.annotate_min_blocks_per_sm(config.blocks_per_sm)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
-            K_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
-            V_shared = T.alloc_shared([stages, block_n, head_dim], dtype)
-            # The output tile is staged in the V ring (FlashAttention-3 does the same): Q's
-            # buffer already holds the next work tile's Q by then, and at head_dim 128 the
-            # 128x176 tiles leave no room for a buffer of its own. The producer loads no V of
-            # the next work tile until O has left (o_stored).
-            O_shared = T.view(V_shared, [stages * block_n, head_dim])
+            # Rings of `stages` K and V tiles, stacked by rows (ring_stage).
+            K_shared = T.alloc_shared([stages * block_n, head_dim], dtype)
+            V_shared = T.alloc_shared([stages * block_n, head_dim], dtype)
+            # The output tile is staged in the V ring's first block_m rows (FlashAttention-3 does
+            # the same): Q's buffer already holds the next work tile's Q by then, and at
+            # head_dim 128 the 128x176 tiles leave no room for a buffer of its own. The producer
+            # loads no V of the next work tile until O has left (o_stored).
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
@@ -257,6 +285,12 @@ def forward_program(
             kv_head = T.alloc_var(T.int32)
             q_start = T.alloc_var(T.int32)
             num_kv_blocks = T.alloc_var(T.int32)
+            # The next one, known before the current tile's epilogue (overlap_epilogue).
+            next_b = T.alloc_var(T.int32)
+            next_head = T.alloc_var(T.int32)
+            next_kv_head = T.alloc_var(T.int32)
+            next_q_start = T.alloc_var(T.int32)
+            next_num_kv_blocks = T.alloc_var(T.int32)
 
             thread = T.get_thread_binding()
             # Work tiles of this thread block: every full round, and the last, partial one if
@@ -279,22 +313,29 @@ def forward_program(
                         stage = (kv_before + kv_block) % stages
                         phase = ((kv_before + kv_block) // stages) & 1
                         kv_start = kv_block * block_n
-                        key_rows = K[b, kv_start : kv_start + block_n, kv_head, :]
-                        value_rows = V[b, kv_start : kv_start + block_n, kv_head, :]
-                        load_tile(key_rows, K_shared, k_empty, k_full, stage, phase)
+                        load_tile(K, b, kv_start, kv_head, K_shared, k_empty, k_full, stage, phase)
                         if kv_block == 0:
                             T.mbarrier_wait_parity(o_stored, (tile_round & 1) ^ 1)  # last tile's O
-                        load_tile(value_rows, V_shared, v_empty, v_full, stage, phase)
+                        load_tile(V, b, kv_start, kv_head, V_shared, v_empty, v_full, stage, phase)
                     kv_before = kv_before + num_kv_blocks
             else:
                 # ---- consumer warpgroups: the FlashAttention loop ----
                 T.set_max_nreg(consumer_registers(consumers, config.blocks_per_sm), 1)
+                if overlap_epilogue:
+                    # The first work tile's S_0; every later one is issued under the epilogue of
+                    # the tile before it.
+                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
+                    T.mbarrier_wait_parity(q_full, 0)
+                    T.mbarrier_wait_parity(k_full[0], 0)
+                    issue_scores(Q_shared, ring_stage(K_shared, 0), acc_s, 0, q_start, diagonal_offset, seqlen_k)
                 for tile_round in T.serial(rounds):
-                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
-                    T.fill(acc_o, 0)
+                    if not overlap_epilogue:
+                        b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+                        T.fill(acc_o, 0)
                     T.fill(row_sum, 0)
                     T.fill(row_max, neg_inf)
-                    T.mbarrier_wait_parity(q_full, tile_round & 1)
+                    if not overlap_epilogue:
+                        T.mbarrier_wait_parity(q_full, tile_round & 1)
                     if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
                         # The last warpgroup lets warpgroup 0 issue first. Each arrive has a matching
                         # sync, by the next warpgroup in the ring (256 = the two warpgroups).
@@ -303,10 +344,17 @@ def forward_program(
 
                     # Tile 0: its scores and softmax; P~_0 waits in acc_p for the first P.V.
                     first_stage = kv_before % stages
-                    T.mbarrier_wait_parity(k_full[first_stage], (kv_before // stages) & 1)
-                    issue_scores(Q_shared, K_shared[first_stage, :, :], acc_s, 0, q_start, diagonal_offset, seqlen_k)
+                    if not overlap_epilogue:
+                        T.mbarrier_wait_parity(k_full[first_stage], (kv_before // stages) & 1)
+                        issue_scores(
+                            Q_shared, ring_stage(K_shared, first_stage), acc_s, 0, q_start, diagonal_offset, seqlen_k
+                        )
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                    if overlap_epilogue:
+                        # Only now: while a wgmma is in flight (S_0, issued in the last round), ptxas
+                        # keeps it asynchronous only if no other instruction writes an accumulator.
+                        T.fill(acc_o, 0)
                     T.mbarrier_arrive(k_empty[first_stage])
                     if num_kv_blocks == 1:
                         T.mbarrier_arrive(q_empty)  # (as in the loop below)
@@ -323,12 +371,12 @@ def forward_program(
                         if take_turns:
                             T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
                         issue_scores(
-                            Q_shared, K_shared[stage, :, :], acc_s, kv_start, q_start, diagonal_offset, seqlen_k
+                            Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
                         )
                         # acc_o must be rescaled to tile j-1's max before P~_{j-1}.V_{j-1} adds to it.
                         rescale_output(acc_o, alpha)
                         T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                        T.wgmma_gemm(acc_p, V_shared[prev_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                        T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
                         if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
                             # Hand the tensor cores to the next warpgroup; the last one's last hand-over
                             # would have no taker (warpgroup 0 has no next tile).
@@ -352,29 +400,78 @@ def forward_program(
                     # The last tile's P~.V, after the same rescale.
                     last = kv_before + num_kv_blocks - 1  # counted over this thread block's life
                     last_stage = last % stages
+                    if overlap_epilogue:
+                        # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
+                        # nothing but its GEMM may write acc_s once that is in flight.
+                        next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(
+                            block, tile_round + 1
+                        )
+                        if needs_mask(0, next_q_start, diagonal_offset, seqlen_k):
+                            write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)
                     rescale_output(acc_o, alpha)
                     T.mbarrier_wait_parity(v_full[last_stage], (last // stages) & 1)
-                    T.wgmma_gemm(acc_p, V_shared[last_stage, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    T.wait_wgmma(0)
+                    T.wgmma_gemm(acc_p, ring_stage(V_shared, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    if overlap_epilogue:
+                        # The next work tile's S_0, so this tile's epilogue runs under it. The last
+                        # round issues it too, on whatever Q and K are in shared memory (no more
+                        # loads come), and drops it: a guarded issue makes ptxas serialise the
+                        # wgmmas of the whole loop.
+                        next_first = kv_before + num_kv_blocks
+                        if tile_round + 1 < rounds:
+                            T.mbarrier_wait_parity(q_full, (tile_round + 1) & 1)
+                            T.mbarrier_wait_parity(k_full[next_first % stages], (next_first // stages) & 1)
+                        issue_scores(
+                            Q_shared,
+                            ring_stage(K_shared, next_first % stages),
+                            acc_s,
+                            0,
+                            next_q_start,
+                            diagonal_offset,
+                            seqlen_k,
+                            mask_written=True,
+                        )
+                        T.wait_wgmma(1)
+                    else:
+                        T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
                     T.mbarrier_arrive(v_empty[last_stage])
 
                     # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
-                    for i, d in T.Parallel(block_m, head_dim):
-                        acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
+                    if not overlap_epilogue:
+                        for i, d in T.Parallel(block_m, head_dim):
+                            acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
                     for i in T.Parallel(block_m):
                         if q_start + i < seqlen_q:
                             LSE[b, head, q_start + i] = T.if_then_else(
                                 row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
                             )
-                    # TileLang syncs the consumer warpgroups before this copy (V_shared is read by
-                    # the others' last P.V) and between the two copies.
-                    T.copy(acc_o, O_shared[0:block_m, :])
-                    T.copy(O_shared[0:block_m, :], Output[b, q_start : q_start + block_m, head, :])
+                    # O goes into the V ring's first rows. TileLang syncs the consumer warpgroups
+                    # before this write (the others' last P.V reads the ring) and before the store.
+                    if overlap_epilogue:
+                        # Normalised on its way (S_0 is in flight: acc_o may not be written).
+                        for i, d in T.Parallel(block_m, head_dim):
+                            V_shared[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
+                    else:
+                        T.copy(acc_o, V_shared[0:block_m, :])
+                    for panel in T.unroll(head_dim // 64):  # one TMA store per 64 columns, as the loads
+                        T.copy(
+                            V_shared[0:block_m, panel * 64 : panel * 64 + 64],
+                            Output[b, q_start : q_start + block_m, head, panel * 64 : panel * 64 + 64],
+                        )
                     # The next V lands by TMA (the async proxy) where O was written and read.
                     T.fence_proxy_async()
                     T.mbarrier_arrive(o_stored)
                     kv_before = kv_before + num_kv_blocks
+                    if overlap_epilogue:
+                        b, head, kv_head, q_start, num_kv_blocks = (
+                            next_b,
+                            next_head,
+                            next_kv_head,
+                            next_q_start,
+                            next_num_kv_blocks,
+                        )
+                if overlap_epilogue:
+                    T.wait_wgmma(0)  # the last round's S_0, dropped
 
     return flash_attention_forward
 
