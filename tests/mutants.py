@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,9 +242,13 @@ PYTEST_ARGS = {
 }
 
 
-def run_mutant(mutant: Mutant, target: str, workdir: Path, select: list[str] | None = None) -> tuple[str, str, float]:
-    """('killed' | 'SURVIVED' | 'ERROR', detail, seconds). With `select`, only those tests run,
-    all of their cases (no -x), and the detail lists the cases that failed."""
+def run_mutant(
+    mutant: Mutant, target: str, workdir: Path, select: list[str] | None = None, timeout: float | None = None
+) -> tuple[str, str, float]:
+    """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds). With `select`, only those
+    tests run, all of their cases (no -x), and the detail lists the cases that failed. A run
+    past `timeout` seconds is stopped: a mutant that hangs the kernel is reported, not waited
+    for."""
     start = time.perf_counter()
     tree = workdir / mutant.name
     shutil.copytree(ROOT / "src", tree / "src")
@@ -265,13 +269,17 @@ def run_mutant(mutant: Mutant, target: str, workdir: Path, select: list[str] | N
         FA_KERNEL_EXPECT_SRC=str(tree / "src"),
     )
     pytest_args = ["-rf", *select] if select else ["-x", *PYTEST_ARGS[target]]
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return "TIMEOUT", f"the tests ran past {timeout:.0f} s and were stopped (a hang?)", time.perf_counter() - start
     seconds = time.perf_counter() - start
     log = result.stdout + result.stderr
     (workdir / f"{mutant.name}.log").write_text(log)
@@ -298,15 +306,22 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=4, help="mutants run at once (compiles are CPU-bound)")
     parser.add_argument("--keep", metavar="DIR", help="keep mutated trees and logs here")
     parser.add_argument("--select", nargs="+", metavar="TEST", help="run only these pytest node ids, every case")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one mutant's tests may run")
     args = parser.parse_args()
     mutants = KERNEL_MUTANTS if args.target == "kernel" else EMULATOR_MUTANTS
     if args.only:
         mutants = [m for m in mutants if m.name in args.only]
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = list(pool.map(lambda m: run_mutant(m, args.target, workdir, args.select), mutants))
     width = max(len(m.name) for m in mutants)
+    # Each result is printed as it comes (a run cut short still shows what it finished), then
+    # the table in the list's order.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_mutant, m, args.target, workdir, args.select, args.timeout): m for m in mutants}
+        for done in as_completed(futures):
+            status, detail, seconds = done.result()
+            print(f"{futures[done].name:<{width}}  {status:<8}  {seconds:7.1f}  {detail}", flush=True)
+    outcomes = [future.result() for future in futures]
     print(f"\n{'mutant':<{width}}  result    seconds  first failing test / reason")
     for mutant, (status, detail, seconds) in zip(mutants, outcomes, strict=True):
         print(f"{mutant.name:<{width}}  {status:<8}  {seconds:7.1f}  {detail}")
