@@ -42,11 +42,14 @@ class TileConfig:
 
 
 # sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, one section per
-# session; the bench of 2026-11-30, seventh session): d128 573 TFLOP/s fp16 (0.99x cuDNN),
-# d128 causal 500 (0.97x), d64 458 (1.03x), d64 causal 402 (0.99x).
+# session; the bench of 2026-11-30, eighth session): d128 594 TFLOP/s fp16 (1.03x cuDNN),
+# d128 causal 501 (0.97x), d64 467 (1.05x), d64 causal 391 (0.95x).
 # - d128: 128x176, two consumer warpgroups in ping-pong; block_n 176 (not a power of two:
 #   wgmma's N may be any multiple of 8) takes 1-3% over 128 with fewer loop trips and no
-#   register spills;
+#   register spills. Eighth session: non-causal overlaps the epilogue with the next work
+#   tile's first Q.K^T, alternated in one process against the same kernel without it:
+#   4096 570-575 vs 548-563, 16384 590-606 vs 573-581, 1024 478-510 vs 497-498 (erratic);
+#   at d64 the overlap measured 335 vs 379 (1024) and level at 4096, so d64 goes without;
 # - d64: 192x128, three consumer warpgroups: at d64 the softmax's FP32 work, not the GEMMs,
 #   limits, and a third warpgroup gives it more issue slots than the ping-pong does. Taking
 #   turns (a ring) measured +10% non-causal (436 vs 397 TFLOP/s fp16, 451 vs 405 bf16) and
