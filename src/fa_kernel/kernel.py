@@ -66,6 +66,10 @@ PRODUCER_REGISTERS = 24
 # Named barriers for taking turns: TURN_BARRIERS[w] = "consumer warpgroup w may issue its
 # GEMMs". TileLang allocates its own named barriers from 3 upwards.
 TURN_BARRIERS = (13, 14, 15)
+# TMA copies move one panel of 64 columns (128 bytes, the width of the shared-memory swizzle) at
+# a time: the K/V rings keep each panel of all their rows together, and TileLang lowers a copy
+# to TMA only where its shared-memory box is contiguous.
+TMA_PANEL = 64
 # Streaming multiprocessors of an H100/H200 SXM: the persistent grid's size when compiling
 # without a GPU (`fa_kernel.interface` passes the device's own count).
 H100_SM_COUNT = 132
@@ -164,25 +168,29 @@ def forward_program(
         for i in T.Parallel(block_m):
             row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
 
-    def ring_stage(ring, stage):
+    def ring_stage(ring, stage, columns=slice(None)):
         """Stage `stage` of a K or V ring: rows [stage * block_n, (stage + 1) * block_n)."""
-        return ring[stage * block_n : (stage + 1) * block_n, :]
+        return ring[stage * block_n : (stage + 1) * block_n, columns]
+
+    def panel_columns(panel):
+        return slice(panel * TMA_PANEL, (panel + 1) * TMA_PANEL)
 
     @T.macro
     def load_tile(source, b, kv_start, kv_head, ring, empty, full, stage, phase):
         """TMA-load rows kv_start.. of K or V into the ring's stage once the consumers have
-        released it."""
+        released it, a panel at a time."""
         T.mbarrier_wait_parity(empty[stage], phase ^ 1)
-        # One copy per 64 columns (128 bytes, the swizzle's width): the ring keeps each
-        # 64-column panel of all its rows together, and TileLang lowers a copy to TMA only
-        # where its shared-memory box is contiguous.
-        for panel in T.unroll(head_dim // 64):
+        for panel in T.unroll(head_dim // TMA_PANEL):
             T.tma_copy(
-                source[b, kv_start : kv_start + block_n, kv_head, panel * 64 : panel * 64 + 64],
-                ring[stage * block_n : (stage + 1) * block_n, panel * 64 : panel * 64 + 64],
+                source[b, kv_start : kv_start + block_n, kv_head, panel_columns(panel)],
+                ring_stage(ring, stage, panel_columns(panel)),
                 barrier=full[stage],
             )
         T.mbarrier_arrive(full[stage])
+
+    def normalised(acc_o, row_sum, i, d):
+        """O[i, d] after the one normalisation; a row that saw no key (causal, Sq > Sk) is 0."""
+        return T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
 
     @T.macro
     def rescale_output(acc_o, alpha):
@@ -436,10 +444,10 @@ def forward_program(
                     T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
                     T.mbarrier_arrive(v_empty[last_stage])
 
-                    # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
+                    # One normalisation after the loop.
                     if not overlap_epilogue:
                         for i, d in T.Parallel(block_m, head_dim):
-                            acc_o[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
+                            acc_o[i, d] = normalised(acc_o, row_sum, i, d)
                     for i in T.Parallel(block_m):
                         if q_start + i < seqlen_q:
                             LSE[b, head, q_start + i] = T.if_then_else(
@@ -450,13 +458,13 @@ def forward_program(
                     if overlap_epilogue:
                         # Normalised on its way (S_0 is in flight: acc_o may not be written).
                         for i, d in T.Parallel(block_m, head_dim):
-                            V_shared[i, d] = T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
+                            V_shared[i, d] = normalised(acc_o, row_sum, i, d)
                     else:
                         T.copy(acc_o, V_shared[0:block_m, :])
-                    for panel in T.unroll(head_dim // 64):  # one TMA store per 64 columns, as the loads
+                    for panel in T.unroll(head_dim // TMA_PANEL):  # one TMA store per panel, as the loads
                         T.copy(
-                            V_shared[0:block_m, panel * 64 : panel * 64 + 64],
-                            Output[b, q_start : q_start + block_m, head, panel * 64 : panel * 64 + 64],
+                            V_shared[0:block_m, panel_columns(panel)],
+                            Output[b, q_start : q_start + block_m, head, panel_columns(panel)],
                         )
                     # The next V lands by TMA (the async proxy) where O was written and read.
                     T.fence_proxy_async()
