@@ -20,25 +20,10 @@ Variants (see VARIANTS at the bottom; `build(name, ...)` dispatches):
 Patched builds of the shipped kernel (kernel.py's text with literal replacements, loaded as
 a module of their own; a patch that no longer applies raises). Levers, correct:
 
-  pinned               a store of the running row sum into LSE (overwritten at the end) just
-                       before the P.V wait: ptxas moves that wait above the softmax to start
-                       P's down-cast early (the softmax then runs after P.V, not under it),
-                       and does not move it above a store. Measured slower (PERF.md).
-  skip_rescale         acc_o *= alpha only in threads where some row has alpha != 1 (exact).
-                       Within noise of shipped.
-  lazy_rescale         skip_rescale, and the running max moves only when a tile's max
-                       exceeds it by more than 8 in log2 units (FlashAttention-4), so alpha
-                       is 1 after the first tiles almost always. 0-4% slower.
-  wait_both            one wait for S_j and P_{j-1}.V_{j-1} together, so no softmax work runs
-                       under this warpgroup's own P.V (what ptxas does at d128 anyway, taken
-                       to the max reduction and to d64). 0-4% slower.
-  wait_both_lazy_rescale  both. 1-6% slower.
   fma_exp2_1of8        exp2 of 1 column group in 8 on the FMA pipe (a polynomial, as
                        FlashAttention-4 does), the rest on MUFU: d64 +3% with free-running
                        warpgroups, -4% with the ring; d128 -2..-4%.
   fma_exp2_1of4        1 column group in 4: no gain at d64 (3 in 8 measured -5%).
-  pairwise_max         the row max's dependent FMNMX chain halved (max of column j and
-                       j + block_n/2 first, an explicit accumulator layout): within noise.
   mask_first           the mask written before the turn-taking wait, not after it: -3% d128.
   row_limit_mask       the mask from one bound per row (a compare and a select per element):
                        within noise, -4% d64 causal free.
@@ -50,7 +35,11 @@ a module of their own; a patch that no longer applies raises). Levers, correct:
 (Fourth session: the ring of three consumer warpgroups was a patch here, `round_robin`,
 before it became kernel.py's `config.take_turns`; eighth session: `inter_tile_overlap`, the
 next work tile's S_0 issued before the current tile's epilogue, became kernel.py's
-`config.overlap_epilogue`.)
+`config.overlap_epilogue`. Ninth session: the softmax of every tile after the first keeps the
+max from before the tile unless its sum says otherwise (kernel.STALE_SUM_LIMIT), so the patches
+on the row max and the rescale it made obsolete left with it: pinned, skip_rescale,
+lazy_rescale, wait_both, pairwise_max and the no_max diagnostic; perf/variants.py at c0e6052
+has them, PERF.md their numbers.)
 
 `file:PATH` names another copy of kernel.py (an earlier commit's): the sweep then measures a
 change against its parent in one process.
@@ -58,9 +47,8 @@ change against its parent in one process.
 Leave-one-out diagnostics, timing only (wrong results by design, in KNOWN_INCORRECT): what
 the kernel would gain if a piece of the softmax cost nothing.
 
-  gemm_only            no softmax in the loop: loads, both GEMMs, rescale, down-cast, syncs.
+  gemm_only            no softmax in the loop's tiles: loads, both GEMMs, down-cast, syncs.
   no_exp               the exp2 of every score left out (the MUFU work).
-  no_max               the row-max reduction of every tile left out.
 
 The hand-written warp-specialised variants measured before the shipped kernel took their
 schedule (ws_explicit, overlap, overlap_masked_tail, overlap_pingpong) are in git history
@@ -92,43 +80,14 @@ from fa_kernel.kernel import PASS_CONFIGS, forward_program
 # Patched builds of the shipped kernel
 # --------------------------------------------------------------------------------------
 
-# The P.V wait of the steady-state loop, and the statements the patches below replace.
-_PV_WAIT = "                        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten"
-# The loop's releases of K_j and, after the tile's last Q.K^T, of Q (tile 0 has its own).
-_K_RELEASE = """                        T.mbarrier_arrive(k_empty[stage])
-                        if kv_block == num_kv_blocks - 1:
-                            # The tile's last read of Q: the next work tile's Q loads under this
-                            # tile's last softmax, P.V and epilogue (persistent grid).
-                            T.mbarrier_arrive(q_empty)"""
-_SOFTMAX = "online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)"
-# The loop's call, as ruff formats it at that depth: one argument line.
-_LOOP_SOFTMAX = _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + _SOFTMAX[len("online_softmax(") : -1]
-_LOOP_SOFTMAX += "\n" + " " * 24 + ")"
+# The steady-state loop's softmax against the stale max, and the exponentials it and the
+# first tile share: the statements the patches below replace.
+_STALE_SOFTMAX = """                        exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
+                        row_over = 0
+                        for i in T.Parallel(block_m):
+                            if tile_sum[i] > STALE_SUM_LIMIT:
+                                row_over = 1"""
 _EXP = "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])"
-_MAX = """        T.copy(row_max, row_max_prev)
-        T.reduce_max(acc_s, row_max, dim=1, clear=False)"""
-_RESCALE = """        for i, d in T.Parallel(block_m, head_dim):
-            acc_o[i, d] *= alpha[i]"""
-_RESCALE_SKIPPED_WHERE_ALPHA_IS_1 = """        max_grew = T.alloc_local([1], T.int32)
-        max_grew[0] = 0
-        for i in T.Parallel(block_m):
-            if alpha[i] != 1:
-                max_grew[0] = 1
-        if max_grew[0] != 0:
-            for i, d in T.Parallel(block_m, head_dim):
-                acc_o[i, d] *= alpha[i]"""
-_S_WAIT = "T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running"
-_BOTH_WAIT = "T.wait_wgmma(0)  # S_j and P~_{j-1}.V_{j-1} both done"
-_NEW_MAX_SCALED = "            row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)"
-# FlashAttention-4's conditional rescale: the running max moves only when the tile's max
-# exceeds it by more than 8 in log2 units, so P~ <= 2^8 (exact in fp16/bf16, and fp32 sums).
-# A row whose max stays keeps alpha == 1 and its acc_o is not multiplied. NaN from
-# -inf - -inf (a row with no key yet) compares false: the max stays -inf.
-_STALE_MAX = (
-    "            row_max[i] = T.if_then_else(\n"
-    "                (row_max[i] - row_max_prev[i]) * scale_log2 > 8, row_max[i], row_max_prev[i]\n"
-    "            )\n"
-)
 
 # exp2 on the FMA pipe for some columns (FlashAttention-4's trick, there on Blackwell): at
 # d64 the MUFU work per tile equals the tensor-core work, so moving part of it to the
@@ -164,54 +123,6 @@ def _exp2_on_fma_patch(every: int, of: int):
         (_EXP2_ANCHOR, _EXP2_ON_FMA + _EXP2_ANCHOR),
         (_EXP, f"acc_s[i, j] = T.if_then_else((j // 8) % {of} < {every}, exp2_on_fma({x}), T.exp2({x}))"),
     )
-
-
-# The row max as a tree's first level: the max of columns j and j + block_n/2 (one thread
-# holds both: wgmma's accumulator gives a thread columns 2t, 2t+1 of every 8), then
-# reduce_max over the half-width buffer, so the dependent FMNMX chain per row is half as long.
-# TileLang 0.1.15 would give the half-width buffer acc_s's whole layout (and reduce_max would
-# read registers nothing wrote), so its layout is written out: the wgmma m64nNk16 accumulator,
-# warps stacked over rows (GemmWarpPolicy.FullRow).
-_ACCUMULATOR_LAYOUT = """
-
-def accumulator_layout(rows, cols):
-    def thread_and_register(i, j):
-        thread = (i // 16) * 32 + (i % 8) * 4 + (j % 8) // 2
-        register = (j // 8) * 4 + ((i % 16) // 8) * 2 + j % 2
-        return thread, register
-
-    return T.Fragment([rows, cols], forward_fn=thread_and_register)
-"""
-_SOFTMAX_SIGNATURE = "online_softmax(acc_s, row_max,"
-_TILE0_Q_RELEASE = "T.mbarrier_arrive(q_empty)  # (as in the loop below)\n"  # just before tile 0's softmax
-_PAIRWISE_MAX = (
-    (_EXP2_ANCHOR, _ACCUMULATOR_LAYOUT + _EXP2_ANCHOR),
-    ("def " + _SOFTMAX_SIGNATURE, "def online_softmax(acc_s, pair_max, row_max,"),
-    (
-        _TILE0_Q_RELEASE + " " * 20 + _SOFTMAX_SIGNATURE,
-        _TILE0_Q_RELEASE + " " * 20 + "online_softmax(acc_s, pair_max, row_max,",
-    ),
-    (
-        _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + "acc_s, row_max,",
-        _K_RELEASE + "\n" + " " * 24 + "online_softmax(\n" + " " * 28 + "acc_s, pair_max, row_max,",
-    ),
-    (
-        "            acc_s = T.alloc_fragment([block_m, block_n], accum)\n",
-        "            acc_s = T.alloc_fragment([block_m, block_n], accum)\n"
-        "            pair_max = T.alloc_fragment([block_m, block_n // 2], accum)\n"
-        "            T.annotate_layout({pair_max: accumulator_layout(block_m, block_n // 2)})\n",
-    ),
-    (
-        _MAX,
-        """        T.copy(row_max, row_max_prev)
-        # Two loops: TileLang wants one index pattern per buffer in a T.Parallel loop.
-        for i, j in T.Parallel(block_m, block_n // 2):
-            pair_max[i, j] = acc_s[i, j]
-        for i, j in T.Parallel(block_m, block_n // 2):
-            pair_max[i, j] = T.max(pair_max[i, j], acc_s[i, j + block_n // 2])
-        T.reduce_max(pair_max, row_max, dim=1, clear=False)""",
-    ),
-)
 
 
 # kernel.py's mask loop, as the anchor of the row-limit mask patch below (a patch's old text is
@@ -309,27 +220,12 @@ def _turns_from_patch(min_tiles: int):
 
 
 PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
-    "pinned": (
-        (
-            _PV_WAIT,
-            """                        for i in T.Parallel(block_m):
-                            if q_start + i < seqlen_q:
-                                LSE[b, head, q_start + i] = row_sum[i]
-"""
-            + _PV_WAIT,
-        ),
-    ),
-    "skip_rescale": ((_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1),),
-    "wait_both": ((_S_WAIT, _BOTH_WAIT),),
-    "lazy_rescale": ((_RESCALE, _RESCALE_SKIPPED_WHERE_ALPHA_IS_1), (_NEW_MAX_SCALED, _STALE_MAX + _NEW_MAX_SCALED)),
-    "gemm_only": ((_LOOP_SOFTMAX, _K_RELEASE),),
+    # (the vote stays: row_over 0, every tile keeps its max)
+    "gemm_only": ((_STALE_SOFTMAX, "                        row_over = 0"),),
     "no_exp": ((_EXP, "acc_s[i, j] = acc_s[i, j] * scale_log2 - row_max_scaled[i]"),),
-    "no_max": ((_MAX, "        T.copy(row_max, row_max_prev)"),),
 }
-PATCHES["wait_both_lazy_rescale"] = PATCHES["wait_both"] + PATCHES["lazy_rescale"]
 PATCHES["fma_exp2_1of8"] = _exp2_on_fma_patch(1, 8)
 PATCHES["fma_exp2_1of4"] = _exp2_on_fma_patch(1, 4)
-PATCHES["pairwise_max"] = _PAIRWISE_MAX
 PATCHES["mask_first"] = _MASK_FIRST
 PATCHES["row_limit_mask"] = _ROW_LIMIT_MASK
 PATCHES["turns_from_8"] = _turns_from_patch(8)
@@ -384,7 +280,7 @@ VARIANTS: dict[str, Builder] = {
 
 
 # The leave-one-out diagnostics are wrong by design; the sweep leaves them out unless named.
-KNOWN_INCORRECT = frozenset({"gemm_only", "no_exp", "no_max"})
+KNOWN_INCORRECT = frozenset({"gemm_only", "no_exp"})
 
 
 # "file:PATH" names another copy of kernel.py (an earlier commit's, `git show REV:src/fa_kernel/kernel.py`),

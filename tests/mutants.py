@@ -35,40 +35,102 @@ class Mutant:
     file: str  # relative to src/fa_kernel
     old: str
     new: str
+    more: tuple[tuple[str, str], ...] = ()  # further (old, new) patches in the same file
+    # Tests written to catch this bug, run before the suite (which runs only if they pass):
+    # otherwise a mutant that only they kill compiles most of the suite's kernels first.
+    first: tuple[str, ...] = ()
 
 
-# The steady-state loop's rescale and P.V: acc_o *= alpha_{j-1}, then acc_o += P_{j-1}.V_{j-1}.
-LOOP_RESCALE_THEN_GEMM = """                        rescale_output(acc_o, alpha)
-                        T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                        T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)"""
+JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
+PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
+
+
 KERNEL_MUTANTS = [
     Mutant(
-        # acc_o = (acc_o + P.V) * alpha: the GEMM is waited for, then rescaled by the same alpha.
+        # The tile that replaced its max leaves acc_o at the old one.
+        "new_max_without_rescale",
+        "kernel.py",
+        """                                stale_sum=tile_sum,
+                            )
+                            rescale_output(acc_o, alpha)""",
+        """                                stale_sum=tile_sum,
+                            )""",
+        first=JUMPS,
+    ),
+    Mutant(
+        # acc_o = (acc_o + P.V) * alpha: the rescale moved after the P.V GEMM it should precede
+        # (and, on tiles that kept their max, by the alpha of the last tile that did not).
         "rescale_after_gemm",
         "kernel.py",
-        LOOP_RESCALE_THEN_GEMM,
-        """                        T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                        T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                        rescale_output(acc_o, alpha)""",
+        """                            rescale_output(acc_o, alpha)
+                        else:""",
+        """                        else:""",
+        more=(
+            (
+                """                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                        T.mbarrier_arrive(v_empty[prev_stage])""",
+                """                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                        rescale_output(acc_o, alpha)
+                        T.mbarrier_arrive(v_empty[prev_stage])""",
+            ),
+        ),
+        first=JUMPS,
     ),
     Mutant(
-        # The last tile's P.V added to an acc_o never rescaled to the last tile's max.
-        "last_tile_not_rescaled",
+        # The exponentials stay against the max before the tile whatever their sum: P~ overflows.
+        "stale_max_never_replaced",
         "kernel.py",
-        "                    rescale_output(acc_o, alpha)\n"
-        "                    T.mbarrier_wait_parity(v_full[last_stage]",
-        "                    T.mbarrier_wait_parity(v_full[last_stage]",
+        "                                row_over = 1",
+        "                                row_over = 0",
+        first=JUMPS,
     ),
     Mutant(
-        "last_tile_sum", "kernel.py", "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]", "row_sum[i] = tile_sum[i]"
+        # A limit past fp16's range: P~ up to 2^17 is kept, and its down-cast overflows.
+        "stale_sum_limit_past_fp16",
+        "kernel.py",
+        "STALE_SUM_LIMIT = 4096.0",
+        "STALE_SUM_LIMIT = 131072.0",
+        first=JUMPS,
+    ),
+    Mutant(
+        # The max is replaced, but the exponentials come from acc_s as the first pass left it
+        # (P~, not S): the recomputation of S forgotten.
+        "new_max_from_stale_exponentials",
+        "kernel.py",
+        """                            issue_scores(
+                                Q_shared,
+                                ring_stage(K_shared, stage),
+                                acc_s,
+                                kv_start,
+                                q_start,
+                                diagonal_offset,
+                                seqlen_k,
+                            )
+""",
+        "",
+        first=JUMPS,
+    ),
+    Mutant(
+        # A tile that kept its max replaces the running sum instead of adding to it.
+        "kept_max_sum_replaced",
+        "kernel.py",
+        "row_sum[i] += tile_sum[i]",
+        "row_sum[i] = tile_sum[i]",
+    ),
+    Mutant(
+        # A tile that replaced its max divides by its own sum only.
+        "last_tile_sum",
+        "kernel.py",
+        "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]",
+        "row_sum[i] = tile_sum[i]",
+        first=JUMPS,
     ),
     Mutant(
         "alpha_from_new_max",
         "kernel.py",
-        "alpha[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])",
-        "alpha[i] = T.exp2(row_max[i] * scale_log2 - row_max_scaled[i])",
+        "T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])",
+        "T.exp2(row_max[i] * scale_log2 - row_max_scaled[i])",
+        first=JUMPS,
     ),
     Mutant(
         "max_order_swapped",
@@ -77,6 +139,7 @@ KERNEL_MUTANTS = [
         T.reduce_max(acc_s, row_max, dim=1, clear=False)""",
         """        T.reduce_max(acc_s, row_max, dim=1, clear=False)
         T.copy(row_max, row_max_prev)""",
+        first=JUMPS,
     ),
     Mutant(
         "no_boundary_mask",
@@ -117,6 +180,7 @@ KERNEL_MUTANTS = [
         "kernel.py",
         "place_in_last < num_tiles % workers, 1, 0)",
         "place_in_last < 0, 1, 0)",
+        first=PERSISTENT,
     ),
     Mutant(
         # Q's buffer handed to the next work tile after the second Q.K^T, not the last: the
@@ -125,6 +189,7 @@ KERNEL_MUTANTS = [
         "kernel.py",
         "if kv_block == num_kv_blocks - 1:",
         "if kv_block == 1:",
+        first=PERSISTENT,
     ),
     Mutant(
         # The producer loads the next work tile's V over O before O has left the V ring.
@@ -132,6 +197,7 @@ KERNEL_MUTANTS = [
         "kernel.py",
         "if kv_block == 0:",
         "if kv_block < 0:",
+        first=PERSISTENT,
     ),
     Mutant(
         # overlap_epilogue: the next work tile's first mask is computed for the current tile.
@@ -139,6 +205,7 @@ KERNEL_MUTANTS = [
         "kernel.py",
         "write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)",
         "write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)",
+        first=PERSISTENT,
     ),
     Mutant(
         # O's TMA store covers the first 64 columns only (head_dim 128 and 256 lose the rest).
@@ -181,6 +248,18 @@ KERNEL_MUTANTS = [
 
 EMULATOR_MUTANTS = [
     Mutant(
+        "stale_max_never_replaced",
+        "emulator.py",
+        "row_max = torch.where(stale_sum > STALE_SUM_LIMIT, row_max, row_max_prev)",
+        "row_max = row_max_prev",
+    ),
+    Mutant(
+        "stale_sum_limit_past_fp16",
+        "emulator.py",
+        "torch.where(stale_sum > STALE_SUM_LIMIT,",
+        "torch.where(stale_sum > 131072.0,",
+    ),
+    Mutant(
         "rescale_after_gemm",
         "emulator.py",
         """            acc_o = acc_o * alpha[:, None]  # rescale before P.V adds this tile
@@ -194,8 +273,8 @@ EMULATOR_MUTANTS = [
     Mutant(
         "alpha_from_new_max",
         "emulator.py",
-        "alpha = torch.exp2(row_max_prev * scale_log2 - row_max_scaled)",
-        "alpha = torch.exp2(row_max * scale_log2 - row_max_scaled)",
+        "torch.exp2(row_max_prev * scale_log2 - row_max_scaled)",
+        "torch.exp2(row_max * scale_log2 - row_max_scaled)",
     ),
     Mutant("no_boundary_mask", "emulator.py", "masked = k_idx >= seqlen_k", "masked = k_idx < 0"),
     Mutant(
@@ -242,8 +321,8 @@ def run_mutant(
 ) -> tuple[str, str, float]:
     """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds). With `select`, only those
     tests run, all of their cases (no -x), and the detail lists the cases that failed. A run
-    past `timeout` seconds is stopped: a mutant that hangs the kernel is reported, not waited
-    for."""
+    past `timeout` seconds in all is stopped: a mutant that hangs the kernel is reported, not
+    waited for."""
     start = time.perf_counter()
     tree = workdir / mutant.name
     shutil.copytree(ROOT / "src", tree / "src")
@@ -251,10 +330,12 @@ def run_mutant(
     text = path.read_text()
     # A text that starts with indentation must start a line (inside a deeper-indented line its
     # replacement would break the nesting, and the mutant would die of a syntax error).
-    old, new = ("\n" + mutant.old, "\n" + mutant.new) if mutant.old.startswith(" ") else (mutant.old, mutant.new)
-    if text.count(old) != 1:
-        return "ERROR", f"patch text found {text.count(old)} times in {mutant.file}, not once", 0.0
-    path.write_text(text.replace(old, new))
+    for old, new in ((mutant.old, mutant.new), *mutant.more):
+        old, new = ("\n" + old, "\n" + new) if old.startswith(" ") else (old, new)
+        if text.count(old) != 1:
+            return "ERROR", f"patch text found {text.count(old)} times in {mutant.file}, not once", 0.0
+        text = text.replace(old, new)
+    path.write_text(text)
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
@@ -263,18 +344,26 @@ def run_mutant(
         FA_KERNEL_REQUIRE_GPU="1" if target == "kernel" else "0",
         FA_KERNEL_EXPECT_SRC=str(tree / "src"),
     )
-    pytest_args = ["-rf", *select] if select else ["-x", *PYTEST_ARGS[target]]
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return "TIMEOUT", f"the tests ran past {timeout:.0f} s and were stopped (a hang?)", time.perf_counter() - start
+    if select:
+        runs = [["-rf", *select]]
+    else:  # the mutant's own tests first, where it names them; the suite if they pass
+        runs = [["-x", *mutant.first]] if mutant.first and target == "kernel" else []
+        runs.append(["-x", *PYTEST_ARGS[target]])
+    for pytest_args in runs:
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=None if timeout is None else max(1.0, timeout - (time.perf_counter() - start)),
+            )
+        except subprocess.TimeoutExpired:
+            seconds = time.perf_counter() - start
+            return "TIMEOUT", f"the tests ran past {timeout:.0f} s and were stopped (a hang?)", seconds
+        if result.returncode != 0:
+            break
     seconds = time.perf_counter() - start
     log = result.stdout + result.stderr
     (workdir / f"{mutant.name}.log").write_text(log)

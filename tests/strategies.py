@@ -32,7 +32,12 @@ EDGE_LENGTHS = tuple(
     )
 )
 FLASH_ATTN_PAIRS = ((113, 203), (128, 217), (1, 239), (799, 3), (1023, 1024), (1024, 1023), (3, 799), (108, 256))
-DISTRIBUTIONS = ("normal", "large_logits", "equal_scores", "dominant_key", "tiny")
+DISTRIBUTIONS = ("normal", "large_logits", "equal_scores", "dominant_key", "tiny", "jumping_scores")
+# jumping_scores: every JUMP_EVERY keys each row's scores rise by JUMP_LOG2 in log2 units
+# (score * softmax_scale * log2(e)): past log2(STALE_SUM_LIMIT) = 12, so a K/V tile holding a jump
+# must leave the max it started from, and past fp16's 2^16, so keeping it would overflow P~;
+# the tiles between jumps may keep theirs.
+JUMP_EVERY, JUMP_LOG2 = 250, 16.5
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,10 @@ class Case:
             if pick is not None:
                 group = self.nheads // self.nheads_kv
                 q = 4.0 * k[:, pick].repeat_interleave(group, dim=2)
+        elif self.distribution == "jumping_scores":
+            q[..., 0] = 1.0
+            steps = torch.arange(self.seqlen_k) // JUMP_EVERY
+            k[..., 0] += (JUMP_LOG2 / (self.scale * math.log2(math.e))) * steps[None, :, None]
         elif self.distribution == "tiny":
             # Four times the smallest normal of the dtype: many inputs become subnormal.
             tiny = 4 * torch.finfo(self.torch_dtype).tiny

@@ -16,6 +16,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.configs import FALLBACK, TileConfig
 from fa_kernel.kernel import LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
+from strategies import Case
 
 pytestmark = pytest.mark.gpu
 
@@ -121,6 +122,17 @@ def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # tile's epilogue.
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)
     assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of 5")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_scores_that_jump_between_key_tiles(head_dim, causal, dtype):
+    # A tile's exponentials start from the max before it. The tiles that hold a jump must
+    # recompute S against their own max and rescale acc_o; the ones after them may keep the new
+    # max (strategies.JUMP_LOG2): both paths, in one row, one after the other.
+    case = Case(2, 1000, 1000, 4, 2, head_dim, dtype, causal, None, "jumping_scores", seed=head_dim)
+    assert_matches_reference(*case.inputs("cuda"), causal)
 
 
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():

@@ -7,7 +7,7 @@ row state, one normalisation after the loop. Each statement matches one in `kern
 change to the algorithm there belongs here too, and the CPU property suite checks this
 loop on every push. The kernel's schedule (producer warpgroup, P·V of tile j-1 under the
 softmax of tile j, ping-pong) reorders when work runs, not what it computes: acc_o still
-sees, per tile, the rescale and then P·V.
+sees, per tile, the rescale and then P·V (by 1, where a row kept its max).
 
 Tensor cores multiply fp16/bf16 operands exactly and accumulate in fp32, which upcasting
 the operands to fp32 before each matmul reproduces up to summation order.
@@ -20,7 +20,7 @@ import math
 import torch
 
 from fa_kernel.configs import TileConfig, select_config
-from fa_kernel.kernel import LN2, LOG2E
+from fa_kernel.kernel import LN2, LOG2E, STALE_SUM_LIMIT
 
 
 def attention_tiled(
@@ -102,9 +102,15 @@ def _attend_one_head(
 
             row_max_prev = row_max
             row_max = torch.maximum(row_max_prev, acc_s.amax(dim=-1))
+            if kv_block > 0:
+                # P~ against the max before this tile first: a row keeps that max while its sum
+                # stays within the limit (the kernel then needs no row max for the tile).
+                stale_scaled = torch.where(row_max_prev == -math.inf, 0.0, row_max_prev * scale_log2)
+                stale_sum = torch.exp2(acc_s * scale_log2 - stale_scaled[:, None]).sum(dim=-1)
+                row_max = torch.where(stale_sum > STALE_SUM_LIMIT, row_max, row_max_prev)
             # 0 stands in for the max of a row with no visible key yet: -inf - 0, not NaN.
             row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
-            alpha = torch.exp2(row_max_prev * scale_log2 - row_max_scaled)
+            alpha = torch.where(row_max == row_max_prev, 1.0, torch.exp2(row_max_prev * scale_log2 - row_max_scaled))
             acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[:, None])
             row_sum = row_sum * alpha + acc_s.sum(dim=-1)
             acc_p = acc_s.to(q.dtype)  # the only down-cast

@@ -8,6 +8,15 @@ of `block_n` rows and keeps, per query row, the running maximum score `row_max`,
 running softmax denominator `row_sum` and the unnormalised output `acc_o`, all in fp32.
 `emulator.py` is the same loop in plain torch.
 
+After the first K/V tile, a tile's exponentials start from the running max as it stood before
+the tile: P~ = 2^(S * scale_log2 - old max). A row keeps that max while the tile's row sum,
+which bounds every P~ of the row, stays within STALE_SUM_LIMIT; then the tile needs no row-max
+reduction and acc_o no rescale (FlashAttention-4 keeps a stale max too, but reduces each tile's
+max to decide). Where a row's sum is over the limit, its warpgroup issues S_j again and folds
+it in with the row's new max, as FlashAttention-2 does. With random scores that almost never
+happens after the first tile; the max reduction it saves was the softmax's longest chain
+(PERF.md).
+
 The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
 - a producer warpgroup only issues TMA loads of Q and of each K/V tile into a ring of
   `num_stages` buffers, synchronised with the consumers by mbarriers (full / empty);
@@ -70,6 +79,25 @@ TURN_BARRIERS = (13, 14, 15)
 # a time: the K/V rings keep each panel of all their rows together, and TileLang lowers a copy
 # to TMA only where its shared-memory box is contiguous.
 TMA_PANEL = 64
+# The largest row sum of P~ against the max before a tile with which the row keeps that max
+# (module docstring). The sum bounds every P~ of the row, so kept P~ <= 2^12 stay far inside
+# fp16 (65504); precision is not at stake, since every weight is relative to the old max, which
+# the normalisation cancels, and a max that rose weights the new keys up, not down.
+STALE_SUM_LIMIT = 4096.0
+# Named barriers for that decision, one per consumer warpgroup (bar.red.or: does any of its
+# 128 threads have a row over the limit).
+VOTE_BARRIERS = (10, 11, 12)
+# The vote, in PTX: TileLang 0.1.15 has warp votes and block-wide __syncthreads_or, but no
+# reduction over a named barrier's threads.
+WARPGROUP_ANY = r"""
+__device__ __forceinline__ int warpgroup_any(int barrier_id, int predicate) {
+  int result;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.s32 p, %2, 0;\nbar.red.or.pred q, %1, 128, p;\nselp.s32 %0, 1, 0, q;\n}\n"
+      : "=r"(result) : "r"(barrier_id), "r"(predicate) : "memory");
+  return result;
+}
+"""
 # Streaming multiprocessors of an H100/H200 SXM: the persistent grid's size when compiling
 # without a GPU (`fa_kernel.interface` passes the device's own count).
 H100_SM_COUNT = 132
@@ -153,18 +181,32 @@ def forward_program(
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
 
     @T.macro
-    def online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2):
-        """Fold tile S into the row state; leaves P~ (fp32) in acc_s and alpha for acc_o."""
-        T.copy(row_max, row_max_prev)
-        T.reduce_max(acc_s, row_max, dim=1, clear=False)
-        for i in T.Parallel(block_m):
-            # A row that has seen only masked keys keeps max = -inf; 0 stands in so that
-            # exp2 below sees -inf - 0 = -inf (weight 0) instead of -inf + inf = NaN.
-            row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)
-            alpha[i] = T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])
+    def exponentials(acc_s, row_max_scaled, tile_sum, scale_log2):
+        """P~ = 2^(S * scale_log2 - the row's reference max), in place, and its row sums."""
         for i, j in T.Parallel(block_m, block_n):
             acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])
         T.reduce_sum(acc_s, tile_sum, dim=1)
+
+    @T.macro
+    def online_softmax(
+        acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2, stale_sum=None
+    ):
+        """Fold tile S into the row state; leaves P~ (fp32) in acc_s and alpha for acc_o. With
+        `stale_sum` (the row sums of P~ against the max before the tile), a row whose sum is
+        within STALE_SUM_LIMIT keeps that max, and gets bitwise what that pass gave it."""
+        T.copy(row_max, row_max_prev)
+        T.reduce_max(acc_s, row_max, dim=1, clear=False)
+        for i in T.Parallel(block_m):
+            if stale_sum is not None:
+                row_max[i] = T.if_then_else(stale_sum[i] > STALE_SUM_LIMIT, row_max[i], row_max_prev[i])
+            # A row that has seen only masked keys keeps max = -inf; 0 stands in so that
+            # exp2 below sees -inf - 0 = -inf (weight 0) instead of -inf + inf = NaN.
+            row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)
+            # Exactly 1 where the max stayed (the subtraction, fused into an FMA, need not give 0).
+            alpha[i] = T.if_then_else(
+                row_max[i] == row_max_prev[i], 1, T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])
+            )
+        exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
         for i in T.Parallel(block_m):
             row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
 
@@ -249,7 +291,7 @@ def forward_program(
         scale_log2: T.float32,
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
-        with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS) as block:
+        with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=WARPGROUP_ANY) as block:
             if config.blocks_per_sm > 1:
                 # __launch_bounds__(threads, 2): ptxas budgets registers for two resident
                 # blocks (the config's tiles keep shared memory within half an SM), so one
@@ -271,6 +313,7 @@ def forward_program(
             row_max_scaled = T.alloc_fragment([block_m], accum)
             alpha = T.alloc_fragment([block_m], accum)
             tile_sum = T.alloc_fragment([block_m], accum)
+            row_over = T.alloc_var(T.int32)  # this thread has a row whose sum is over STALE_SUM_LIMIT
             row_sum = T.alloc_fragment([block_m], accum)
             # full[stage]: the producer's threads arrived and the TMA bytes landed;
             # empty[stage]: every consumer thread is done reading the buffer. q_empty: every
@@ -381,8 +424,6 @@ def forward_program(
                         issue_scores(
                             Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
                         )
-                        # acc_o must be rescaled to tile j-1's max before P~_{j-1}.V_{j-1} adds to it.
-                        rescale_output(acc_o, alpha)
                         T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
                         T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
                         if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
@@ -392,20 +433,55 @@ def forward_program(
                                 T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
                         T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
                         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                        # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
+                        exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
+                        row_over = 0
+                        for i in T.Parallel(block_m):
+                            if tile_sum[i] > STALE_SUM_LIMIT:
+                                row_over = 1
+                        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p and acc_o may be overwritten
+                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                        T.mbarrier_arrive(v_empty[prev_stage])
+                        # wgmma is warpgroup-wide: the warpgroup decides as one.
+                        if T.call_extern("int32", "warpgroup_any", VOTE_BARRIERS[0] + thread // 128, row_over) != 0:
+                            # A row's max moved too far: S_j again (Q and K_j are still in shared
+                            # memory; the same wgmma gives the same S), the online softmax for the
+                            # rows over the limit, and acc_o rescaled to their new max
+                            # (P~_{j-1}.V_{j-1}, the last to add to it at the old one, is done).
+                            issue_scores(
+                                Q_shared,
+                                ring_stage(K_shared, stage),
+                                acc_s,
+                                kv_start,
+                                q_start,
+                                diagonal_offset,
+                                seqlen_k,
+                            )
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                            online_softmax(
+                                acc_s,
+                                row_max,
+                                row_max_prev,
+                                row_max_scaled,
+                                alpha,
+                                tile_sum,
+                                row_sum,
+                                scale_log2,
+                                stale_sum=tile_sum,
+                            )
+                            rescale_output(acc_o, alpha)
+                        else:
+                            for i in T.Parallel(block_m):
+                                row_sum[i] += tile_sum[i]
                         T.mbarrier_arrive(k_empty[stage])
                         if kv_block == num_kv_blocks - 1:
                             # The tile's last read of Q: the next work tile's Q loads under this
-                            # tile's last softmax, P.V and epilogue (persistent grid).
+                            # tile's last P.V and epilogue (persistent grid).
                             T.mbarrier_arrive(q_empty)
-                        online_softmax(
-                            acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2
-                        )
-                        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p may be overwritten
-                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                        T.mbarrier_arrive(v_empty[prev_stage])
                         T.copy(acc_s, acc_p)
 
-                    # The last tile's P~.V, after the same rescale.
+                    # The last tile's P~.V (acc_o is already at the last tile's reference max).
                     last = kv_before + num_kv_blocks - 1  # counted over this thread block's life
                     last_stage = last % stages
                     if overlap_epilogue:
@@ -416,7 +492,6 @@ def forward_program(
                         )
                         if needs_mask(0, next_q_start, diagonal_offset, seqlen_k):
                             write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)
-                    rescale_output(acc_o, alpha)
                     T.mbarrier_wait_parity(v_full[last_stage], (last // stages) & 1)
                     T.wgmma_gemm(acc_p, ring_stage(V_shared, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
                     if overlap_epilogue:
