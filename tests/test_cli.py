@@ -61,8 +61,9 @@ def test_tune_searches_both_tables_and_prints_pasteable_entries(monkeypatch, cap
     assert "TUNED_SHORT 32x16x1024x128 float16 causal 64x64/2st/128thr/2persm: " in out
     entries = [line.split("  #")[0].strip().rstrip(",") for line in out.splitlines() if line.startswith("    ('sm_90'")]
     table = eval("{" + ", ".join(entries) + "}", {"TileConfig": TileConfig})  # noqa: S307 - our own printout
-    assert set(table) == {("sm_90", 128, False), ("sm_90", 128, True)}  # short keys repeat (128, True)
-    assert len(entries) == 3
+    assert set(table) == {("sm_90", 128, False), ("sm_90", 128, True)}  # and again for short keys
+    assert len(entries) == 4
+    assert "TUNED_SHORT 32x16x1024x128 float16 128x176/2st/256thr/persistent: " in out
     assert not any(causal and config.persistent for _, causal, config in timed), "causal grids stay per tile"
     assert any(config.blocks_per_sm == 2 for _, causal, config in timed if causal), "two per SM for short causal"
     assert any(config.persistent for _, causal, config in timed if not causal)

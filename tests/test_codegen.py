@@ -20,6 +20,7 @@ SHIPPED_CASES = pytest.mark.parametrize(
         (64, True, "float16", None),
         (64, True, "bfloat16", SHORT_KEYS),
         (128, False, "float16", None),
+        (128, False, "bfloat16", SHORT_KEYS),
         (128, True, "bfloat16", None),
         (128, True, "float16", SHORT_KEYS),
         (256, False, "bfloat16", None),

@@ -235,15 +235,18 @@ def cmd_tune(args) -> int:
     # Two thread blocks per SM: one consumer warpgroup each (two or three would leave each
     # warpgroup too few registers for its accumulators).
     shared_sm = [TileConfig(64, block_n, 2, 128, blocks_per_sm=2) for block_n in (64, 128)]
-    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT (causal, seqlen_k <= SHORT_KEYS)
-    # at 1024. Causal grids run one block per tile: persistent ones measured no faster and
-    # their static tile order balances causal work worse than the hardware (PERF.md).
+
+    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT (seqlen_k <= SHORT_KEYS) at 1024.
+    # Causal grids run one block per tile: persistent ones measured no faster and their static
+    # tile order balances causal work worse than the hardware (PERF.md).
+    def candidates_for(table: str, causal: bool) -> list[TileConfig]:
+        chosen = [config for config in candidates if not (causal and config.persistent)]
+        return chosen + shared_sm if table == "TUNED_SHORT" and causal else chosen
+
     searches = [
-        ("TUNED", Shape(8, 32, 4096, head_dim, causal), [c for c in candidates if not (causal and c.persistent)])
+        (table, Shape(batch, nheads, seqlen, head_dim, causal), candidates_for(table, causal))
+        for table, batch, nheads, seqlen in (("TUNED", 8, 32, 4096), ("TUNED_SHORT", 32, 16, 1024))
         for head_dim, causal in itertools.product(args.head_dim, (False, True))
-    ] + [
-        ("TUNED_SHORT", Shape(32, 16, 1024, head_dim, True), [c for c in candidates if not c.persistent] + shared_sm)
-        for head_dim in args.head_dim
     ]
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     winners = []
@@ -293,9 +296,10 @@ def cmd_info(args) -> int:
         config = select_config(*key)
         source = "tuned" if key in TUNED else "fallback"
         keys = f"> {SHORT_KEYS}" if key in TUNED_SHORT else "any"
-        rows.append([str(head_dim), "causal" if causal else "", keys, str(config), source])
+        mask = "causal" if causal else ""
+        rows.append([str(head_dim), mask, keys, str(config), source])
         if key in TUNED_SHORT:
-            rows.append([str(head_dim), "causal", f"<= {SHORT_KEYS}", str(TUNED_SHORT[key]), "tuned (short)"])
+            rows.append([str(head_dim), mask, f"<= {SHORT_KEYS}", str(TUNED_SHORT[key]), "tuned (short)"])
     headers = ["head_dim", "mask", "seqlen_k", "tile config", "source"]
     _print_table(console, headers, rows, False, title=f"tile configs for {arch}")
     return 0

@@ -1,8 +1,8 @@
 """Tile configurations: which block sizes, pipeline depth and thread count each case runs.
 
 The table is keyed by (GPU architecture, head_dim, causal) and was filled by measurement
-(`fa-kernel tune` regenerates it; PERF.md keeps the numbers behind each entry). Causal
-attention over few keys (seqlen_k <= SHORT_KEYS) has a second table, TUNED_SHORT. The kernel
+(`fa-kernel tune` regenerates it; PERF.md keeps the numbers behind each entry). Attention
+over few keys (seqlen_k <= SHORT_KEYS) has a second table, TUNED_SHORT. The kernel
 is written for Hopper (TMA, wgmma, setmaxnreg), so the tables have sm_90 rows only; a case
 not in them gets the smallest configuration, which is correct and slow.
 """
@@ -80,18 +80,25 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 256, True): TileConfig(128, 64, 2, 256),
 }
 
-# Causal, seqlen_k <= SHORT_KEYS: a work tile visits few K/V tiles (at most 8 of 128 keys at
-# 1024), so what it pays once, its Q load, first softmax, last P.V and O store, weighs more
-# than the loop. Two thread blocks of one consumer warpgroup per SM overlap one block's
-# prologue and epilogue with the other's loop; small tiles also waste less on the diagonal.
-# Measured on the H200, fp16, sixth session (PERF.md), TFLOP/s against the long-sequence entry:
-# d64 causal 283.5 vs 227.8 at B=32 H=16 N=1024 (+24%), 351.0 vs 330.9 at N=2048 (+6%);
-# d128 causal 398.0 vs 347.0 at 1024 (+15%), 448.9 vs 448.6 at 2048. At 4096 two blocks per
-# SM measured slower (fourth session). Non-causal gains nothing from it (PERF.md).
+# seqlen_k <= SHORT_KEYS: a work tile visits few K/V tiles (at most 8 of 128 keys at 1024), so
+# what it pays once, its Q load, first softmax, last P.V and O store, weighs more than the loop.
+# - d64 causal: two thread blocks of one consumer warpgroup per SM overlap one block's prologue
+#   and epilogue with the other's loop; small tiles also waste less on the diagonal. Sixth
+#   session, fp16 TFLOP/s against the long-sequence entry: 283.5 vs 227.8 at B=32 H=16 N=1024
+#   (+24%), 351.0 vs 330.9 at N=2048 (+6%). At 4096 two blocks per SM measured slower (fourth
+#   session). Ninth session (the stale-max softmax), alternated in one process: 270 vs 227-253
+#   for 192x128 / 128x128 per tile at 1024, 339 vs 327 at 2048;
+# - d128 causal: 128x128 one block per tile. With the stale-max softmax it passed the sixth
+#   session's two-per-SM 64x64: 385 vs 373 at 1024, 460 vs 405 at 2048 (128x176: 321, 417);
+# - d128 non-causal: persistent without the overlapped epilogue, which at these lengths measured
+#   slower and erratic (eighth and ninth sessions): 534-535 vs 480-485 at 1024, 573-578 vs 550
+#   at 2048 (the first round of each alternation left out: the first kernel timed after a pause
+#   runs on a cooler GPU).
 SHORT_KEYS = 2048
 TUNED_SHORT: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 64, True): TileConfig(64, 128, 2, 128, blocks_per_sm=2),
-    ("sm_90", 128, True): TileConfig(64, 64, 2, 128, blocks_per_sm=2),
+    ("sm_90", 128, False): TileConfig(128, 176, 2, 256, persistent=True),
+    ("sm_90", 128, True): TileConfig(128, 128, 2, 256),
 }
 
 # One consumer warpgroup, one stage: fits any head_dim up to 256 in a Hopper SM's shared
