@@ -42,13 +42,16 @@ class TileConfig:
 
 
 # sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, one section per
-# session; the bench of 2026-11-30, eighth session): d128 594 TFLOP/s fp16 (1.03x cuDNN),
-# d128 causal 501 (0.97x), d64 467 (1.05x), d64 causal 391 (0.95x).
+# session; the bench of 2026-11-30, ninth session): d128 610 TFLOP/s fp16 (1.07x cuDNN),
+# d128 causal 511 (1.00x), d64 493 (1.10x), d64 causal 409 (1.01x). Ninth session (the
+# stale-max softmax), re-checked in one process: d128 128x176 592 vs 128x128 584 vs 128x192
+# 577; d128 causal per tile 505 vs 519 for 128x128 persistent + overlap at 4096, but 592 vs
+# 565 at 16384; d64 causal per tile 475 vs 421 persistent + overlap at 16384.
 # - d128: 128x176, two consumer warpgroups in ping-pong; block_n 176 (not a power of two:
 #   wgmma's N may be any multiple of 8) takes 1-3% over 128 with fewer loop trips and no
 #   register spills. Eighth session: non-causal overlaps the epilogue with the next work
 #   tile's first Q.K^T, alternated in one process against the same kernel without it:
-#   4096 570-575 vs 548-563, 16384 590-606 vs 573-581, 1024 478-510 vs 497-498 (erratic);
+#   4096 570-575 vs 548-563, 16384 590-606 vs 573-581 (at 1024 slower: TUNED_SHORT);
 #   at d64 the overlap measured 335 vs 379 (1024) and level at 4096, so d64 goes without;
 # - d64: 192x128, three consumer warpgroups: at d64 the softmax's FP32 work, not the GEMMs,
 #   limits, and a third warpgroup gives it more issue slots than the ping-pong does. Taking

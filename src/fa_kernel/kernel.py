@@ -23,9 +23,9 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
 - the consumer warpgroups (`config.threads` threads) issue S_j = Q.K_j^T, then
   O += P_{j-1}.V_{j-1}, and start the softmax of tile j while that P.V GEMM is still on the
   tensor cores (wgmma is asynchronous: `wait_wgmma(1)` waits for S_j only). How much of the
-  softmax runs before `wait_wgmma(0)` is ptxas's choice: at head_dim 128 it moves that wait
-  above the exponentials (to start P's down-cast early), and forcing them under the P.V
-  GEMM measured slower (PERF.md, third session);
+  softmax runs before `wait_wgmma(0)` is ptxas's choice: it moves that wait above all but
+  1-14 of a thread's 64-88 exponentials (the SASS, ninth session), and forcing them under
+  the P.V GEMM measured slower (PERF.md, third session);
 - with two or three consumer warpgroups and `config.take_turns`, they issue their GEMMs in
   a fixed order (ping-pong for two, a ring for three; named barriers), so one warpgroup's
   softmax runs under the others' GEMMs instead of all of them meeting on the exp unit
