@@ -64,6 +64,8 @@ def test_tune_searches_both_tables_and_prints_pasteable_entries(monkeypatch, cap
     assert set(table) == {("sm_90", 128, False), ("sm_90", 128, True)}  # and again for short keys
     assert len(entries) == 4
     assert "TUNED_SHORT 32x16x1024x128 float16 128x176/2st/256thr/persistent: " in out
-    assert not any(causal and config.persistent for _, causal, config in timed), "causal grids stay per tile"
+    long_causal = [line for line in out.splitlines() if line.strip().startswith("TUNED 8x32x4096x128 float16 causal ")]
+    assert long_causal and not any("/persistent" in line for line in long_causal), "long causal grids stay per tile"
+    assert "TUNED_SHORT 32x16x1024x128 float16 causal 128x128/2st/256thr/persistent: " in out
     assert any(config.blocks_per_sm == 2 for _, causal, config in timed if causal), "two per SM for short causal"
     assert any(config.persistent for _, causal, config in timed if not causal)

@@ -237,11 +237,14 @@ def cmd_tune(args) -> int:
     shared_sm = [TileConfig(64, block_n, 2, 128, blocks_per_sm=2) for block_n in (64, 128)]
 
     # (table, shape, candidates): TUNED at 4096; TUNED_SHORT (seqlen_k <= SHORT_KEYS) at 1024.
-    # Causal grids run one block per tile: persistent ones measured no faster and their static
-    # tile order balances causal work worse than the hardware (PERF.md).
+    # Long causal grids run one block per tile: persistent ones measured no faster there and
+    # their static tile order balances causal work worse than the hardware (PERF.md); over few
+    # keys, where each tile's prologue and epilogue weigh most, persistent ones won (tenth
+    # session), and so did two blocks per SM before them.
     def candidates_for(table: str, causal: bool) -> list[TileConfig]:
-        chosen = [config for config in candidates if not (causal and config.persistent)]
-        return chosen + shared_sm if table == "TUNED_SHORT" and causal else chosen
+        if table == "TUNED_SHORT":
+            return candidates + shared_sm if causal else candidates
+        return [config for config in candidates if not (causal and config.persistent)]
 
     searches = [
         (table, Shape(batch, nheads, seqlen, head_dim, causal), candidates_for(table, causal))

@@ -85,23 +85,23 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
 
 # seqlen_k <= SHORT_KEYS: a work tile visits few K/V tiles (at most 8 of 128 keys at 1024), so
 # what it pays once, its Q load, first softmax, last P.V and O store, weighs more than the loop.
-# - d64 causal: two thread blocks of one consumer warpgroup per SM overlap one block's prologue
-#   and epilogue with the other's loop; small tiles also waste less on the diagonal. Sixth
-#   session, fp16 TFLOP/s against the long-sequence entry: 283.5 vs 227.8 at B=32 H=16 N=1024
-#   (+24%), 351.0 vs 330.9 at N=2048 (+6%). At 4096 two blocks per SM measured slower (fourth
-#   session). Ninth session (the stale-max softmax), alternated in one process: 270 vs 227-253
-#   for 192x128 / 128x128 per tile at 1024, 339 vs 327 at 2048;
-# - d128 causal: 128x128 one block per tile. With the stale-max softmax it passed the sixth
-#   session's two-per-SM 64x64: 385 vs 373 at 1024, 460 vs 405 at 2048 (128x176: 321, 417);
+# - causal (d64 and d128): 128x128, persistent without the overlapped epilogue: the next tile's
+#   Q and K/V load under this tile's loop, which the per-tile grid cannot do. Tenth session,
+#   fp16 TFLOP/s alternated in one process (rounds 2-5): d128 406-413 vs 342-345 for 128x128
+#   per tile at 1024, 487-488 vs 437-441 at 2048 (cuDNN 402, 458); d64 290-298 vs 271-284 for
+#   the sixth session's two-per-SM 64x128 at 1024, 341-343 vs 334-339 at 2048 (cuDNN 335, 377;
+#   192x128 persistent 367-371 there, but 246-255 at 1024). Earlier: two blocks per SM of one
+#   consumer warpgroup each (+15-24% over the long entry at 1024, sixth session), and for d128
+#   128x128 per tile (ninth session);
 # - d128 non-causal: persistent without the overlapped epilogue, which at these lengths measured
 #   slower and erratic (eighth and ninth sessions): 534-535 vs 480-485 at 1024, 573-578 vs 550
 #   at 2048 (the first round of each alternation left out: the first kernel timed after a pause
 #   runs on a cooler GPU).
 SHORT_KEYS = 2048
 TUNED_SHORT: dict[tuple[str, int, bool], TileConfig] = {
-    ("sm_90", 64, True): TileConfig(64, 128, 2, 128, blocks_per_sm=2),
+    ("sm_90", 64, True): TileConfig(128, 128, 2, 256, persistent=True),
     ("sm_90", 128, False): TileConfig(128, 176, 2, 256, persistent=True),
-    ("sm_90", 128, True): TileConfig(128, 128, 2, 256),
+    ("sm_90", 128, True): TileConfig(128, 128, 2, 256, persistent=True),
 }
 
 # One consumer warpgroup, one stage: fits any head_dim up to 256 in a Hopper SM's shared

@@ -33,8 +33,8 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
 - the mask is written only into tiles that hold a key some row may not see; every other
   tile's Q.K^T starts from a zeroed accumulator;
 - causal launches the query blocks with the most keys first;
-- with `config.blocks_per_sm = 2` (causal over few keys) registers are budgeted for two
-  resident thread blocks per SM, one consumer warpgroup each;
+- with `config.blocks_per_sm = 2` registers are budgeted for two resident thread blocks per
+  SM, one consumer warpgroup each (it held causal over few keys until the tenth session);
 - with `config.persistent`, one thread block per SM walks the work tiles (query block,
   head, batch) in rounds, snake order, instead of one thread block per tile: the producer
   loads the next tile's Q (once the current tile's last Q.K^T is done) and K/V while the
