@@ -69,3 +69,23 @@ def test_tune_searches_both_tables_and_prints_pasteable_entries(monkeypatch, cap
     assert "TUNED_SHORT 32x16x1024x128 float16 causal 128x128/2st/256thr/persistent: " in out
     assert any(config.blocks_per_sm == 2 for _, causal, config in timed if causal), "two per SM for short causal"
     assert any(config.persistent for _, causal, config in timed if not causal)
+
+
+def test_bench_prints_the_numbers_behind_its_plot(monkeypatch, capsys, tmp_path):
+    import json
+
+    import fa_kernel.cli as cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    monkeypatch.setattr(cli, "measure", lambda shape, repeats: {"fa_kernel": 110.0, "cudnn": 100.0, "flash": 50.0})
+    point = ("1x16x512x64 float16", {"fa_kernel": 90.0, "cudnn": 100.0})
+    monkeypatch.setattr(cli, "_plot", lambda path, dtype, repeats, console: [point])
+    plot = str(tmp_path / "plot.png")
+    assert main(["bench", "--markdown", "--plot", plot]) == 0
+    out = capsys.readouterr().out
+    assert f"the points of {plot}" in out and "| 1x16x512x64 float16 | 90 | 100 | - | 0.90x |" in out
+    assert "| 8x32x4096x128 float16 | 110 | 100 | 50 | 1.10x |" in out
+    assert main(["bench", "--json", "--plot", plot]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["plot"][0]["shape"] == point[0] and record["plot"][0]["ratio_to_cudnn"] == pytest.approx(0.9)

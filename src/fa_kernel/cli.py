@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--repeats", type=int, default=50, help="timed calls per case (median reported)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
-    bench.add_argument("--plot", metavar="FILE.png", help="also plot TFLOP/s against seq_len to this file")
+    bench.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also plot TFLOP/s against seq_len to this file; its points follow as a second table (JSON: 'plot')",
+    )
     bench.set_defaults(run=cmd_bench)
 
     tune = commands.add_parser("tune", help="measure tile configs and print the table for configs.py")
@@ -156,24 +160,35 @@ def cmd_bench(args) -> int:
         (shape.label(), measure(shape, repeats=args.repeats))
         for shape in track(shapes, description="benchmarking", console=console, transient=True)
     ]
+    # The numbers behind the plot are printed too: a figure alone cannot be quoted or compared.
+    plotted = _plot(args.plot, args.dtype[0], args.repeats, console) if args.plot else []
     if args.json:
-        records = [{"shape": label, "tflops": tflops, "ratio_to_cudnn": _ratio(tflops)} for label, tflops in results]
-        print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": records}))
-    else:
-        rows = [
-            [
-                label,
-                *(f"{tflops[name]:.0f}" if name in tflops else "-" for name in ("fa_kernel", "cudnn", "flash")),
-                f"{_ratio(tflops):.2f}x" if "cudnn" in tflops else "-",
-            ]
-            for label, tflops in results
-        ]
-        headers = ["shape BxHxSxD", "fa_kernel", "SDPA cuDNN", "SDPA flash", "vs cuDNN"]
-        title = f"TFLOP/s on {torch.cuda.get_device_name()}, median of {args.repeats}"
-        _print_table(console, headers, rows, args.markdown, title=title)
+        record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": _records(results)}
+        if args.plot:
+            record["plot"] = _records(plotted)
+        print(json.dumps(record))
+        return 0
+    headers = ["shape BxHxSxD", "fa_kernel", "SDPA cuDNN", "SDPA flash", "vs cuDNN"]
+    title = f"TFLOP/s on {torch.cuda.get_device_name()}, median of {args.repeats}"
+    _print_table(console, headers, _rows(results), args.markdown, title=title)
     if args.plot:
-        _plot(args.plot, args.dtype[0], args.repeats, console)
+        _print_table(console, headers, _rows(plotted), args.markdown, title=f"{title}: the points of {args.plot}")
     return 0
+
+
+def _records(results: list[tuple[str, dict[str, float]]]) -> list[dict[str, object]]:
+    return [{"shape": label, "tflops": tflops, "ratio_to_cudnn": _ratio(tflops)} for label, tflops in results]
+
+
+def _rows(results: list[tuple[str, dict[str, float]]]) -> list[list[str]]:
+    return [
+        [
+            label,
+            *(f"{tflops[name]:.0f}" if name in tflops else "-" for name in ("fa_kernel", "cudnn", "flash")),
+            f"{_ratio(tflops):.2f}x" if "cudnn" in tflops else "-",
+        ]
+        for label, tflops in results
+    ]
 
 
 def _ratio(tflops: dict[str, float]) -> float | None:
@@ -181,13 +196,16 @@ def _ratio(tflops: dict[str, float]) -> float | None:
     return tflops["fa_kernel"] / tflops["cudnn"] if "cudnn" in tflops else None
 
 
-def _plot(path: str, dtype: str, repeats: int, console: Console) -> None:
+def _plot(path: str, dtype: str, repeats: int, console: Console) -> list[tuple[str, dict[str, float]]]:
+    """TFLOP/s against seq_len, one panel per (head_dim, causal), drawn to `path`; returns the
+    measurements, labelled like the bench's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     seqlens = [512, 1024, 2048, 4096, 8192, 16384]
+    measured = []
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.5), sharey=True)
     for ax, (head_dim, causal) in zip(axes, itertools.product((64, 128), (False, True)), strict=True):
         series: dict[str, list[float]] = {}
@@ -195,7 +213,8 @@ def _plot(path: str, dtype: str, repeats: int, console: Console) -> None:
             seqlens, description=f"plot d{head_dim}{' causal' if causal else ''}", console=console, transient=True
         ):
             shape = Shape(max(1, 32768 // seqlen), 16, seqlen, head_dim, causal, DTYPES[dtype])
-            for name, value in measure(shape, repeats=repeats).items():
+            measured.append((shape.label(), measure(shape, repeats=repeats)))
+            for name, value in measured[-1][1].items():
                 series.setdefault(name, []).append(value)
         for name, values in series.items():
             ax.plot(seqlens, values, marker="o", label=name)
@@ -212,6 +231,7 @@ def _plot(path: str, dtype: str, repeats: int, console: Console) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     console.print(f"plot written to {path}")
+    return measured
 
 
 def cmd_tune(args) -> int:
