@@ -23,32 +23,34 @@ __global__ void ex2_f32(float* out) {
   float s = 0; for (int v = 0; v < VALS; ++v) s += x[v];
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
-__global__ void ex2_f16x2(float* out) {
-  unsigned x[VALS];
-  for (int v = 0; v < VALS; ++v) { __half2 h = __floats2half2_rn(-0.25f - 0.01f * v, -0.3f); x[v] = *reinterpret_cast<unsigned*>(&h); }
-  __half2 c = __floats2half2_rn(1.5f, 1.5f); unsigned cu = *reinterpret_cast<unsigned*>(&c);
-  for (int it = 0; it < ITER; ++it)
-#pragma unroll
-    for (int v = 0; v < VALS; ++v) {
-      unsigned y;
-      asm volatile("ex2.approx.f16x2 %0, %1;" : "=r"(y) : "r"(x[v]));
-      asm volatile("sub.rn.f16x2 %0, %1, %2;" : "=r"(x[v]) : "r"(y), "r"(cu));
-    }
-  float s = 0; for (int v = 0; v < VALS; ++v) { __half2 h = *reinterpret_cast<__half2*>(&x[v]); s += __low2float(h) + __high2float(h); }
-  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+// The packed forms: the same chains on pairs, one ex2 instruction per pair.
+__device__ unsigned bits(__half2 x) { return *reinterpret_cast<unsigned*>(&x); }
+__device__ unsigned bits(__nv_bfloat162 x) { return *reinterpret_cast<unsigned*>(&x); }
+template <typename Pair> __device__ Pair from_bits(unsigned x) { return *reinterpret_cast<Pair*>(&x); }
+__device__ __half2 packed_ex2(__half2 x) {
+  unsigned y;
+  asm volatile("ex2.approx.f16x2 %0, %1;" : "=r"(y) : "r"(bits(x)));
+  return from_bits<__half2>(y);
 }
-__global__ void ex2_bf16x2(float* out) {
-  unsigned x[VALS];
-  for (int v = 0; v < VALS; ++v) { __nv_bfloat162 h = __floats2bfloat162_rn(-0.25f - 0.01f * v, -0.3f); x[v] = *reinterpret_cast<unsigned*>(&h); }
-  __nv_bfloat162 c = __floats2bfloat162_rn(1.5f, 1.5f); unsigned cu = *reinterpret_cast<unsigned*>(&c);
+__device__ __nv_bfloat162 packed_ex2(__nv_bfloat162 x) {
+  unsigned y;
+  asm volatile("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(y) : "r"(bits(x)));
+  return from_bits<__nv_bfloat162>(y);
+}
+template <typename Pair> __device__ Pair pair(float low, float high);
+template <> __device__ __half2 pair<__half2>(float low, float high) { return __floats2half2_rn(low, high); }
+template <> __device__ __nv_bfloat162 pair<__nv_bfloat162>(float low, float high) {
+  return __floats2bfloat162_rn(low, high);
+}
+template <typename Pair> __global__ void ex2_packed(float* out) {
+  Pair x[VALS];
+  for (int v = 0; v < VALS; ++v) x[v] = pair<Pair>(-0.25f - 0.01f * v, -0.3f);
+  const Pair offset = pair<Pair>(1.5f, 1.5f);
   for (int it = 0; it < ITER; ++it)
 #pragma unroll
-    for (int v = 0; v < VALS; ++v) {
-      unsigned y;
-      asm volatile("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(y) : "r"(x[v]));
-      asm volatile("sub.rn.bf16x2 %0, %1, %2;" : "=r"(x[v]) : "r"(y), "r"(cu));
-    }
-  float s = 0; for (int v = 0; v < VALS; ++v) { __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&x[v]); s += __low2float(h) + __high2float(h); }
+    for (int v = 0; v < VALS; ++v) x[v] = packed_ex2(x[v]) - offset;
+  float s = 0;
+  for (int v = 0; v < VALS; ++v) s += __low2float(x[v]) + __high2float(x[v]);
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 template <typename K> void time(const char* name, K kernel, int per_op, float* out, int sms) {
@@ -68,7 +70,7 @@ int main() {
   int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   float* out; cudaMalloc(&out, sms * 8 * 256 * sizeof(float));
   time("f32", ex2_f32, 1, out, sms);
-  time("f16x2", ex2_f16x2, 2, out, sms);
-  time("bf16x2", ex2_bf16x2, 2, out, sms);
+  time("f16x2", ex2_packed<__half2>, 2, out, sms);
+  time("bf16x2", ex2_packed<__nv_bfloat162>, 2, out, sms);
   printf("%s\n", cudaGetErrorString(cudaGetLastError()));
 }
