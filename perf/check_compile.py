@@ -119,19 +119,13 @@ def _ptxas(src: str) -> dict:
 
 def check(job: tuple) -> dict:
     name, head_dim, causal, dtype, config, save = job
-    import tilelang
 
-    from fa_kernel.kernel import PASS_CONFIGS
-    from perf.variants import build
+    from perf.variants import compile_variant
 
     row = {"variant": name, "head_dim": head_dim, "causal": causal, "dtype": dtype, "config": str(config)}
     t0 = time.time()
     try:
-        kernel = tilelang.compile(
-            build(name, head_dim, causal, dtype, config),
-            target={"kind": "cuda", "arch": "sm_90a"},
-            pass_configs=PASS_CONFIGS,
-        )
+        kernel = compile_variant(name, head_dim, causal, dtype, config, arch="sm_90a")
         src = kernel.get_kernel_source()
     except Exception as exc:  # noqa: BLE001 - report, do not stop
         msg = str(exc).strip().splitlines()

@@ -306,6 +306,11 @@ def build(name: str, head_dim: int, causal: bool, dtype: str, config: TileConfig
 
 
 def compile_variant(name: str, head_dim: int, causal: bool, dtype: str, config: TileConfig, arch: str | None = None):
-    """tilelang.compile of a variant with the shipped pass configs; arch None = this GPU."""
+    """tilelang.compile of a variant with the shipped pass configs (a `file:` copy of kernel.py
+    with its own); arch None = this GPU."""
     target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
-    return tilelang.compile(build(name, head_dim, causal, dtype, config), target=target, pass_configs=PASS_CONFIGS)
+    pass_configs = PASS_CONFIGS
+    if name.startswith(FILE_PREFIX):
+        module = _kernel_module_from_file(str(Path(name[len(FILE_PREFIX) :]).resolve()))
+        pass_configs = getattr(module, "PASS_CONFIGS", PASS_CONFIGS)
+    return tilelang.compile(build(name, head_dim, causal, dtype, config), target=target, pass_configs=pass_configs)

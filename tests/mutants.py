@@ -195,8 +195,8 @@ KERNEL_MUTANTS = [
         # The producer loads the next work tile's V over O before O has left the V ring.
         "v_loaded_over_unsent_output",
         "kernel.py",
-        "if kv_block == 0:",
-        "if kv_block < 0:",
+        "if not o_buffer and kv_block == 0:",
+        "if not o_buffer and kv_block < 0:",
         first=PERSISTENT,
     ),
     Mutant(
@@ -206,6 +206,13 @@ KERNEL_MUTANTS = [
         "write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)",
         "write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)",
         first=PERSISTENT,
+    ),
+    Mutant(
+        # With O in a buffer of its own, every warpgroup stores the first warpgroup's rows.
+        "output_rows_of_the_first_warpgroup_only",
+        "kernel.py",
+        "first_row = thread // 128 * rows_per_warpgroup",
+        "first_row = 0",
     ),
     Mutant(
         # O's TMA store covers the first 64 columns only (head_dim 128 and 256 lose the rest).

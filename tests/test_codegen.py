@@ -8,7 +8,7 @@ import re
 import pytest
 
 from fa_kernel.configs import SHORT_KEYS, TileConfig, select_config
-from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward
+from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward, own_output_buffer
 
 pytestmark = pytest.mark.compile
 
@@ -52,46 +52,76 @@ def test_compiles_for_sm90a_with_hopper_instructions(head_dim, causal, dtype, se
 
 
 def test_a_config_whose_output_tile_outgrows_the_v_ring_is_refused():
-    # O is staged in the V ring (num_stages * block_n rows) on its way out.
+    # Where O has no room of its own (head_dim 256: Q and O alone take 192 KB), it is staged in
+    # the V ring (num_stages * block_n rows) on its way out.
+    config = TileConfig(192, 64, 1, 384)
+    assert not own_output_buffer(256, config)
     with pytest.raises(ValueError, match=r"output tile \(192 rows\).*num_stages \* block_n = 64 rows"):
-        compiled_forward(head_dim=64, causal=False, dtype="float16", config=TileConfig(192, 64, 1, 384), arch="sm_90a")
+        compiled_forward(head_dim=256, causal=False, dtype="float16", config=config, arch="sm_90a")
 
 
-def output_staging_gaps(source: str, consumers: int) -> list[str]:
-    """What the generated CUDA lacks for O's trip through the V ring, [] if nothing.
+def in_order(text: str, *patterns: str) -> bool:
+    """Whether the patterns occur in `text` one after another."""
+    position = 0
+    for pattern in patterns:
+        found = re.compile(pattern).search(text, position)
+        if not found:
+            return False
+        position = found.end()
+    return True
 
-    O is written into V's ring (kernel.py) while the other consumer warpgroups' last P.V may
-    still be reading that buffer, by wgmma, which compute-sanitizer's racecheck does not
-    see; and the store to global memory reads what every consumer thread wrote. TileLang
-    inserts the syncs for both (a mutant cannot remove them), so only the code can show them.
+
+def output_store_gaps(source: str, own_buffer: bool, consumers: int) -> list[str]:
+    """What the generated CUDA lacks for O's way out through shared memory, [] if nothing.
+
+    These order the threads' writes against readers the threads cannot see: wgmma (the other
+    warpgroups' last P.V reads the V ring) and TMA (the store reads the staged tile; the next
+    V lands in the ring). compute-sanitizer's racecheck sees neither, and a missing sync there
+    fails only on some runs, so the code is checked. With its own buffer each warpgroup syncs
+    its own 128 threads; in the V ring every consumer meets.
     """
     epilogue = source[source.rindex("v_empty[") :]  # after the tile's last P.V released its stage
-    every_consumer = re.compile(rf"__sync_thread_partial\(\d+, {consumers}\)|__syncthreads\(\)")
-    write = re.search(r"\(\((?:half_t|bfloat16_t)\*\)[OV]_shared\)", epilogue)
-    store = re.search(r"tl::tma_store\(Output_desc|\(Output \+", epilogue)
-    released = epilogue.find("o_stored[0].arrive()")
-    if not (write and store and released > store.end()):
-        return ["O's write into the V ring, its store to Output or o_stored's arrive not found"]
+    staging = "O_shared" if own_buffer else "V_shared"
+    write = re.search(rf"\(\((?:half_t|bfloat16_t)\*\){staging}\)", epilogue)  # (the first use is the write)
+    store = re.search(rf"tl::tma_store\(Output_desc, \(&\(\(\((?:half_t|bfloat16_t)\*\){staging}\)", epilogue)
+    if not (write and store and write.end() < store.start()):
+        return [f"O's write into {staging} and its TMA store to Output, in that order, not found"]
+    before, between, after = epilogue[: write.start()], epilogue[write.end() : store.start()], epilogue[store.end() :]
+    wait, fence = r"tma_store_wait<0", r"fence_proxy_async\(\)"
     gaps = []
-    if not every_consumer.search(epilogue, 0, write.start()):
-        gaps.append("no sync of every consumer between the last P.V and O's write into the V ring")
-    if not every_consumer.search(epilogue, write.end(), store.start()):
-        gaps.append("no sync of every consumer between O's write and its store to Output")
-    if "fence_proxy_async" not in epilogue[store.end() : released]:
-        gaps.append("no proxy fence between O's store and the arrive that lets the next V land by TMA")
+    if own_buffer:
+        sync = r"__sync_thread_partial\(\(\(\(\(int\)threadIdx\.x\) >> 7\) \+ 7\), 128\)"
+        if not in_order(before, wait, sync):
+            gaps.append("no wait for the warpgroup's last store, then a warpgroup sync, before O's write")
+        if not in_order(between, fence, sync):
+            gaps.append("no proxy fence, then a warpgroup sync, between O's write and its store")
+        if not in_order(after, wait):
+            gaps.append("no wait for the last stores before the thread block exits")
+    else:
+        sync = rf"__sync_thread_partial\(7, {consumers}\)"
+        if not in_order(before, sync):
+            gaps.append("no sync of every consumer before O's write into the V ring")
+        if not in_order(between, fence, sync):
+            gaps.append("no proxy fence, then a sync of every consumer, between O's write and its store")
+        if not in_order(after, wait, fence, r"o_stored\[0\]\.arrive\(\)"):
+            gaps.append("no wait for the store, then a proxy fence, before o_stored lets the next V land")
     return gaps
 
 
 @SHIPPED_CASES
-def test_output_staged_in_the_v_ring_waits_for_every_consumer(head_dim, causal, dtype, seqlen_k):
+def test_output_leaves_shared_memory_only_once_written_and_read(head_dim, causal, dtype, seqlen_k):
     config, source = shipped_source(head_dim, causal, dtype, seqlen_k)
-    assert output_staging_gaps(source, config.threads) == []
-    # The check can fail: without the sync before O's write (the first in the epilogue), it says so.
+    own_buffer = own_output_buffer(head_dim, config)
+    assert own_buffer == ("O_shared" in source)
+    assert output_store_gaps(source, own_buffer, config.threads) == []
+    # The check can fail: without the epilogue's first sync, it says so.
     epilogue_start = source.rindex("v_empty[")
-    sync = re.compile(rf"[^\n]*(__sync_thread_partial\(\d+, {config.threads}\)|__syncthreads\(\));\n")
-    unsynced = source[:epilogue_start] + sync.sub("", source[epilogue_start:], count=1)
-    assert output_staging_gaps(unsynced, config.threads)[:1] == [
-        "no sync of every consumer between the last P.V and O's write into the V ring"
+    first_sync = re.compile(r"[^\n]*__sync_thread_partial\([^;]*, (?:128|256|384)\);\n")
+    unsynced = source[:epilogue_start] + first_sync.sub("", source[epilogue_start:], count=1)
+    assert output_store_gaps(unsynced, own_buffer, config.threads) == [
+        "no wait for the warpgroup's last store, then a warpgroup sync, before O's write"
+        if own_buffer
+        else "no sync of every consumer before O's write into the V ring"
     ]
 
 

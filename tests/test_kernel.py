@@ -109,8 +109,9 @@ def test_every_consumer_schedule(head_dim, config, causal):
         (64, TileConfig(192, 128, 2, 384, take_turns=False, persistent=True)),
         (128, TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True)),
         (64, TileConfig(192, 128, 2, 384, persistent=True, overlap_epilogue=True)),
+        (128, TileConfig(128, 128, 2, 256, persistent=True)),
     ],
-    ids=["2-warpgroups-pingpong", "3-warpgroups-ring", "3-free", "2-pingpong-overlap", "3-ring-overlap"],
+    ids=["2-pingpong", "3-ring", "3-free", "2-pingpong-overlap", "3-ring-overlap", "2-own-output"],
 )
 def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # A grid of 5 thread blocks over 1..24 work tiles: each block carries its K/V ring,
@@ -119,7 +120,9 @@ def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # takes its place in the odd rounds from the other end (snake order), and the tiles do not
     # divide evenly over 5 blocks (a last, partial round). With overlap_epilogue the next
     # tile's first Q.K^T, and its mask (causal: another q_start), are issued under this
-    # tile's epilogue.
+    # tile's epilogue. O leaves through the V ring (128x176 at d128, the overlapped epilogue) or
+    # a buffer of its own, from which each warpgroup stores its rows without waiting for the
+    # others (kernel.own_output_buffer), so one may start the next tile while another finishes.
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)
     assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of 5")
 

@@ -39,10 +39,14 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   head, batch) in rounds, snake order, instead of one thread block per tile: the producer
   loads the next tile's Q (once the current tile's last Q.K^T is done) and K/V while the
   consumers finish the current one, and the ring of K/V stages, its mbarrier phases and the
-  turn order carry over from tile to tile. O is staged in the V ring rather than in Q's
-  buffer, so the next tile's Q need not wait for O's store; with `config.overlap_epilogue`
-  the next tile's first Q.K^T is issued before this tile's epilogue, which runs under it
-  (FlashAttention-3's inter-tile overlap).
+  turn order carry over from tile to tile. With `config.overlap_epilogue` the next tile's
+  first Q.K^T is issued before this tile's epilogue, which runs under it (FlashAttention-3's
+  inter-tile overlap);
+- O leaves by TMA store from shared memory, never from Q's buffer (the next tile's Q need
+  not wait for it): from a buffer of its own where one fits (`own_output_buffer`), each
+  consumer warpgroup storing its own rows with syncs of its own, so no warpgroup waits for
+  another at the end of a work tile; else from the V ring, once every consumer's last P.V
+  has read it.
 
 Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
 softmax scale is a runtime argument: one compiled kernel serves every shape with the same
@@ -68,6 +72,11 @@ PASS_CONFIGS = {
     # exp2 goes to the MUFU unit's ex2.approx; its relative error (2^-22) is far below the
     # fp16/bf16 rounding of P, the only down-cast in the algorithm.
     tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+    # The kernel places its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer
+    # warpgroup wait for the others at the end of each work tile, where only the V ring needs it.
+    # The mbarriers order everything else; TileLang inserted no other sync (the generated
+    # code of every config the tests build was compared with and without this key).
+    tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
 }
 
 PRODUCER_THREADS = 128  # one warpgroup; it needs few registers, the consumers get the rest
@@ -98,6 +107,13 @@ __device__ __forceinline__ int warpgroup_any(int barrier_id, int predicate) {
   return result;
 }
 """
+# Named barriers for O's way out: with a buffer of its own, consumer warpgroup w syncs on
+# OUTPUT_BARRIERS[w]; staged in the V ring, every consumer thread on OUTPUT_BARRIERS[0].
+OUTPUT_BARRIERS = (7, 8, 9)
+# Shared memory one thread block of an H100/H200 may use (227 KB), and what an SM has (228 KB,
+# 1 KB of it reserved per resident block): O gets a buffer of its own where it fits.
+BLOCK_SHARED_BYTES = 232448
+SM_SHARED_BYTES = 233472
 # Streaming multiprocessors of an H100/H200 SXM: the persistent grid's size when compiling
 # without a GPU (`fa_kernel.interface` passes the device's own count).
 H100_SM_COUNT = 132
@@ -111,6 +127,17 @@ def consumer_registers(consumer_threads: int, blocks_per_sm: int = 1) -> int:
     per_thread = min(255, 65536 // blocks_per_sm // total_threads) // 8 * 8
     warpgroups = consumer_threads // 128
     return min(240, (per_thread * (warpgroups + 1) - PRODUCER_REGISTERS) // warpgroups // 8 * 8)
+
+
+def own_output_buffer(head_dim: int, config: TileConfig) -> bool:
+    """Whether O leaves through a shared buffer of its own, each consumer warpgroup storing its
+    rows as soon as it is done; otherwise O is staged in the V ring, once every consumer's last
+    P.V has read it. Its own where Q, the K/V rings and O fit the shared memory of
+    `config.blocks_per_sm` blocks, unless the epilogue is overlapped (measured slower with its
+    own buffer, PERF.md, eleventh session)."""
+    block_bytes = (2 * config.block_m + 2 * config.num_stages * config.block_n) * head_dim * 2  # fp16/bf16
+    fits = block_bytes <= BLOCK_SHARED_BYTES and config.blocks_per_sm * (block_bytes + 1024) <= SM_SHARED_BYTES
+    return fits and not config.overlap_epilogue
 
 
 def forward_program(
@@ -131,7 +158,8 @@ def forward_program(
     consumers = config.threads
     if consumers % 128 or not 128 <= consumers <= 384:
         raise ValueError(f"config.threads: expected 128, 256 or 384 consumer threads, got {consumers}")
-    if block_m > stages * block_n:
+    o_buffer = own_output_buffer(head_dim, config)
+    if not o_buffer and block_m > stages * block_n:
         raise ValueError(
             f"config: the output tile ({block_m} rows) is staged in the V ring, which holds "
             f"num_stages * block_n = {stages * block_n} rows"
@@ -140,6 +168,7 @@ def forward_program(
         raise ValueError("config.overlap_epilogue: needs persistent=True (the next work tile of a thread block)")
     overlap_epilogue = config.overlap_epilogue
     warpgroups = consumers // 128
+    rows_per_warpgroup = block_m // warpgroups  # GemmWarpPolicy.FullRow: warpgroup w owns rows w * this..
     take_turns = config.take_turns and warpgroups > 1
     dtype = DTYPES[dtype]
     accum = T.float32
@@ -230,6 +259,17 @@ def forward_program(
             )
         T.mbarrier_arrive(full[stage])
 
+    @T.macro
+    def store_output(O_tile, Output, b, head, q_start, first_row, rows, storing_threads):
+        """TMA-store rows first_row.. of the staged output tile, a panel at a time, from one
+        thread of the `storing_threads` that wrote them (no wait: T.tma_store_wait)."""
+        for panel in T.unroll(head_dim // TMA_PANEL):
+            T.tma_copy(
+                O_tile[first_row : first_row + rows, panel_columns(panel)],
+                Output[b, q_start + first_row : q_start + first_row + rows, head, panel_columns(panel)],
+                leader_scope_threads=storing_threads,
+            )
+
     def normalised(acc_o, row_sum, i, d):
         """O[i, d] after the one normalisation; a row that saw no key (causal, Sq > Sk) is 0."""
         return T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
@@ -301,10 +341,13 @@ def forward_program(
             # Rings of `stages` K and V tiles, stacked by rows (ring_stage).
             K_shared = T.alloc_shared([stages * block_n, head_dim], dtype)
             V_shared = T.alloc_shared([stages * block_n, head_dim], dtype)
-            # The output tile is staged in the V ring's first block_m rows (FlashAttention-3 does
-            # the same): Q's buffer already holds the next work tile's Q by then, and at
-            # head_dim 128 the 128x176 tiles leave no room for a buffer of its own. The producer
-            # loads no V of the next work tile until O has left (o_stored).
+            # The output tile leaves through a buffer of its own where shared memory has room
+            # (own_output_buffer), else through the V ring's first block_m rows (FlashAttention-3
+            # does the same; at head_dim 128 the 128x176 tiles leave no room): Q's buffer already
+            # holds the next work tile's Q by then. The producer then loads no V of the next work
+            # tile until O has left (o_stored).
+            if o_buffer:
+                O_shared = T.alloc_shared([block_m, head_dim], dtype)
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
@@ -365,7 +408,7 @@ def forward_program(
                         phase = ((kv_before + kv_block) // stages) & 1
                         kv_start = kv_block * block_n
                         load_tile(K, b, kv_start, kv_head, K_shared, k_empty, k_full, stage, phase)
-                        if kv_block == 0:
+                        if not o_buffer and kv_block == 0:
                             T.mbarrier_wait_parity(o_stored, (tile_round & 1) ^ 1)  # last tile's O
                         load_tile(V, b, kv_start, kv_head, V_shared, v_empty, v_full, stage, phase)
                     kv_before = kv_before + num_kv_blocks
@@ -519,8 +562,11 @@ def forward_program(
                     T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
                     T.mbarrier_arrive(v_empty[last_stage])
 
-                    # One normalisation after the loop.
-                    if not overlap_epilogue:
+                    # One normalisation after the loop: on O's way into shared memory, except for
+                    # the V ring without the overlapped epilogue, where it runs in place before the
+                    # sync (while the other warpgroups finish). Under the overlapped epilogue S_0 is
+                    # in flight, and nothing but wgmma may write an accumulator.
+                    if not (overlap_epilogue or o_buffer):
                         for i, d in T.Parallel(block_m, head_dim):
                             acc_o[i, d] = normalised(acc_o, row_sum, i, d)
                     for i in T.Parallel(block_m):
@@ -528,22 +574,34 @@ def forward_program(
                             LSE[b, head, q_start + i] = T.if_then_else(
                                 row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
                             )
-                    # O goes into the V ring's first rows. TileLang syncs the consumer warpgroups
-                    # before this write (the others' last P.V reads the ring) and before the store.
-                    if overlap_epilogue:
-                        # Normalised on its way (S_0 is in flight: acc_o may not be written).
+                    # The TMA store reads by the async proxy what the threads wrote by the generic
+                    # one: each thread fences its writes before the sync that lets the store go.
+                    if o_buffer:
+                        # Each warpgroup writes and stores its own rows, so none waits for another at
+                        # a tile's end; it waits only for its own last store to have read the buffer.
+                        first_row = thread // 128 * rows_per_warpgroup
+                        T.tma_store_wait(0)
+                        T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
                         for i, d in T.Parallel(block_m, head_dim):
-                            V_shared[i, d] = normalised(acc_o, row_sum, i, d)
+                            O_shared[i, d] = normalised(acc_o, row_sum, i, d)
+                        T.fence_proxy_async()
+                        T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
+                        store_output(O_shared, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
                     else:
-                        T.copy(acc_o, V_shared[0:block_m, :])
-                    for panel in T.unroll(head_dim // TMA_PANEL):  # one TMA store per panel, as the loads
-                        T.copy(
-                            V_shared[0:block_m, panel_columns(panel)],
-                            Output[b, q_start : q_start + block_m, head, panel_columns(panel)],
-                        )
-                    # The next V lands by TMA (the async proxy) where O was written and read.
-                    T.fence_proxy_async()
-                    T.mbarrier_arrive(o_stored)
+                        # In the V ring: the other warpgroups' last P.V may still be reading it.
+                        T.sync_threads(OUTPUT_BARRIERS[0], consumers)
+                        if overlap_epilogue:
+                            for i, d in T.Parallel(block_m, head_dim):
+                                V_shared[i, d] = normalised(acc_o, row_sum, i, d)
+                        else:
+                            T.copy(acc_o, V_shared[0:block_m, :])
+                        T.fence_proxy_async()
+                        T.sync_threads(OUTPUT_BARRIERS[0], consumers)
+                        store_output(V_shared, Output, b, head, q_start, 0, block_m, consumers)
+                        T.tma_store_wait(0)
+                        # The next V lands by TMA (the async proxy) where O was written and read.
+                        T.fence_proxy_async()
+                        T.mbarrier_arrive(o_stored)
                     kv_before = kv_before + num_kv_blocks
                     if overlap_epilogue:
                         b, head, kv_head, q_start, num_kv_blocks = (
@@ -555,6 +613,8 @@ def forward_program(
                         )
                 if overlap_epilogue:
                     T.wait_wgmma(0)  # the last round's S_0, dropped
+                if o_buffer:
+                    T.tma_store_wait(0)  # the last O stores read shared memory before the block exits
 
     return flash_attention_forward
 
