@@ -218,8 +218,8 @@ KERNEL_MUTANTS = [
         # O's TMA store covers the first 64 columns only (head_dim 128 and 256 lose the rest).
         "output_stored_in_one_panel",
         "kernel.py",
-        "for panel in T.unroll(head_dim // TMA_PANEL):  # one TMA store",
-        "for panel in T.unroll(1):  # one TMA store",
+        "        for panel in T.unroll(head_dim // TMA_PANEL):\n            T.tma_copy(\n                O_tile",
+        "        for panel in T.unroll(1):\n            T.tma_copy(\n                O_tile",
     ),
     Mutant(
         "normalise_inside_loop",
@@ -323,6 +323,20 @@ PYTEST_ARGS = {
 }
 
 
+def mutated_source(mutant: Mutant) -> str:
+    """The mutant's file with its patches applied; ValueError if a patch text is not found
+    exactly once (the list has fallen out of step with the source)."""
+    text = (ROOT / "src" / "fa_kernel" / mutant.file).read_text()
+    # A text that starts with indentation must start a line (inside a deeper-indented line its
+    # replacement would break the nesting, and the mutant would die of a syntax error).
+    for old, new in ((mutant.old, mutant.new), *mutant.more):
+        old, new = ("\n" + old, "\n" + new) if old.startswith(" ") else (old, new)
+        if text.count(old) != 1:
+            raise ValueError(f"patch text found {text.count(old)} times in {mutant.file}, not once")
+        text = text.replace(old, new)
+    return text
+
+
 def run_mutant(
     mutant: Mutant, target: str, workdir: Path, select: list[str] | None = None, timeout: float | None = None
 ) -> tuple[str, str, float]:
@@ -331,18 +345,13 @@ def run_mutant(
     past `timeout` seconds in all is stopped: a mutant that hangs the kernel is reported, not
     waited for."""
     start = time.perf_counter()
+    try:
+        text = mutated_source(mutant)
+    except ValueError as error:
+        return "ERROR", str(error), 0.0
     tree = workdir / mutant.name
     shutil.copytree(ROOT / "src", tree / "src")
-    path = tree / "src" / "fa_kernel" / mutant.file
-    text = path.read_text()
-    # A text that starts with indentation must start a line (inside a deeper-indented line its
-    # replacement would break the nesting, and the mutant would die of a syntax error).
-    for old, new in ((mutant.old, mutant.new), *mutant.more):
-        old, new = ("\n" + old, "\n" + new) if old.startswith(" ") else (old, new)
-        if text.count(old) != 1:
-            return "ERROR", f"patch text found {text.count(old)} times in {mutant.file}, not once", 0.0
-        text = text.replace(old, new)
-    path.write_text(text)
+    (tree / "src" / "fa_kernel" / mutant.file).write_text(text)
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
