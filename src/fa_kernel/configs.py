@@ -72,6 +72,11 @@ class TileConfig:
 #   the new Q/O hand-over 552-577 vs 567-589 before at 4096 (-2%), 557-560 vs 541 at 1024
 #   (+3.5%); causal persistent against per tile, alternated in one process: level at 4096,
 #   -3% (d128) and -1.5% (d64) at 8192, so causal stays per tile;
+# - eleventh session, O in a buffer of its own (kernel.own_output_buffer) for every entry but the
+#   d128 128x176 ones: d64 causal per tile 455-459 vs persistent 430-446 at 8192, 476-481 vs
+#   421-425 at 16384 (per tile stays); d128 causal per-tile 128x176 vs persistent 128x128 level at
+#   8192, 573-593 vs 547-566 at 16384, 476-501 vs 496-535 at 4096 (SHORT_KEYS is one for all
+#   entries, so 4096 stays with the long entry);
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
