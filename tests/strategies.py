@@ -14,21 +14,21 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from fa_kernel.configs import FALLBACK, SHORT_KEYS, TUNED, TUNED_SHORT
+from fa_kernel.configs import FALLBACK, SHORT_KEYS, SHORT_KEYS_REACH, TUNED, TUNED_SHORT
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Lengths around one and two multiples of every block size the kernel runs with (64, 128,
 # 176, 192), primes, 1, and the flash-attn test pairs exercise partial tiles, the tiles that
-# need a mask and those that do not, the causal diagonal and the loop bounds; SHORT_KEYS +-1
-# the switch between the causal tables.
+# need a mask and those that do not, the causal diagonal and the loop bounds; SHORT_KEYS and
+# every entry's own reach (SHORT_KEYS_REACH) +-1 the switch between the tables.
 CONFIGS = (*TUNED.values(), *TUNED_SHORT.values(), FALLBACK)
 BLOCK_SIZES = sorted({size for config in CONFIGS for size in (config.block_m, config.block_n)})
 EDGE_LENGTHS = tuple(
     sorted(
         {1, 2, 3, 17, 113, 203, 217, 239, 509, 799, 1021, 1023, 1024, 1025}
         | {multiple * size + step for size in BLOCK_SIZES for multiple in (1, 2) for step in (-1, 0, 1)}
-        | {SHORT_KEYS + step for step in (-1, 0, 1)}
+        | {reach + step for reach in (SHORT_KEYS, *SHORT_KEYS_REACH.values()) for step in (-1, 0, 1)}
     )
 )
 FLASH_ATTN_PAIRS = ((113, 203), (128, 217), (1, 239), (799, 3), (1023, 1024), (1024, 1023), (3, 799), (108, 256))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import FALLBACK, SHORT_KEYS, TileConfig
+from fa_kernel.configs import FALLBACK, TileConfig, short_keys
 from fa_kernel.kernel import LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
 from strategies import Case
@@ -130,14 +130,16 @@ def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("seqlen", [1000, 3000], ids=["short_table", "long_table"])
-def test_scores_that_jump_between_key_tiles(seqlen, head_dim, causal, dtype):
+@pytest.mark.parametrize("table", ["short_table", "long_table"])
+def test_scores_that_jump_between_key_tiles(table, head_dim, causal, dtype):
     # A tile's exponentials start from the max before it. The tiles that hold a jump must
     # recompute S against their own max and rescale acc_o; the ones after them may keep the new
     # max (strategies.JUMP_LOG2): both paths, in one row, one after the other. Both config
-    # tables (configs.SHORT_KEYS): their schedules differ (persistent, the overlapped epilogue,
+    # tables (configs.short_keys): their schedules differ (persistent, the overlapped epilogue,
     # the ring of three warpgroups).
-    assert (seqlen <= SHORT_KEYS) == (seqlen == 1000)
+    reach = short_keys("sm_90", head_dim, causal)
+    seqlen = 1000 if table == "short_table" else reach + 952  # 3000 past SHORT_KEYS
+    assert (seqlen <= reach) == (table == "short_table")
     case = Case(2, seqlen, seqlen, 4, 2, head_dim, dtype, causal, None, "jumping_scores", seed=head_dim)
     assert_matches_reference(*case.inputs("cuda"), causal)
 

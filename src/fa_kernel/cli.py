@@ -23,7 +23,7 @@ from rich.table import Table
 
 from fa_kernel import __version__
 from fa_kernel.bench import Shape, cuda_median_ms, measure
-from fa_kernel.configs import SHORT_KEYS, TUNED, TUNED_SHORT, TileConfig, arch_of, select_config
+from fa_kernel.configs import SHORT_KEYS, TUNED, TUNED_SHORT, TileConfig, arch_of, select_config, short_keys
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
 from fa_kernel.kernel import LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
@@ -256,7 +256,7 @@ def cmd_tune(args) -> int:
     # warpgroup too few registers for its accumulators).
     shared_sm = [TileConfig(64, block_n, 2, 128, blocks_per_sm=2) for block_n in (64, 128)]
 
-    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT (seqlen_k <= SHORT_KEYS) at 1024.
+    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT (seqlen_k <= configs.short_keys) at 1024.
     # Long causal grids run one block per tile: persistent ones measured no faster there and
     # their static tile order balances causal work worse than the hardware (PERF.md); over few
     # keys, where each tile's prologue and epilogue weigh most, persistent ones won (tenth
@@ -318,11 +318,11 @@ def cmd_info(args) -> int:
         key = (arch, head_dim, causal)
         config = select_config(*key)
         source = "tuned" if key in TUNED else "fallback"
-        keys = f"> {SHORT_KEYS}" if key in TUNED_SHORT else "any"
+        keys = f"> {short_keys(*key)}" if key in TUNED_SHORT else "any"
         mask = "causal" if causal else ""
         rows.append([str(head_dim), mask, keys, str(config), source])
         if key in TUNED_SHORT:
-            rows.append([str(head_dim), mask, f"<= {SHORT_KEYS}", str(TUNED_SHORT[key]), "tuned (short)"])
+            rows.append([str(head_dim), mask, f"<= {short_keys(*key)}", str(TUNED_SHORT[key]), "tuned (short)"])
     headers = ["head_dim", "mask", "seqlen_k", "tile config", "source"]
     _print_table(console, headers, rows, False, title=f"tile configs for {arch}")
     return 0

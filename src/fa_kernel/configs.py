@@ -2,7 +2,8 @@
 
 The table is keyed by (GPU architecture, head_dim, causal) and was filled by measurement
 (`fa-kernel tune` regenerates it; PERF.md keeps the numbers behind each entry). Attention
-over few keys (seqlen_k <= SHORT_KEYS) has a second table, TUNED_SHORT. The kernel
+over few keys (seqlen_k <= short_keys(...), SHORT_KEYS unless an entry reaches further) has a
+second table, TUNED_SHORT. The kernel
 is written for Hopper (TMA, wgmma, setmaxnreg), so the tables have sm_90 rows only; a case
 not in them gets the smallest configuration, which is correct and slow.
 """
@@ -107,6 +108,10 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
 # Every short entry is 128x128 and leaves O a buffer of its own, so no warpgroup waits for
 # another at the end of a work tile (eleventh session: +4-8% at 1024-2048 over the V ring).
 SHORT_KEYS = 2048
+# Short entries that win further out. d128 causal: persistent 128x128 against the long entry's
+# per-tile 128x176 at 4096 keys, 495-535 vs 476-501 (medians 518 vs 501; tenth session 526 vs
+# 505), level at 8192, behind at 16384 (547-566 vs 573-593), eleventh session.
+SHORT_KEYS_REACH: dict[tuple[str, int, bool], int] = {("sm_90", 128, True): 4096}
 TUNED_SHORT: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 64, True): TileConfig(128, 128, 2, 256, persistent=True),
     ("sm_90", 128, False): TileConfig(128, 128, 2, 256, persistent=True),
@@ -124,10 +129,15 @@ def arch_of(compute_capability: tuple[int, int]) -> str:
     return f"sm_{major}{minor}"
 
 
+def short_keys(arch: str, head_dim: int, causal: bool) -> int:
+    """The most keys this case's TUNED_SHORT entry serves."""
+    return SHORT_KEYS_REACH.get((arch, head_dim, causal), SHORT_KEYS)
+
+
 def select_config(arch: str, head_dim: int, causal: bool, seqlen_k: int | None = None) -> TileConfig:
     """The measured configuration for this case, or the fallback. seqlen_k None: the
     long-sequence entry."""
     key = (arch, head_dim, causal)
-    if seqlen_k is not None and seqlen_k <= SHORT_KEYS and key in TUNED_SHORT:
+    if seqlen_k is not None and seqlen_k <= short_keys(*key) and key in TUNED_SHORT:
         return TUNED_SHORT[key]
     return TUNED.get(key, FALLBACK)
