@@ -23,12 +23,14 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # need a mask and those that do not, the causal diagonal and the loop bounds; SHORT_KEYS and
 # every entry's own reach (SHORT_KEYS_REACH) +-1 the switch between the tables.
 CONFIGS = (*TUNED.values(), *TUNED_SHORT.values(), FALLBACK)
+# How far the short-sequence table reaches: SHORT_KEYS, and the entries that reach further.
+REACHES = (SHORT_KEYS, *SHORT_KEYS_REACH.values())
 BLOCK_SIZES = sorted({size for config in CONFIGS for size in (config.block_m, config.block_n)})
 EDGE_LENGTHS = tuple(
     sorted(
         {1, 2, 3, 17, 113, 203, 217, 239, 509, 799, 1021, 1023, 1024, 1025}
         | {multiple * size + step for size in BLOCK_SIZES for multiple in (1, 2) for step in (-1, 0, 1)}
-        | {reach + step for reach in (SHORT_KEYS, *SHORT_KEYS_REACH.values()) for step in (-1, 0, 1)}
+        | {reach + step for reach in REACHES for step in (-1, 0, 1)}
     )
 )
 FLASH_ATTN_PAIRS = ((113, 203), (128, 217), (1, 239), (799, 3), (1023, 1024), (1024, 1023), (3, 799), (108, 256))

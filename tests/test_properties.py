@@ -9,10 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import SHORT_KEYS, SHORT_KEYS_REACH
 from fa_kernel.emulator import attention_tiled
 from properties import PROPERTIES
-from strategies import Case, cases
+from strategies import REACHES, Case, cases
 
 
 def emulator(q, k, v, softmax_scale, causal):
@@ -26,7 +25,7 @@ def kernel(q, k, v, softmax_scale, causal):
 # (attend, device, strategy): the emulator runs smaller problems, since it is plain torch on a
 # CPU. The kernel's lengths reach twice the furthest short entry's reach, so that cases draw
 # both of their tile configs (the short-sequence one up to its reach, the long one past it).
-LONGEST = 2 * max(SHORT_KEYS, *SHORT_KEYS_REACH.values())
+LONGEST = 2 * max(REACHES)
 TARGETS = {
     "emulator": (emulator, "cpu", cases(head_dims=(64, 128), max_len=600, max_score_elements=400_000)),
     "kernel": (kernel, "cuda", cases(head_dims=(64, 128, 256), max_len=LONGEST, max_score_elements=40_000_000)),
