@@ -43,6 +43,7 @@ class Mutant:
 
 JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
 PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
+WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 
 
 KERNEL_MUTANTS = [
@@ -168,6 +169,23 @@ KERNEL_MUTANTS = [
         "last_visible = q_start + diagonal_offset",
     ),
     Mutant(
+        # Every warpgroup stops a K/V tile short of its rows' last (the block's last tile, too).
+        "warpgroup_kv_blocks_one_short",
+        "kernel.py",
+        "return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)",
+        "return T.if_then_else(first_row < seqlen_q, T.max(1, visible - 1), 1)",
+        first=WARPGROUP_TILES,
+    ),
+    Mutant(
+        # Causal: a warpgroup visits the keys its first row sees, not its last (a tile short
+        # where its rows straddle a K/V tile boundary).
+        "warpgroup_stops_at_its_first_row",
+        "kernel.py",
+        "last_visible = T.min(first_row + rows_per_warpgroup, seqlen_q) + diagonal_offset",
+        "last_visible = T.min(first_row, seqlen_q) + diagonal_offset",
+        first=WARPGROUP_TILES,
+    ),
+    Mutant(
         # Heaviest-first order off by one: one query block is never computed.
         "causal_block_order_off_by_one",
         "kernel.py",
@@ -187,7 +205,7 @@ KERNEL_MUTANTS = [
         # next tile's Q lands under the current one's remaining tiles (persistent grid).
         "q_released_after_second_tile",
         "kernel.py",
-        "if kv_block == num_kv_blocks - 1:",
+        "if kv_block == own_kv_blocks - 1:",
         "if kv_block == 1:",
         first=PERSISTENT,
     ),

@@ -14,7 +14,7 @@ import torch
 
 from fa_kernel import flash_attn_func
 from fa_kernel.configs import FALLBACK, TileConfig, short_keys
-from fa_kernel.kernel import LOG2E, compiled_forward
+from fa_kernel.kernel import H100_SM_COUNT, LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
 from strategies import Case
 
@@ -28,10 +28,14 @@ def assert_matches_reference(q, k, v, causal, softmax_scale=None):
     return out, lse
 
 
-def assert_kernel_matches_reference(kernel, head_dim, causal, label):
-    """A compiled kernel, called directly, on shapes that reach every branch of the loop:
-    ragged lengths, GQA, Sq > Sk rows that see no key (causal), a single row and key."""
-    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [(2, 257, 300, 4, 2), (1, 300, 77, 2, 1), (1, 1, 1, 1, 1)]:
+# (batch, seqlen_q, seqlen_k, nheads, nheads_kv) that reach every branch of the loop: ragged
+# lengths, GQA, Sq > Sk rows that see no key (causal), a single row and key.
+LOOP_SHAPES = [(2, 257, 300, 4, 2), (1, 300, 77, 2, 1), (1, 1, 1, 1, 1)]
+
+
+def assert_kernel_matches_reference(kernel, head_dim, causal, label, shapes=LOOP_SHAPES):
+    """A compiled kernel, called directly, on `shapes` (batch, seqlen_q, seqlen_k, nheads, nheads_kv)."""
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in shapes:
         q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.float16, seed=seqlen_q)
         # NaN-filled: an element no thread block writes fails the judge, whatever memory held.
         out = torch.full_like(q, math.nan)
@@ -125,6 +129,29 @@ def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # others (kernel.own_output_buffer), so one may start the next tile while another finishes.
     kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)
     assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of 5")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    ("head_dim", "config", "sm_count"),
+    [
+        (64, TileConfig(192, 128, 2, 384), H100_SM_COUNT),
+        (64, TileConfig(192, 128, 2, 384, persistent=True), 5),
+        (128, TileConfig(128, 128, 2, 256, persistent=True), 5),
+    ],
+    ids=["3-ring", "3-ring-persistent", "2-pingpong-persistent"],
+)
+def test_warpgroups_visit_only_the_key_tiles_their_rows_see(head_dim, config, sm_count, causal):
+    # Causal, a consumer warpgroup's rows see fewer K/V tiles than the block's last rows, and
+    # the last query block's warpgroups whose rows are all past seqlen_q see none: each visits
+    # its own (kernel.warpgroup_kv_blocks) and releases the block's other tiles unread, passing
+    # its turn on. 704 rows in blocks of 192 (128) leave the last block's third (second)
+    # warpgroup past the end with five K/V tiles to release, more than the ring has stages, so
+    # their phases wrap; against 704 and 1000 keys the warpgroups' rows straddle K/V tile
+    # boundaries at two diagonal offsets; a grid of 5 carries all of it across work tiles.
+    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count)
+    shapes = [(1, 704, 704, 2, 2), (2, 704, 1000, 4, 1)]
+    assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of {sm_count}", shapes=shapes)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"], ids=["fp16", "bf16"])

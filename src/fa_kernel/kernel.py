@@ -32,6 +32,9 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   after each K tile lands (d64, three warpgroups: +10%; causal d64 measured faster without);
 - the mask is written only into tiles that hold a key some row may not see; every other
   tile's Q.K^T starts from a zeroed accumulator;
+- each consumer warpgroup visits only the K/V tiles its own rows see (`warpgroup_kv_blocks`:
+  causal, its rows see fewer than the block's last ones; rows past seqlen_q see none) and
+  releases the block's other tiles unread, passing its turn on;
 - causal launches the query blocks with the most keys first;
 - with `config.blocks_per_sm = 2` registers are budgeted for two resident thread blocks per
   SM, one consumer warpgroup each (it held causal over few keys until the tenth session);
@@ -239,6 +242,13 @@ def forward_program(
         for i in T.Parallel(block_m):
             row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
 
+    @T.macro
+    def pass_turn(thread, kv_block, num_kv_blocks):
+        """Hand the tensor cores to the next consumer warpgroup (take_turns); the last one's last
+        hand-over of a work tile would have no taker (warpgroup 0 has no next K/V tile)."""
+        if thread < consumers - 128 or kv_block < num_kv_blocks - 1:
+            T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
+
     def ring_stage(ring, stage, columns=slice(None)):
         """Stage `stage` of a K or V ring: rows [stage * block_n, (stage + 1) * block_n)."""
         return ring[stage * block_n : (stage + 1) * block_n, columns]
@@ -321,6 +331,24 @@ def forward_program(
             num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
         return b, head, kv_head, q_start, num_kv_blocks
 
+    def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup):
+        """K/V tiles the rows of consumer warpgroup `warpgroup` see, of the block's num_kv_blocks
+        (which its last rows see): causal, up to the tile with its last row's last visible key;
+        rows past seqlen_q (the last query block's), one, as every block visits at least one.
+        The tiles after them are fully masked for these rows: they would add exact zeros.
+
+        Under the overlapped epilogue every warpgroup visits every tile: it releases the tiles
+        past its rows only after its last P.V, and the next work tile's S_0, issued before that
+        P.V completes, waits for a K that one of those releases lets the producer load."""
+        if overlap_epilogue:
+            return num_kv_blocks
+        first_row = q_start + warpgroup * rows_per_warpgroup
+        visible = num_kv_blocks
+        if causal:
+            last_visible = T.min(first_row + rows_per_warpgroup, seqlen_q) + diagonal_offset
+            visible = T.min(num_kv_blocks, T.ceildiv(last_visible, block_n))
+        return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)
+
     @T.prim_func
     def flash_attention_forward(
         Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
@@ -361,10 +389,11 @@ def forward_program(
             # full[stage]: the producer's threads arrived and the TMA bytes landed;
             # empty[stage]: every consumer thread is done reading the buffer. q_empty: every
             # consumer's last Q.K^T of the work tile is done, the next tile's Q may land.
-            # o_stored: O, staged in the V ring, has been read out to global memory.
+            # o_stored (O staged in the V ring): O has been read out to global memory.
             q_full = T.alloc_barrier(PRODUCER_THREADS)
             q_empty = T.alloc_barrier(consumers)
-            o_stored = T.alloc_barrier(consumers)
+            if not o_buffer:
+                o_stored = T.alloc_barrier(consumers)
             k_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
             k_empty = T.alloc_barrier([consumers] * stages)
             v_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
@@ -379,6 +408,7 @@ def forward_program(
             kv_head = T.alloc_var(T.int32)
             q_start = T.alloc_var(T.int32)
             num_kv_blocks = T.alloc_var(T.int32)
+            own_kv_blocks = T.alloc_var(T.int32)  # of those, the ones this warpgroup's rows see
             # The next one, known before the current tile's epilogue (overlap_epilogue).
             next_b = T.alloc_var(T.int32)
             next_head = T.alloc_var(T.int32)
@@ -426,6 +456,7 @@ def forward_program(
                     if not overlap_epilogue:
                         b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
                         T.fill(acc_o, 0)
+                    own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128)
                     T.fill(row_sum, 0)
                     T.fill(row_max, neg_inf)
                     if not overlap_epilogue:
@@ -450,12 +481,12 @@ def forward_program(
                         # keeps it asynchronous only if no other instruction writes an accumulator.
                         T.fill(acc_o, 0)
                     T.mbarrier_arrive(k_empty[first_stage])
-                    if num_kv_blocks == 1:
+                    if own_kv_blocks == 1:
                         T.mbarrier_arrive(q_empty)  # (as in the loop below)
                     online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)
                     T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
-                    for kv_block in T.serial(1, num_kv_blocks):
+                    for kv_block in T.serial(1, own_kv_blocks):
                         stage = (kv_before + kv_block) % stages
                         phase = ((kv_before + kv_block) // stages) & 1
                         prev_stage = (kv_before + kv_block - 1) % stages
@@ -463,17 +494,14 @@ def forward_program(
                         kv_start = kv_block * block_n
                         T.mbarrier_wait_parity(k_full[stage], phase)
                         if take_turns:
-                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)  # this warpgroup's turn
                         issue_scores(
                             Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
                         )
                         T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
                         T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
-                        if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
-                            # Hand the tensor cores to the next warpgroup; the last one's last hand-over
-                            # would have no taker (warpgroup 0 has no next tile).
-                            if thread < consumers - 128 or kv_block < num_kv_blocks - 1:
-                                T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
+                        if take_turns:
+                            pass_turn(thread, kv_block, num_kv_blocks)
                         T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
                         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
                         # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
@@ -518,14 +546,14 @@ def forward_program(
                             for i in T.Parallel(block_m):
                                 row_sum[i] += tile_sum[i]
                         T.mbarrier_arrive(k_empty[stage])
-                        if kv_block == num_kv_blocks - 1:
-                            # The tile's last read of Q: the next work tile's Q loads under this
+                        if kv_block == own_kv_blocks - 1:
+                            # This warpgroup's last read of Q: the next work tile's Q loads under the
                             # tile's last P.V and epilogue (persistent grid).
                             T.mbarrier_arrive(q_empty)
                         T.copy(acc_s, acc_p)
 
                     # The last tile's P~.V (acc_o is already at the last tile's reference max).
-                    last = kv_before + num_kv_blocks - 1  # counted over this thread block's life
+                    last = kv_before + own_kv_blocks - 1  # counted over this thread block's life
                     last_stage = last % stages
                     if overlap_epilogue:
                         # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
@@ -561,6 +589,23 @@ def forward_program(
                         T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
                     T.mbarrier_arrive(v_empty[last_stage])
+                    if not overlap_epilogue:
+                        # The tiles past this warpgroup's rows, which the block's later rows visit:
+                        # released unread, each once it has landed (an arrive before would count
+                        # toward the stage's previous phase), with the turn passed on, so that the
+                        # ring of stages and the turn order run on as if it had visited them. Only
+                        # after its last P.V has released V: the producer loads the second of them
+                        # into that stage.
+                        for kv_block in T.serial(own_kv_blocks, num_kv_blocks):
+                            stage = (kv_before + kv_block) % stages
+                            phase = ((kv_before + kv_block) // stages) & 1
+                            T.mbarrier_wait_parity(k_full[stage], phase)
+                            if take_turns:
+                                T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+                                pass_turn(thread, kv_block, num_kv_blocks)
+                            T.mbarrier_arrive(k_empty[stage])
+                            T.mbarrier_wait_parity(v_full[stage], phase)
+                            T.mbarrier_arrive(v_empty[stage])
 
                     # One normalisation after the loop: on O's way into shared memory, except for
                     # the V ring without the overlapped epilogue, where it runs in place before the
