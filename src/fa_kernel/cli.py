@@ -243,7 +243,8 @@ def cmd_tune(args) -> int:
     # block_m is 64 rows per consumer warpgroup (one wgmma M); one, two or three, and two or
     # three either take turns issuing their GEMMs or run free; one thread block per work tile
     # or one per SM (persistent), which may issue the next tile's first Q.K^T before the
-    # epilogue. O is staged in the V ring, so it must hold block_m rows.
+    # epilogue. Where O is staged in the V ring (kernel.own_output_buffer) the ring must hold
+    # block_m rows; the search keeps to configs where it does.
     grids = ((False, False), (True, False), (True, True))  # (persistent, overlap_epilogue)
     candidates = [
         TileConfig(block_m, block_n, stages, threads, take_turns, persistent, overlap_epilogue=overlap)

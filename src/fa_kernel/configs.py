@@ -78,6 +78,9 @@ class TileConfig:
 #   421-425 at 16384 (per tile stays); d128 causal per-tile 128x176 vs persistent 128x128 level at
 #   8192, 573-593 vs 547-566 at 16384, 476-501 vs 496-535 at 4096 (SHORT_KEYS is one for all
 #   entries, so 4096 stays with the long entry);
+# - twelfth session, each warpgroup visiting only its rows' K/V tiles (kernel.warpgroup_kv_blocks;
+#   +4.6% d64 causal at 4096, the 192-row blocks' waste): d64 causal per tile 432 vs persistent
+#   433 vs 128x128 persistent 393 at 4096, 478 vs 458 at 8192 (per tile stays);
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
@@ -105,6 +108,8 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
 #   runs on a cooler GPU). Eleventh session: 128x128, whose O has a buffer of its own (kernel.
 #   own_output_buffer; 128x176 leaves no room for one): 533-546 vs 498-505 for 128x176 at
 #   1024, 537-565 vs 511-557 at 2048.
+# Twelfth session, d64 causal: 192x128 persistent 381 vs 357 for this entry at 2048 (cuDNN 378),
+# 267 vs 307 at 1024: a third tier between this entry and the long one, measured once, not taken.
 # Every short entry is 128x128 and leaves O a buffer of its own, so no warpgroup waits for
 # another at the end of a work tile (eleventh session: +4-8% at 1024-2048 over the V ring).
 SHORT_KEYS = 2048
