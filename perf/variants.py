@@ -216,6 +216,11 @@ def _turns_from_patch(min_tiles: int):
             "if thread < consumers - 128 or kv_block < num_kv_blocks - 1:",
             f"if num_kv_blocks > {min_tiles} and (thread < consumers - 128 or kv_block < num_kv_blocks - 1):",
         ),
+        (  # the turns of the tiles a warpgroup releases unread (kernel.warpgroup_kv_blocks)
+            "                            if take_turns:\n                                T.sync_threads(",
+            f"                            if take_turns and num_kv_blocks > {min_tiles}:\n"
+            "                                T.sync_threads(",
+        ),
     )
 
 

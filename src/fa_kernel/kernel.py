@@ -494,7 +494,7 @@ def forward_program(
                         kv_start = kv_block * block_n
                         T.mbarrier_wait_parity(k_full[stage], phase)
                         if take_turns:
-                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)  # this warpgroup's turn
+                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
                         issue_scores(
                             Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
                         )
