@@ -1,9 +1,9 @@
 """Gated accuracy figures, lower is better, against the fp32 reference on fixed inputs.
 
 The shape is ragged on purpose: 777 queries against 1333 or 3333 keys (partial tiles,
-bottom-right causal alignment), 8 query heads on 2 K/V heads (the GQA head mapping). Causal,
-the two key counts run different tile configs: the short-sequence table up to SHORT_KEYS keys,
-the long one past it. The tolerance is
+bottom-right causal alignment), 8 query heads on 2 K/V heads (the GQA head mapping). Where a
+case's tile config changes between the two key counts (configs.key_ranges; head_dim 128
+non-causal: its short-sequence entry serves up to 2048 keys), the two run different configs. The tolerance is
 `reference.judge`'s: twice the error of the same computation done by PyTorch in the input
 dtype, plus one rounding. A mismatch count going from 0 to anything fails the gate.
 """

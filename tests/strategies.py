@@ -14,17 +14,18 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from fa_kernel.configs import FALLBACK, SHORT_KEYS, SHORT_KEYS_REACH, TUNED, TUNED_SHORT
+from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Lengths around one and two multiples of every block size the kernel runs with (64, 128,
 # 176, 192), primes, 1, and the flash-attn test pairs exercise partial tiles, the tiles that
-# need a mask and those that do not, the causal diagonal and the loop bounds; SHORT_KEYS and
-# every entry's own reach (SHORT_KEYS_REACH) +-1 the switch between the tables.
-CONFIGS = (*TUNED.values(), *TUNED_SHORT.values(), FALLBACK)
-# How far the short-sequence table reaches: SHORT_KEYS, and the entries that reach further.
-REACHES = (SHORT_KEYS, *SHORT_KEYS_REACH.values())
+# need a mask and those that do not, the causal diagonal and the loop bounds; every
+# short-sequence entry's reach +-1 the switch from one config to the next.
+SHORT_ENTRIES = [entry for entries in TUNED_SHORT.values() for entry in entries]
+CONFIGS = (*TUNED.values(), *(config for _, config in SHORT_ENTRIES), FALLBACK)
+# The most keys each short-sequence entry serves.
+REACHES = tuple(sorted({most for most, _ in SHORT_ENTRIES}))
 BLOCK_SIZES = sorted({size for config in CONFIGS for size in (config.block_m, config.block_n)})
 EDGE_LENGTHS = tuple(
     sorted(

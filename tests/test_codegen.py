@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fa_kernel.configs import SHORT_KEYS, TileConfig, select_config
+from fa_kernel.configs import TileConfig, select_config
 from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward, own_output_buffer
 
 pytestmark = pytest.mark.compile
@@ -18,11 +18,12 @@ SHIPPED_CASES = pytest.mark.parametrize(
     [
         (64, False, "float16", None),
         (64, True, "float16", None),
-        (64, True, "bfloat16", SHORT_KEYS),
+        (64, True, "bfloat16", 1024),
+        (64, True, "float16", 4096),
         (128, False, "float16", None),
-        (128, False, "bfloat16", SHORT_KEYS),
+        (128, False, "bfloat16", 2048),
         (128, True, "bfloat16", None),
-        (128, True, "float16", SHORT_KEYS),
+        (128, True, "float16", 2048),
         (256, False, "bfloat16", None),
         (256, True, "float16", None),
     ],

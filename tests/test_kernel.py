@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import FALLBACK, TileConfig, short_keys
+from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
 from fa_kernel.kernel import H100_SM_COUNT, LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
 from strategies import Case
@@ -161,14 +161,18 @@ def test_warpgroups_visit_only_the_key_tiles_their_rows_see(head_dim, config, sm
 def test_scores_that_jump_between_key_tiles(table, head_dim, causal, dtype):
     # A tile's exponentials start from the max before it. The tiles that hold a jump must
     # recompute S against their own max and rescale acc_o; the ones after them may keep the new
-    # max (strategies.JUMP_LOG2): both paths, in one row, one after the other. Both config
-    # tables (configs.short_keys): their schedules differ (persistent, the overlapped epilogue,
-    # the ring of three warpgroups).
-    reach = short_keys("sm_90", head_dim, causal)
-    seqlen = 1000 if table == "short_table" else reach + 952  # 3000 past SHORT_KEYS
-    assert (seqlen <= reach) == (table == "short_table")
-    case = Case(2, seqlen, seqlen, 4, 2, head_dim, dtype, causal, None, "jumping_scores", seed=head_dim)
-    assert_matches_reference(*case.inputs("cuda"), causal)
+    # max (strategies.JUMP_LOG2): both paths, in one row, one after the other. Every config
+    # of the case (configs.key_ranges), each at a length it serves: their schedules differ
+    # (persistent, the overlapped epilogue, the ring of three warpgroups).
+    *short_ranges, (long_fewest, _, _) = key_ranges("sm_90", head_dim, causal)
+    if table == "short_table":  # 1000 keys into each short-sequence entry's range (none: 1000)
+        lengths = [fewest + 1000 for fewest, _, _ in short_ranges] or [1000]
+        assert all(fewest + 1000 <= most for fewest, most, _ in short_ranges)
+    else:  # 952 keys past the last short-sequence entry (none: past 2048)
+        lengths = [max(long_fewest - 1, 2048) + 952]
+    for seqlen in lengths:
+        case = Case(2, seqlen, seqlen, 4, 2, head_dim, dtype, causal, None, "jumping_scores", seed=head_dim)
+        assert_matches_reference(*case.inputs("cuda"), causal)
 
 
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from fa_kernel import __version__
 from fa_kernel.bench import Shape, cuda_median_ms, measure
-from fa_kernel.configs import SHORT_KEYS, TUNED, TUNED_SHORT, TileConfig, arch_of, select_config, short_keys
+from fa_kernel.configs import TUNED, TileConfig, arch_of, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
 from fa_kernel.kernel import LOG2E, compiled_forward
 from fa_kernel.reference import judge, random_qkv
@@ -136,8 +136,8 @@ def _compile_only(console: Console) -> int:
         return EXIT_NO_GPU
     console.print("No CUDA GPU here: compiling the kernels for sm_90a with nvcc instead.")
     for head_dim, causal, dtype in itertools.product(SUPPORTED_HEAD_DIMS, (False, True), ("float16", "bfloat16")):
-        # the long-sequence config, and the short-sequence one where it differs
-        for config in dict.fromkeys(select_config("sm_90", head_dim, causal, keys) for keys in (None, SHORT_KEYS)):
+        # every config the case runs, from the fewest keys to the most
+        for config in dict.fromkeys(config for _, _, config in key_ranges("sm_90", head_dim, causal)):
             start = time.perf_counter()
             compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch="sm_90a")
             seconds = time.perf_counter() - start
@@ -257,7 +257,8 @@ def cmd_tune(args) -> int:
     # warpgroup too few registers for its accumulators).
     shared_sm = [TileConfig(64, block_n, 2, 128, blocks_per_sm=2) for block_n in (64, 128)]
 
-    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT (seqlen_k <= configs.short_keys) at 1024.
+    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT's entry for the fewest keys at 1024 (how
+    # far each entry reaches, and the entries between, come from measurements at more lengths).
     # Long causal grids run one block per tile: persistent ones measured no faster there and
     # their static tile order balances causal work worse than the hardware (PERF.md); over few
     # keys, where each tile's prologue and epilogue weigh most, persistent ones won (tenth
@@ -296,7 +297,8 @@ def cmd_tune(args) -> int:
     for table in ("TUNED", "TUNED_SHORT"):
         console.print(f"\n# Paste into {table} in src/fa_kernel/configs.py:")
         for _, key, config, tflops in (winner for winner in winners if winner[0] == table):
-            console.print(f"    {key!r}: {config!r},  # {tflops:.0f} TFLOP/s", highlight=False, soft_wrap=True)
+            entry = f"{config!r}" if table == "TUNED" else f"((1024, {config!r}),)"
+            console.print(f"    {key!r}: {entry},  # {tflops:.0f} TFLOP/s", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -316,14 +318,14 @@ def cmd_info(args) -> int:
         console.print("GPU: none (torch.cuda.is_available() is False); showing the configs an sm_90 GPU would use")
     rows = []
     for head_dim, causal in itertools.product(SUPPORTED_HEAD_DIMS, (False, True)):
-        key = (arch, head_dim, causal)
-        config = select_config(*key)
-        source = "tuned" if key in TUNED else "fallback"
-        keys = f"> {short_keys(*key)}" if key in TUNED_SHORT else "any"
         mask = "causal" if causal else ""
-        rows.append([str(head_dim), mask, keys, str(config), source])
-        if key in TUNED_SHORT:
-            rows.append([str(head_dim), mask, f"<= {short_keys(*key)}", str(TUNED_SHORT[key]), "tuned (short)"])
+        for fewest, most, config in key_ranges(arch, head_dim, causal):
+            if most is None:
+                keys = f">= {fewest}" if fewest else "any"
+                source = "tuned" if (arch, head_dim, causal) in TUNED else "fallback"
+            else:
+                keys, source = (f"{fewest}-{most}" if fewest else f"<= {most}"), "tuned (short)"
+            rows.append([str(head_dim), mask, keys, str(config), source])
     headers = ["head_dim", "mask", "seqlen_k", "tile config", "source"]
     _print_table(console, headers, rows, False, title=f"tile configs for {arch}")
     return 0

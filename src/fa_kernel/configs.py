@@ -2,10 +2,10 @@
 
 The table is keyed by (GPU architecture, head_dim, causal) and was filled by measurement
 (`fa-kernel tune` regenerates it; PERF.md keeps the numbers behind each entry). Attention
-over few keys (seqlen_k <= short_keys(...), SHORT_KEYS unless an entry reaches further) has a
-second table, TUNED_SHORT. The kernel
-is written for Hopper (TMA, wgmma, setmaxnreg), so the tables have sm_90 rows only; a case
-not in them gets the smallest configuration, which is correct and slow.
+over few keys has a second table, TUNED_SHORT: per case, configs each up to a number of keys
+(seqlen_k); past the last, TUNED's. The kernel is written for Hopper (TMA, wgmma, setmaxnreg),
+so the tables have sm_90 rows only; a case not in them gets the smallest configuration, which
+is correct and slow.
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ class TileConfig:
 # - eleventh session, O in a buffer of its own (kernel.own_output_buffer) for every entry but the
 #   d128 128x176 ones: d64 causal per tile 455-459 vs persistent 430-446 at 8192, 476-481 vs
 #   421-425 at 16384 (per tile stays); d128 causal per-tile 128x176 vs persistent 128x128 level at
-#   8192, 573-593 vs 547-566 at 16384, 476-501 vs 496-535 at 4096 (SHORT_KEYS is one for all
-#   entries, so 4096 stays with the long entry);
+#   8192, 573-593 vs 547-566 at 16384, 476-501 vs 496-535 at 4096 (4096 keys went to the
+#   short entry, TUNED_SHORT);
 # - twelfth session, each warpgroup visiting only its rows' K/V tiles (kernel.warpgroup_kv_blocks;
-#   +4.6% d64 causal at 4096, the 192-row blocks' waste): d64 causal per tile 432 vs persistent
-#   433 vs 128x128 persistent 393 at 4096, 478 vs 458 at 8192 (per tile stays);
+#   +4.6% d64 causal at 4096, the 192-row blocks' waste): d64 causal per tile 478 vs persistent
+#   458 at 8192 (per tile stays past 4096 keys; up to there, TUNED_SHORT);
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
@@ -92,8 +92,8 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
     ("sm_90", 256, True): TileConfig(128, 64, 2, 256),
 }
 
-# seqlen_k <= SHORT_KEYS: a work tile visits few K/V tiles (at most 8 of 128 keys at 1024), so
-# what it pays once, its Q load, first softmax, last P.V and O store, weighs more than the loop.
+# Few keys: a work tile visits few K/V tiles (at most 8 of 128 keys at 1024), so what it pays
+# once, its Q load, first softmax, last P.V and O store, weighs more than the loop.
 # - causal (d64 and d128): 128x128, persistent without the overlapped epilogue: the next tile's
 #   Q and K/V load under this tile's loop, which the per-tile grid cannot do. Tenth session,
 #   fp16 TFLOP/s alternated in one process (rounds 2-5): d128 406-413 vs 342-345 for 128x128
@@ -108,19 +108,26 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
 #   runs on a cooler GPU). Eleventh session: 128x128, whose O has a buffer of its own (kernel.
 #   own_output_buffer; 128x176 leaves no room for one): 533-546 vs 498-505 for 128x176 at
 #   1024, 537-565 vs 511-557 at 2048.
-# Twelfth session, d64 causal: 192x128 persistent 381 vs 357 for this entry at 2048 (cuDNN 378),
-# 267 vs 307 at 1024: a third tier between this entry and the long one, measured once, not taken.
-# Every short entry is 128x128 and leaves O a buffer of its own, so no warpgroup waits for
-# another at the end of a work tile (eleventh session: +4-8% at 1024-2048 over the V ring).
-SHORT_KEYS = 2048
-# Short entries that win further out. d128 causal: persistent 128x128 against the long entry's
-# per-tile 128x176 at 4096 keys, 495-535 vs 476-501 (medians 518 vs 501; tenth session 526 vs
-# 505), level at 8192, behind at 16384 (547-566 vs 573-593), eleventh session.
-SHORT_KEYS_REACH: dict[tuple[str, int, bool], int] = {("sm_90", 128, True): 4096}
-TUNED_SHORT: dict[tuple[str, int, bool], TileConfig] = {
-    ("sm_90", 64, True): TileConfig(128, 128, 2, 256, persistent=True),
-    ("sm_90", 128, False): TileConfig(128, 128, 2, 256, persistent=True),
-    ("sm_90", 128, True): TileConfig(128, 128, 2, 256, persistent=True),
+# Every 128x128 entry leaves O a buffer of its own, so no warpgroup waits for another at the
+# end of a work tile (eleventh session: +4-8% at 1024-2048 over the V ring).
+# - how far each reaches: 2048 keys (seventh session: at 3072 the d128 causal entry of that time
+#   lost 8% to the long one), but d128 causal 4096: persistent 128x128 against the long entry's
+#   per-tile 128x176 at 4096 keys, 495-535 vs 476-501 (medians 518 vs 501; tenth session 526
+#   vs 505), level at 8192, behind at 16384 (547-566 vs 573-593), eleventh session;
+# - d64 causal, twelfth session (each warpgroup visiting only its rows' K/V tiles, which made
+#   192-row blocks waste less): 192x128 persistent between the 128x128 entry and the long one.
+#   Alternated, fp16, upper medians of 5 rounds, 128x128 persistent / 192x128 persistent /
+#   192x128 per tile: 1024 307 / 267 / 272, 1280 320 / 331 / 314, 1536 328 / 360 / 338, 2048
+#   355-357 / 378-381 / 366-370, 3072 376 / 436 / 407, 4096 - / 430-433 / 424-432, 8192 - / 458
+#   / 478 (16384: persistent 12% behind, eleventh session).
+# Per case: (the most keys it serves, config), in increasing order of keys.
+TUNED_SHORT: dict[tuple[str, int, bool], tuple[tuple[int, TileConfig], ...]] = {
+    ("sm_90", 64, True): (
+        (1024, TileConfig(128, 128, 2, 256, persistent=True)),
+        (4096, TileConfig(192, 128, 2, 384, persistent=True)),
+    ),
+    ("sm_90", 128, False): ((2048, TileConfig(128, 128, 2, 256, persistent=True)),),
+    ("sm_90", 128, True): ((4096, TileConfig(128, 128, 2, 256, persistent=True)),),
 }
 
 # One consumer warpgroup, one stage: fits any head_dim up to 256 in a Hopper SM's shared
@@ -134,15 +141,21 @@ def arch_of(compute_capability: tuple[int, int]) -> str:
     return f"sm_{major}{minor}"
 
 
-def short_keys(arch: str, head_dim: int, causal: bool) -> int:
-    """The most keys this case's TUNED_SHORT entry serves."""
-    return SHORT_KEYS_REACH.get((arch, head_dim, causal), SHORT_KEYS)
-
-
 def select_config(arch: str, head_dim: int, causal: bool, seqlen_k: int | None = None) -> TileConfig:
     """The measured configuration for this case, or the fallback. seqlen_k None: the
     long-sequence entry."""
-    key = (arch, head_dim, causal)
-    if seqlen_k is not None and seqlen_k <= short_keys(*key) and key in TUNED_SHORT:
-        return TUNED_SHORT[key]
-    return TUNED.get(key, FALLBACK)
+    if seqlen_k is not None:
+        for most_keys, config in TUNED_SHORT.get((arch, head_dim, causal), ()):
+            if seqlen_k <= most_keys:
+                return config
+    return TUNED.get((arch, head_dim, causal), FALLBACK)
+
+
+def key_ranges(arch: str, head_dim: int, causal: bool) -> list[tuple[int, int | None, TileConfig]]:
+    """Every config this case runs and the keys it runs them at: (fewest, most, config), in
+    increasing order of keys; `most` is None for the long-sequence entry."""
+    ranges, fewest = [], 0
+    for most_keys, config in TUNED_SHORT.get((arch, head_dim, causal), ()):
+        ranges.append((fewest, most_keys, config))
+        fewest = most_keys + 1
+    return [*ranges, (fewest, None, select_config(arch, head_dim, causal))]
