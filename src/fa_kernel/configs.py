@@ -118,8 +118,10 @@ TUNED: dict[tuple[str, int, bool], TileConfig] = {
 #   192-row blocks waste less): 192x128 persistent between the 128x128 entry and the long one.
 #   Alternated, fp16, upper medians of 5 rounds, 128x128 persistent / 192x128 persistent /
 #   192x128 per tile: 1024 307 / 267 / 272, 1280 320 / 331 / 314, 1536 328 / 360 / 338, 2048
-#   355-357 / 378-381 / 366-370, 3072 376 / 436 / 407, 4096 - / 430-433 / 424-432, 8192 - / 458
-#   / 478 (16384: persistent 12% behind, eleventh session).
+#   355-357 / 378-381 / 366-370, 3072 376 / 426-436 / 396-407, 4096 393 / 422-433 / 424-432,
+#   8192 - / 458 / 478 (16384: persistent 12% behind, eleventh session); bf16 3072 443 vs 417,
+#   4096 438 vs 443 (persistent vs per tile). At 4096 level in four alternations: either may
+#   serve it.
 # Per case: (the most keys it serves, config), in increasing order of keys.
 TUNED_SHORT: dict[tuple[str, int, bool], tuple[tuple[int, TileConfig], ...]] = {
     ("sm_90", 64, True): (
