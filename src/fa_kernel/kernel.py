@@ -594,8 +594,8 @@ def forward_program(
                         # released unread, each once it has landed (an arrive before would count
                         # toward the stage's previous phase), with the turn passed on, so that the
                         # ring of stages and the turn order run on as if it had visited them. Only
-                        # after its last P.V has released V: the producer loads the second of them
-                        # into that stage.
+                        # after its last P.V has released V: the producer loads one of them into
+                        # that stage.
                         for kv_block in T.serial(own_kv_blocks, num_kv_blocks):
                             stage = (kv_before + kv_block) % stages
                             phase = ((kv_before + kv_block) // stages) & 1
