@@ -64,6 +64,7 @@ def test_tune_searches_both_tables_and_prints_pasteable_entries(monkeypatch, cap
     table = eval("{" + ", ".join(entries) + "}", {"TileConfig": TileConfig})  # noqa: S307 - our own printout
     assert set(table) == {("sm_90", 128, False), ("sm_90", 128, True)}  # and again for short keys
     assert len(entries) == 4
+    assert sum("((1024, TileConfig(" in entry for entry in entries) == 2, "short entries serve up to 1024 keys"
     assert "TUNED_SHORT 32x16x1024x128 float16 128x176/2st/256thr/persistent: " in out
     long_causal = [line for line in out.splitlines() if line.strip().startswith("TUNED 8x32x4096x128 float16 causal ")]
     assert long_causal and not any("/persistent" in line for line in long_causal), "long causal grids stay per tile"

@@ -293,11 +293,12 @@ def cmd_tune(args) -> int:
             timings.append((shape.flops / ms / 1e9, config))
             console.print(f"  {table} {shape.label()} {config}: {shape.flops / ms / 1e9:.0f} TFLOP/s")
         best_tflops, best = max(timings, key=lambda t: t[0])
-        winners.append((table, (arch, shape.head_dim, shape.causal), best, best_tflops))
+        winners.append((table, (arch, shape.head_dim, shape.causal), shape.keys, best, best_tflops))
     for table in ("TUNED", "TUNED_SHORT"):
         console.print(f"\n# Paste into {table} in src/fa_kernel/configs.py:")
-        for _, key, config, tflops in (winner for winner in winners if winner[0] == table):
-            entry = f"{config!r}" if table == "TUNED" else f"((1024, {config!r}),)"
+        for _, key, keys, config, tflops in (winner for winner in winners if winner[0] == table):
+            # a short-sequence entry serves up to the keys it was measured at
+            entry = f"{config!r}" if table == "TUNED" else f"(({keys}, {config!r}),)"
             console.print(f"    {key!r}: {entry},  # {tflops:.0f} TFLOP/s", highlight=False, soft_wrap=True)
     return 0
 
