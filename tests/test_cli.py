@@ -35,10 +35,10 @@ def test_verify_without_gpu_compiles_and_says_nothing_ran(capsys):
     assert "Nothing was run on a GPU" in out and out.count("compiled bfloat16") == 6 + SHORT_ENTRIES
 
 
-def test_tune_searches_both_tables_and_prints_pasteable_entries(monkeypatch, capsys):
-    # The search and the printout, with the GPU parts stubbed: which configs each table's
-    # search times, and that what it prints is valid Python for configs.py.
-    import fa_kernel.cli as cli
+def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkeypatch, capsys, tmp_path):
+    # The search and the printout, with the GPU parts stubbed: a made-up speed per config and
+    # length, under which a persistent 128x128 grid wins up to 2048 keys and 128x176 beyond.
+    import fa_kernel.tune as tune
     from fa_kernel.bench import Shape
     from fa_kernel.configs import TileConfig
 
@@ -46,31 +46,47 @@ def test_tune_searches_both_tables_and_prints_pasteable_entries(monkeypatch, cap
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
     device = type("Properties", (), {"multi_processor_count": 132})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *args: device)
-    monkeypatch.setattr(Shape, "inputs", lambda self, seed=0: (torch.empty(1, 1, 1, 1),) * 3)
-    timed = []
+    # inputs as small as can be that still say their length (dim 1, as in BSHD)
+    monkeypatch.setattr(Shape, "inputs", lambda self, seed=0: (torch.empty(1, self.seqlen_q, 1, 1),) * 3)
+    short, long = TileConfig(128, 128, 2, 256, persistent=True), TileConfig(128, 176, 2, 256)
+    compiled = []
 
     def compile_stub(*, head_dim, causal, dtype, config, sm_count):
-        timed.append((head_dim, causal, config))
-        return lambda *args: None
+        if config.block_m == 192 and head_dim == 128:
+            raise RuntimeError("too many registers")
+        compiled.append((head_dim, causal, config))
+        return lambda q, k, v, out, lse, scale_log2: (config, q.shape[1])
 
-    monkeypatch.setattr(cli, "compiled_forward", compile_stub)
-    monkeypatch.setattr(cli, "cuda_median_ms", lambda fn, warmup, repeats: 1.0)
-    assert main(["tune", "--head-dim", "128"]) == 0
+    def median_ms_stub(call, warmup, repeats):
+        config, keys = call()
+        speed = {short: 1.2 if keys <= 2048 else 0.9, long: 1.0}.get(config, 0.5)
+        return 1.0 / speed
+
+    monkeypatch.setattr(tune, "compiled_forward", compile_stub)
+    monkeypatch.setattr(tune, "cuda_median_ms", median_ms_stub)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    record = tmp_path / "tune.json"
+    ladder = ["--keys", "4096", "1024", "2048"]
+    assert main(["tune", "--head-dim", "128", *ladder, "--rounds", "2", "--jobs", "1", "--json", str(record)]) == 0
     out = capsys.readouterr().out
-    assert "# Paste into TUNED in" in out and "# Paste into TUNED_SHORT in" in out
-    # each timing line names its table, shape and config
-    assert "TUNED_SHORT 32x16x1024x128 float16 causal 64x64/2st/128thr/2persm: " in out
-    entries = [line.split("  #")[0].strip().rstrip(",") for line in out.splitlines() if line.startswith("    ('sm_90'")]
-    table = eval("{" + ", ".join(entries) + "}", {"TileConfig": TileConfig})  # noqa: S307 - our own printout
-    assert set(table) == {("sm_90", 128, False), ("sm_90", 128, True)}  # and again for short keys
-    assert len(entries) == 4
-    assert sum("((1024, TileConfig(" in entry for entry in entries) == 2, "short entries serve up to 1024 keys"
-    assert "TUNED_SHORT 32x16x1024x128 float16 128x176/2st/256thr/persistent: " in out
-    long_causal = [line for line in out.splitlines() if line.strip().startswith("TUNED 8x32x4096x128 float16 causal ")]
-    assert long_causal and not any("/persistent" in line for line in long_causal), "long causal grids stay per tile"
-    assert "TUNED_SHORT 32x16x1024x128 float16 causal 128x128/2st/256thr/persistent: " in out
-    assert any(config.blocks_per_sm == 2 for _, causal, config in timed if causal), "two per SM for short causal"
-    assert any(config.persistent for _, causal, config in timed if not causal)
+    # every candidate of each case is compiled, causal ones with two thread blocks per SM too
+    for causal in (False, True):
+        expected = [c for c in tune.candidate_configs(causal) if c.block_m != 192]
+        assert [config for _, was_causal, config in compiled if was_causal == causal] == expected
+    assert "192x128/2st/384thr: does not compile (RuntimeError)" in out
+    assert "timing every candidate at [1024, 2048, 4096] keys" in out
+    text = out[out.index("# Paste into TUNED in") :]
+    namespace = {"TileConfig": TileConfig}
+    long_part, short_part = text.split("# Paste into TUNED_SHORT")
+    tuned = eval("{" + long_part.split("\n", 1)[1] + "}", namespace)  # noqa: S307 - our own printout
+    tuned_short = eval("{" + short_part.split("\n", 1)[1] + "}", namespace)  # noqa: S307
+    assert tuned == {("sm_90", 128, False): long, ("sm_90", 128, True): long}
+    assert tuned_short == {("sm_90", 128, False): ((2048, short),), ("sm_90", 128, True): ((2048, short),)}
+    import json
+
+    cases = json.loads(record.read_text())["cases"]
+    assert [case["entries"] for case in cases] == [[[2048, str(short)], [None, str(long)]]] * 2
+    assert cases[1]["causal"] and cases[1]["tflops"]["1024"][str(short)] > cases[1]["tflops"]["1024"][str(long)]
 
 
 def test_bench_prints_the_numbers_behind_its_plot(monkeypatch, capsys, tmp_path):

@@ -7,10 +7,10 @@ none; 3 `verify` without a GPU compiled the kernels for sm_90a but ran nothing.
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import json
 import math
+import os
 import platform
 import shutil
 import sys
@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from fa_kernel import __version__
-from fa_kernel.bench import Shape, cuda_median_ms, measure
-from fa_kernel.configs import TUNED, TileConfig, arch_of, key_ranges
+from fa_kernel import __version__, tune
+from fa_kernel.bench import Shape, measure, sweep_shape
+from fa_kernel.configs import TUNED, arch_of, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
-from fa_kernel.kernel import LOG2E, compiled_forward
+from fa_kernel.kernel import compiled_forward
 from fa_kernel.reference import judge, random_qkv
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
@@ -84,9 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.set_defaults(run=cmd_bench)
 
-    tune = commands.add_parser("tune", help="measure tile configs and print the table for configs.py")
-    tune.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
-    tune.set_defaults(run=cmd_tune)
+    tuner = commands.add_parser("tune", help="measure tile configs over key counts and print configs.py's tables")
+    tuner.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    tuner.add_argument("--keys", type=int, nargs="+", default=list(tune.LADDER), help="the ladder of key counts")
+    tuner.add_argument("--rounds", type=int, default=5, help="alternated timings of the finalists at each length")
+    tuner.add_argument("--jobs", type=int, default=os.cpu_count(), help="kernels compiled at once before timing")
+    tuner.add_argument("--json", metavar="FILE.json", help="also write every measurement and the entries to this file")
+    tuner.set_defaults(run=cmd_tune)
 
     info = commands.add_parser("info", help="GPU, versions, and the tile config each case uses")
     info.set_defaults(run=cmd_info)
@@ -212,7 +216,7 @@ def _plot(path: str, dtype: str, repeats: int, console: Console) -> list[tuple[s
         for seqlen in track(
             seqlens, description=f"plot d{head_dim}{' causal' if causal else ''}", console=console, transient=True
         ):
-            shape = Shape(max(1, 32768 // seqlen), 16, seqlen, head_dim, causal, DTYPES[dtype])
+            shape = sweep_shape(seqlen, head_dim, causal, DTYPES[dtype])
             measured.append((shape.label(), measure(shape, repeats=repeats)))
             for name, value in measured[-1][1].items():
                 series.setdefault(name, []).append(value)
@@ -240,66 +244,36 @@ def cmd_tune(args) -> int:
         console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
     arch = arch_of(torch.cuda.get_device_capability())
-    # block_m is 64 rows per consumer warpgroup (one wgmma M); one, two or three, and two or
-    # three either take turns issuing their GEMMs or run free; one thread block per work tile
-    # or one per SM (persistent), which may issue the next tile's first Q.K^T before the
-    # epilogue. Where O is staged in the V ring (kernel.own_output_buffer) the ring must hold
-    # block_m rows; the search keeps to configs where it does.
-    grids = ((False, False), (True, False), (True, True))  # (persistent, overlap_epilogue)
-    candidates = [
-        TileConfig(block_m, block_n, stages, threads, take_turns, persistent, overlap_epilogue=overlap)
-        for (block_m, threads), block_n, stages, take_turns, (persistent, overlap) in itertools.product(
-            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2), (True, False), grids
-        )
-        if (take_turns or threads > 128) and block_m <= stages * block_n
-    ]
-    # Two thread blocks per SM: one consumer warpgroup each (two or three would leave each
-    # warpgroup too few registers for its accumulators).
-    shared_sm = [TileConfig(64, block_n, 2, 128, blocks_per_sm=2) for block_n in (64, 128)]
-
-    # (table, shape, candidates): TUNED at 4096; TUNED_SHORT's entry for the fewest keys at 1024 (how
-    # far each entry reaches, and the entries between, come from measurements at more lengths).
-    # Long causal grids run one block per tile: persistent ones measured no faster there and
-    # their static tile order balances causal work worse than the hardware (PERF.md); over few
-    # keys, where each tile's prologue and epilogue weigh most, persistent ones won (tenth
-    # session), and so did two blocks per SM before them.
-    def candidates_for(table: str, causal: bool) -> list[TileConfig]:
-        if table == "TUNED_SHORT":
-            return candidates + shared_sm if causal else candidates
-        return [config for config in candidates if not (causal and config.persistent)]
-
-    searches = [
-        (table, Shape(batch, nheads, seqlen, head_dim, causal), candidates_for(table, causal))
-        for table, batch, nheads, seqlen in (("TUNED", 8, 32, 4096), ("TUNED_SHORT", 32, 16, 1024))
-        for head_dim, causal in itertools.product(args.head_dim, (False, True))
-    ]
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    winners = []
-    for table, shape, configs in searches:
-        q, k, v = shape.inputs()
-        out = torch.empty_like(q)
-        lse = q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
-        scale_log2 = LOG2E / shape.head_dim**0.5
-        timings = []
-        for config in track(configs, description=f"{table} {shape.label()}", console=console, transient=True):
-            try:
-                kernel = compiled_forward(
-                    head_dim=shape.head_dim, causal=shape.causal, dtype="float16", config=config, sm_count=sm_count
-                )
-            except Exception as error:  # a config that does not fit (shared memory, registers) is skipped
-                console.print(f"  {config}: does not compile ({type(error).__name__})")
-                continue
-            ms = cuda_median_ms(functools.partial(kernel, q, k, v, out, lse, scale_log2), warmup=5, repeats=20)
-            timings.append((shape.flops / ms / 1e9, config))
-            console.print(f"  {table} {shape.label()} {config}: {shape.flops / ms / 1e9:.0f} TFLOP/s")
-        best_tflops, best = max(timings, key=lambda t: t[0])
-        winners.append((table, (arch, shape.head_dim, shape.causal), shape.keys, best, best_tflops))
-    for table in ("TUNED", "TUNED_SHORT"):
-        console.print(f"\n# Paste into {table} in src/fa_kernel/configs.py:")
-        for _, key, keys, config, tflops in (winner for winner in winners if winner[0] == table):
-            # a short-sequence entry serves up to the keys it was measured at
-            entry = f"{config!r}" if table == "TUNED" else f"(({keys}, {config!r}),)"
-            console.print(f"    {key!r}: {entry},  # {tflops:.0f} TFLOP/s", highlight=False, soft_wrap=True)
+    cases = list(itertools.product(args.head_dim, (False, True)))
+    ladder = sorted(set(args.keys))
+    if args.jobs > 1:
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        builds = [
+            dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count)
+            for head_dim, causal in cases
+            for config in tune.candidate_configs(causal)
+        ]
+        console.print(f"compiling {len(builds)} candidate kernels, {args.jobs} at a time")
+        tune.precompile(builds, args.jobs)
+    chosen, record = {}, []
+    for head_dim, causal in cases:
+        console.print(f"d{head_dim}{' causal' if causal else ''}: timing every candidate at {ladder} keys")
+        tflops = tune.measure_case(head_dim, causal, ladder, args.rounds, console.print)
+        chosen[head_dim, causal] = entries = tune.choose_entries(tflops)
+        measured = {keys: {str(config): value for config, value in row.items()} for keys, row in tflops.items()}
+        entries_record = [[most, str(config)] for most, config in entries]
+        record.append({"head_dim": head_dim, "causal": causal, "tflops": measured, "entries": entries_record})
+        rows = [
+            [str(keys), f"{max(measured.values()):.0f}", str(config), f"{measured[config]:.0f}"]
+            for keys, measured in tflops.items()
+            for config in [next(config for most, config in entries if most is None or keys <= most)]
+        ]
+        headers = ["keys", "fastest", "entry serving it", "its TFLOP/s"]
+        _print_table(console, headers, rows, False, title=f"d{head_dim}{' causal' if causal else ''} (fp16)")
+    console.print(tune.table_text(arch, chosen), highlight=False, soft_wrap=True)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"device": torch.cuda.get_device_name(), "arch": arch, "cases": record}, file, indent=1)
     return 0
 
 

@@ -1,0 +1,190 @@
+"""`fa-kernel tune`: measure tile configs over a ladder of key counts and derive configs.py's tables.
+
+Each (head_dim, causal) case times every candidate config at every length of the ladder, on the
+plot's shapes (32k tokens, 16 heads). The few configs near the top at each length are then
+timed again, alternated over rounds in this one process, because one timing of a config drifts
+with the GPU's clock and temperature by more than the configs at the top differ. From those
+numbers `choose_entries` derives the fewest entries that serve every length within MARGIN of
+the fastest config there: the last one becomes TUNED's entry (every longer length), the ones
+before it TUNED_SHORT's, each serving up to the longest length it was measured to serve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import multiprocessing
+import statistics
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+from fa_kernel.bench import cuda_median_ms, sweep_shape
+from fa_kernel.configs import TileConfig
+from fa_kernel.kernel import LOG2E, compiled_forward
+
+LADDER = (1024, 2048, 4096, 8192, 16384)
+# The run-to-run spread of one config alternated against itself in one process, ~1.5% at 4096
+# keys (PERF.md, twelfth session: four alternations of two configs that are level there). A
+# config within it of the fastest is not measurably slower, and one entry fewer is worth more
+# than a difference nobody can reproduce.
+MARGIN = 0.02
+# Alternated: configs within FINALIST_SPREAD of the first sweep's fastest (at most FINALISTS).
+FINALIST_SPREAD = 0.05
+FINALISTS = 4
+
+Measurements = dict[int, dict[TileConfig, float]]  # keys -> config -> TFLOP/s
+
+
+def candidate_configs(causal: bool) -> list[TileConfig]:
+    """The search space. block_m is 64 rows per consumer warpgroup (one wgmma M): one, two or
+    three warpgroups, and two or three either take turns issuing their GEMMs or run free; one
+    thread block per work tile or one per SM (persistent), which may issue the next tile's first
+    Q.K^T before the epilogue. Where O is staged in the V ring (kernel.own_output_buffer) the
+    ring must hold block_m rows; the search keeps to configs where it does. Causal also tries two
+    thread blocks per SM of one consumer warpgroup each (over few keys, one block's prologue and
+    epilogue run beside the other's loop; two or three warpgroups would leave each too few
+    registers for its accumulators)."""
+    grids = ((False, False), (True, False), (True, True))  # (persistent, overlap_epilogue)
+    configs = [
+        TileConfig(block_m, block_n, stages, threads, take_turns, persistent, overlap_epilogue=overlap)
+        for (block_m, threads), block_n, stages, take_turns, (persistent, overlap) in itertools.product(
+            ((64, 128), (128, 256), (192, 384)), (64, 128, 176), (1, 2), (True, False), grids
+        )
+        if (take_turns or threads > 128) and block_m <= stages * block_n
+    ]
+    if causal:
+        configs += [TileConfig(64, block_n, 2, 128, blocks_per_sm=2) for block_n in (64, 128)]
+    return configs
+
+
+def finalists(timings: dict[TileConfig, float]) -> list[TileConfig]:
+    """The configs worth alternating: the fastest, and those close enough behind it that one
+    timing each cannot tell them apart."""
+    ranked = sorted(timings, key=timings.__getitem__, reverse=True)
+    best = timings[ranked[0]]
+    return [config for config in ranked[:FINALISTS] if timings[config] >= (1 - FINALIST_SPREAD) * best]
+
+
+def choose_entries(tflops: Measurements, margin: float = MARGIN) -> list[tuple[int | None, TileConfig]]:
+    """The fewest (most_keys, config) entries that serve every length of the ladder with a config
+    within `margin` of the fastest there, in increasing order of keys; the last entry's most_keys
+    is None (it serves every longer length too).
+
+    Greedy from the shortest length: of the configs good enough there, the one that stays good
+    over the most consecutive lengths (then the faster at the first); each config's good lengths
+    from a start are a run, so this gives the fewest entries.
+    """
+    ladder = sorted(tflops)
+    if not ladder:
+        raise ValueError("tflops: expected measurements at one key count at least, got none")
+
+    def good(config: TileConfig, keys: int) -> bool:
+        return tflops[keys].get(config, 0.0) >= (1 - margin) * max(tflops[keys].values())
+
+    def reach(config: TileConfig, start: int) -> int:
+        lengths = itertools.takewhile(lambda keys: good(config, keys), ladder[start:])
+        return sum(1 for _ in lengths)
+
+    entries: list[tuple[int | None, TileConfig]] = []
+    start = 0
+    while start < len(ladder):
+        first = tflops[ladder[start]]
+        chosen = max((c for c in first if good(c, ladder[start])), key=lambda c: (reach(c, start), first[c]))
+        start += reach(chosen, start)
+        entries.append((ladder[start - 1], chosen))
+    return [*entries[:-1], (None, entries[-1][1])]
+
+
+def config_source(config: TileConfig) -> str:
+    """`config` as configs.py writes it: the four sizes, then the switches not at their default."""
+    defaults = TileConfig(config.block_m, config.block_n, config.num_stages, config.threads)
+    switches = [
+        f"{field.name}={getattr(config, field.name)!r}"
+        for field in dataclasses.fields(TileConfig)[4:]
+        if getattr(config, field.name) != getattr(defaults, field.name)
+    ]
+    sizes = f"{config.block_m}, {config.block_n}, {config.num_stages}, {config.threads}"
+    return f"TileConfig({', '.join([sizes, *switches])})"
+
+
+def table_text(arch: str, chosen: dict[tuple[int, bool], list[tuple[int | None, TileConfig]]]) -> str:
+    """configs.py's TUNED and TUNED_SHORT entries for these cases, as Python to paste."""
+    long_lines, short_lines = [], []
+    for (head_dim, causal), entries in chosen.items():
+        key = (arch, head_dim, causal)
+        long_lines.append(f"    {key!r}: {config_source(entries[-1][1])},")
+        if len(entries) > 1:
+            short = ", ".join(f"({most_keys}, {config_source(config)})" for most_keys, config in entries[:-1])
+            short_lines.append(f"    {key!r}: ({short},),")
+    return "\n".join(
+        [
+            "# Paste into TUNED in src/fa_kernel/configs.py:",
+            *long_lines,
+            "# Paste into TUNED_SHORT (cases without an entry there run TUNED's at every length):",
+            *short_lines,
+        ]
+    )
+
+
+def _compile(kwargs: dict) -> None:
+    try:
+        compiled_forward(**kwargs)
+    except Exception:  # a config that does not fit: the timing loop compiles it again and says so
+        return
+
+
+def precompile(builds: Iterable[dict], jobs: int) -> None:
+    """Fill TileLang's disk cache with these kernels, `jobs` at a time (nvcc is CPU-bound and a
+    build takes seconds; the timing loop then loads each one from the cache)."""
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile, builds))
+
+
+def alternate(timers: dict[TileConfig, Callable[[], float]], rounds: int) -> dict[TileConfig, float]:
+    """Median TFLOP/s of each config over `rounds`, each round timing every config once in turn,
+    so that the GPU's drift over the rounds falls on all of them alike."""
+    samples: dict[TileConfig, list[float]] = {config: [] for config in timers}
+    for _ in range(rounds):
+        for config, timer in timers.items():
+            samples[config].append(timer())
+    return {config: statistics.median(values) for config, values in samples.items()}
+
+
+def measure_case(
+    head_dim: int, causal: bool, ladder: Iterable[int], rounds: int, log: Callable[[str], None]
+) -> Measurements:
+    """TFLOP/s (fp16) of every candidate that compiles, at every length of the ladder; the
+    finalists' numbers at each length are medians of `rounds` alternated timings."""
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = {keys: sweep_shape(keys, head_dim, causal) for keys in ladder}
+    arguments = {}
+    for keys, shape in shapes.items():
+        q, k, v = shape.inputs()
+        lse = q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
+        arguments[keys] = (q, k, v, torch.empty_like(q), lse, LOG2E / head_dim**0.5)
+
+    def timer(kernel, keys: int) -> Callable[[], float]:
+        call = functools.partial(kernel, *arguments[keys])
+        return lambda: shapes[keys].flops / cuda_median_ms(call, warmup=5, repeats=20) / 1e9
+
+    kernels: dict[TileConfig, Callable] = {}
+    tflops: Measurements = {keys: {} for keys in shapes}
+    for config in candidate_configs(causal):
+        try:
+            kernels[config] = compiled_forward(
+                head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count
+            )
+        except Exception as error:  # shared memory or registers do not fit this head_dim
+            log(f"  {config}: does not compile ({type(error).__name__})")
+            continue
+        for keys in shapes:
+            tflops[keys][config] = timer(kernels[config], keys)()
+        log(f"  {config}: " + " ".join(f"{tflops[keys][config]:.0f}" for keys in shapes))
+    for keys in shapes:
+        top = finalists(tflops[keys])
+        tflops[keys].update(alternate({config: timer(kernels[config], keys) for config in top}, rounds))
+        log(f"  {shapes[keys].label()}: " + ", ".join(f"{config} {tflops[keys][config]:.0f}" for config in top))
+    return tflops

@@ -1,0 +1,111 @@
+"""The tuner's decisions, on made-up measurements (CPU): which entries a ladder of timings
+gives, which configs are alternated, and that alternation interleaves the configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from fa_kernel.configs import TileConfig, select_config
+from fa_kernel.tune import MARGIN, alternate, candidate_configs, choose_entries, config_source, finalists, table_text
+
+SMALL = TileConfig(128, 128, 2, 256, persistent=True)
+WIDE = TileConfig(192, 128, 2, 384, persistent=True)
+LONG = TileConfig(192, 128, 2, 384)
+
+
+def test_one_config_fastest_everywhere_is_one_entry():
+    tflops = {keys: {SMALL: 300.0, LONG: 250.0} for keys in (1024, 4096, 16384)}
+    assert choose_entries(tflops) == [(None, SMALL)]
+
+
+def test_a_config_serves_up_to_the_last_length_it_was_measured_good_at():
+    tflops = {1024: {SMALL: 300.0, LONG: 250.0}, 2048: {SMALL: 330.0, LONG: 320.0}, 4096: {SMALL: 350.0, LONG: 420.0}}
+    # 2048: 320 is 3% behind, outside the margin
+    assert choose_entries(tflops) == [(2048, SMALL), (None, LONG)]
+
+
+def test_within_the_margin_no_new_entry():
+    behind = 1 - MARGIN / 2
+    tflops = {1024: {SMALL: 300.0, LONG: 200.0}, 4096: {SMALL: 400.0 * behind, LONG: 400.0}}
+    assert choose_entries(tflops) == [(None, SMALL)]
+
+
+def test_the_config_that_serves_longest_beats_the_fastest_at_the_first_length():
+    # At 1024 SMALL is fastest and WIDE 1% behind; WIDE stays good to 4096, SMALL does not:
+    # one entry fewer than taking the fastest at each length.
+    tflops = {
+        1024: {SMALL: 300.0, WIDE: 297.0, LONG: 250.0},
+        2048: {SMALL: 330.0, WIDE: 380.0, LONG: 370.0},
+        4096: {SMALL: 380.0, WIDE: 430.0, LONG: 428.0},
+        8192: {SMALL: 380.0, WIDE: 450.0, LONG: 480.0},
+    }
+    assert choose_entries(tflops) == [(4096, WIDE), (None, LONG)]
+
+
+def test_the_ladder_may_come_in_any_order_and_configs_missing_at_a_length_are_not_good_there():
+    tflops = {4096: {LONG: 400.0}, 1024: {SMALL: 300.0, LONG: 100.0}}
+    assert choose_entries(tflops) == [(1024, SMALL), (None, LONG)]
+
+
+def test_no_measurements_is_an_error_that_says_so():
+    with pytest.raises(ValueError, match="tflops: expected measurements"):
+        choose_entries({})
+
+
+def test_the_printed_table_is_configs_py_and_selects_what_was_chosen():
+    chosen = {(64, True): [(1024, SMALL), (4096, WIDE), (None, LONG)], (64, False): [(None, WIDE)]}
+    text = table_text("sm_90", chosen)
+    namespace = {"TileConfig": TileConfig}
+    long_part, short_part = text.split("# Paste into TUNED_SHORT")
+    tuned = eval("{" + long_part.split("\n", 1)[1] + "}", namespace)  # noqa: S307 - our own printout
+    tuned_short = eval("{" + short_part.split("\n", 1)[1] + "}", namespace)  # noqa: S307
+    assert tuned == {("sm_90", 64, True): LONG, ("sm_90", 64, False): WIDE}
+    assert tuned_short == {("sm_90", 64, True): ((1024, SMALL), (4096, WIDE))}
+    # the same lookup the package does, on the printed tables
+    import fa_kernel.configs as configs
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(configs, "TUNED", tuned)
+        patch.setattr(configs, "TUNED_SHORT", tuned_short)
+        picks = [select_config("sm_90", 64, True, keys) for keys in (1, 1024, 1025, 4096, 4097, None)]
+    assert picks == [SMALL, SMALL, WIDE, WIDE, LONG, LONG]
+
+
+def test_configs_print_as_configs_py_writes_them():
+    for config in candidate_configs(True):
+        assert eval(config_source(config), {"TileConfig": TileConfig}) == config  # noqa: S307
+    assert config_source(WIDE) == "TileConfig(192, 128, 2, 384, persistent=True)"
+
+
+def test_finalists_are_the_fastest_and_those_a_timing_cannot_tell_from_it():
+    timings = {SMALL: 100.0, WIDE: 97.0, LONG: 94.0}
+    assert finalists(timings) == [SMALL, WIDE]
+    many = {TileConfig(64, block_n, 2, 128): 100.0 - block_n / 1000 for block_n in range(8, 80, 8)}
+    assert len(finalists(many)) == 4
+
+
+def test_alternation_times_every_config_once_per_round_and_takes_the_median():
+    calls = []
+    readings = {SMALL: iter([300.0, 100.0, 310.0]), LONG: iter([200.0, 205.0, 900.0])}
+
+    def timer(config):
+        def read():
+            calls.append(config)
+            return next(readings[config])
+
+        return read
+
+    assert alternate({SMALL: timer(SMALL), LONG: timer(LONG)}, rounds=3) == {SMALL: 300.0, LONG: 205.0}
+    assert calls == [SMALL, LONG] * 3
+
+
+def test_candidates_cover_every_schedule_the_tables_ship():
+    from fa_kernel.configs import TUNED, TUNED_SHORT
+
+    for (_, _, causal), config in TUNED.items():
+        assert config in candidate_configs(causal), config
+    for (_, _, causal), entries in TUNED_SHORT.items():
+        for _, config in entries:
+            assert config in candidate_configs(causal), config
+    assert any(config.blocks_per_sm == 2 for config in candidate_configs(True))
+    assert not any(config.blocks_per_sm == 2 for config in candidate_configs(False))
