@@ -86,7 +86,8 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
 
     cases = json.loads(record.read_text())["cases"]
     assert [case["entries"] for case in cases] == [[[2048, str(short)], [None, str(long)]]] * 2
-    assert cases[1]["causal"] and cases[1]["tflops"]["1024"][str(short)] > cases[1]["tflops"]["1024"][str(long)]
+    assert cases[1]["causal"] and cases[1]["alternated"]["1024"][str(short)] > cases[1]["alternated"]["1024"][str(long)]
+    assert len(cases[1]["sweep"]["1024"]) == len(expected) > len(cases[1]["alternated"]["1024"]) == 2
 
 
 def test_bench_prints_the_numbers_behind_its_plot(monkeypatch, capsys, tmp_path):

@@ -6,7 +6,17 @@ from __future__ import annotations
 import pytest
 
 from fa_kernel.configs import TileConfig, select_config
-from fa_kernel.tune import MARGIN, alternate, candidate_configs, choose_entries, config_source, finalists, table_text
+from fa_kernel.tune import (
+    FINALIST_SPREAD,
+    FINALISTS,
+    MARGIN,
+    alternate,
+    candidate_configs,
+    choose_entries,
+    config_source,
+    finalists,
+    table_text,
+)
 
 SMALL = TileConfig(128, 128, 2, 256, persistent=True)
 WIDE = TileConfig(192, 128, 2, 384, persistent=True)
@@ -78,10 +88,10 @@ def test_configs_print_as_configs_py_writes_them():
 
 
 def test_finalists_are_the_fastest_and_those_a_timing_cannot_tell_from_it():
-    timings = {SMALL: 100.0, WIDE: 97.0, LONG: 94.0}
+    timings = {SMALL: 100.0, WIDE: 1 + 100.0 * (1 - FINALIST_SPREAD), LONG: 100.0 * (1 - FINALIST_SPREAD) - 1}
     assert finalists(timings) == [SMALL, WIDE]
-    many = {TileConfig(64, block_n, 2, 128): 100.0 - block_n / 1000 for block_n in range(8, 80, 8)}
-    assert len(finalists(many)) == 4
+    many = {TileConfig(64, block_n, 2, 128): 100.0 - block_n / 1000 for block_n in range(8, 200, 8)}
+    assert finalists(many) == sorted(many, key=many.get, reverse=True)[:FINALISTS]
 
 
 def test_alternation_times_every_config_once_per_round_and_takes_the_median():

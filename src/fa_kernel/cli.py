@@ -258,11 +258,16 @@ def cmd_tune(args) -> int:
     chosen, record = {}, []
     for head_dim, causal in cases:
         console.print(f"d{head_dim}{' causal' if causal else ''}: timing every candidate at {ladder} keys")
-        tflops = tune.measure_case(head_dim, causal, ladder, args.rounds, console.print)
+        sweep, tflops = tune.measure_case(head_dim, causal, ladder, args.rounds, console.print)
         chosen[head_dim, causal] = entries = tune.choose_entries(tflops)
-        measured = {keys: {str(config): value for config, value in row.items()} for keys, row in tflops.items()}
-        entries_record = [[most, str(config)] for most, config in entries]
-        record.append({"head_dim": head_dim, "causal": causal, "tflops": measured, "entries": entries_record})
+        record.append(
+            {
+                "head_dim": head_dim,
+                "causal": causal,
+                **{name: _by_name(measured) for name, measured in (("sweep", sweep), ("alternated", tflops))},
+                "entries": [[most, str(config)] for most, config in entries],
+            }
+        )
         rows = [
             [str(keys), f"{max(measured.values()):.0f}", str(config), f"{measured[config]:.0f}"]
             for keys, measured in tflops.items()
@@ -275,6 +280,10 @@ def cmd_tune(args) -> int:
         with open(args.json, "w") as file:
             json.dump({"device": torch.cuda.get_device_name(), "arch": arch, "cases": record}, file, indent=1)
     return 0
+
+
+def _by_name(measured: tune.Measurements) -> dict[int, dict[str, float]]:
+    return {keys: {str(config): value for config, value in row.items()} for keys, row in measured.items()}
 
 
 def cmd_info(args) -> int:

@@ -31,9 +31,13 @@ LADDER = (1024, 2048, 4096, 8192, 16384)
 # config within it of the fastest is not measurably slower, and one entry fewer is worth more
 # than a difference nobody can reproduce.
 MARGIN = 0.02
-# Alternated: configs within FINALIST_SPREAD of the first sweep's fastest (at most FINALISTS).
-FINALIST_SPREAD = 0.05
-FINALISTS = 4
+# One timing of a config reads up to 10-15% high when the GPU has just been idle (a power-capped
+# H200 boosts, then settles: twelfth-session tune, 2048 keys, d128: 650-658 in the sweep, 570
+# alternated). So the sweep only shortlists: at each length the configs within FINALIST_SPREAD
+# of its fastest (at most FINALISTS); the shortlists of all lengths together are alternated at
+# every length, and only alternated numbers decide.
+FINALIST_SPREAD = 0.10
+FINALISTS = 6
 
 Measurements = dict[int, dict[TileConfig, float]]  # keys -> config -> TFLOP/s
 
@@ -61,8 +65,8 @@ def candidate_configs(causal: bool) -> list[TileConfig]:
 
 
 def finalists(timings: dict[TileConfig, float]) -> list[TileConfig]:
-    """The configs worth alternating: the fastest, and those close enough behind it that one
-    timing each cannot tell them apart."""
+    """The configs worth alternating at one length: the fastest of a sweep, and those close
+    enough behind it that one timing each cannot tell them apart."""
     ranked = sorted(timings, key=timings.__getitem__, reverse=True)
     best = timings[ranked[0]]
     return [config for config in ranked[:FINALISTS] if timings[config] >= (1 - FINALIST_SPREAD) * best]
@@ -155,9 +159,10 @@ def alternate(timers: dict[TileConfig, Callable[[], float]], rounds: int) -> dic
 
 def measure_case(
     head_dim: int, causal: bool, ladder: Iterable[int], rounds: int, log: Callable[[str], None]
-) -> Measurements:
-    """TFLOP/s (fp16) of every candidate that compiles, at every length of the ladder; the
-    finalists' numbers at each length are medians of `rounds` alternated timings."""
+) -> tuple[Measurements, Measurements]:
+    """TFLOP/s (fp16) of every candidate that compiles, at every length of the ladder, one timing
+    each (the sweep); then of the sweep's finalists at any length, alternated over `rounds` at
+    every length (medians). Returns (sweep, alternated)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = {keys: sweep_shape(keys, head_dim, causal) for keys in ladder}
     arguments = {}
@@ -171,7 +176,6 @@ def measure_case(
         return lambda: shapes[keys].flops / cuda_median_ms(call, warmup=5, repeats=20) / 1e9
 
     kernels: dict[TileConfig, Callable] = {}
-    tflops: Measurements = {keys: {} for keys in shapes}
     for config in candidate_configs(causal):
         try:
             kernels[config] = compiled_forward(
@@ -179,12 +183,17 @@ def measure_case(
             )
         except Exception as error:  # shared memory or registers do not fit this head_dim
             log(f"  {config}: does not compile ({type(error).__name__})")
-            continue
-        for keys in shapes:
-            tflops[keys][config] = timer(kernels[config], keys)()
-        log(f"  {config}: " + " ".join(f"{tflops[keys][config]:.0f}" for keys in shapes))
-    for keys in shapes:
-        top = finalists(tflops[keys])
-        tflops[keys].update(alternate({config: timer(kernels[config], keys) for config in top}, rounds))
-        log(f"  {shapes[keys].label()}: " + ", ".join(f"{config} {tflops[keys][config]:.0f}" for config in top))
-    return tflops
+    # Every kernel is loaded before any is timed, and one length's timings follow each other
+    # without a pause: a pause lets the GPU cool, and the next timing reads high.
+    sweep = {keys: {config: timer(kernel, keys)() for config, kernel in kernels.items()} for keys in shapes}
+    for config in kernels:
+        log(f"  {config}: " + " ".join(f"{sweep[keys][config]:.0f}" for keys in shapes))
+    shortlist = set().union(*(finalists(row) for row in sweep.values()))
+    contenders = [config for config in kernels if config in shortlist]
+    alternated = {
+        keys: alternate({config: timer(kernels[config], keys) for config in contenders}, rounds) for keys in shapes
+    }
+    log(f"  alternated ({rounds} rounds, medians; keys " + " ".join(map(str, shapes)) + "):")
+    for config in contenders:
+        log(f"    {config}: " + " ".join(f"{alternated[keys][config]:.0f}" for keys in shapes))
+    return sweep, alternated
