@@ -40,16 +40,16 @@ def test_within_the_margin_no_new_entry():
     assert choose_entries(tflops) == [(None, SMALL)]
 
 
-def test_the_config_that_serves_longest_beats_the_fastest_at_the_first_length():
-    # At 1024 SMALL is fastest and WIDE 1% behind; WIDE stays good to 4096, SMALL does not:
-    # one entry fewer than taking the fastest at each length.
+def test_an_entry_starts_with_the_fastest_and_a_tie_does_not_split_it():
+    # 1024: SMALL fastest, WIDE 1% behind. 2048: SMALL 13% behind, so WIDE (fastest there)
+    # starts an entry; 4096: LONG 0.5% behind WIDE; 8192: WIDE 6% behind LONG.
     tflops = {
         1024: {SMALL: 300.0, WIDE: 297.0, LONG: 250.0},
         2048: {SMALL: 330.0, WIDE: 380.0, LONG: 370.0},
         4096: {SMALL: 380.0, WIDE: 430.0, LONG: 428.0},
         8192: {SMALL: 380.0, WIDE: 450.0, LONG: 480.0},
     }
-    assert choose_entries(tflops) == [(4096, WIDE), (None, LONG)]
+    assert choose_entries(tflops) == [(1024, SMALL), (4096, WIDE), (None, LONG)]
 
 
 def test_the_ladder_may_come_in_any_order_and_configs_missing_at_a_length_are_not_good_there():

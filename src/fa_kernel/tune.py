@@ -73,32 +73,25 @@ def finalists(timings: dict[TileConfig, float]) -> list[TileConfig]:
 
 
 def choose_entries(tflops: Measurements, margin: float = MARGIN) -> list[tuple[int | None, TileConfig]]:
-    """The fewest (most_keys, config) entries that serve every length of the ladder with a config
-    within `margin` of the fastest there, in increasing order of keys; the last entry's most_keys
-    is None (it serves every longer length too).
+    """(most_keys, config) entries, in increasing order of keys, that serve every length of the
+    ladder; the last entry's most_keys is None (it serves every longer length too).
 
-    Greedy from the shortest length: of the configs good enough there, the one that stays good
-    over the most consecutive lengths (then the faster at the first); each config's good lengths
-    from a start are a run, so this gives the fewest entries.
+    From the shortest length up: an entry starts with the fastest config at its first length and
+    serves on while that config stays within `margin` of the fastest; at the first length where
+    it does not, the fastest there starts the next entry. So every length runs its fastest config
+    or one no measurably slower, and a difference within the margin never splits an entry.
     """
     ladder = sorted(tflops)
     if not ladder:
         raise ValueError("tflops: expected measurements at one key count at least, got none")
-
-    def good(config: TileConfig, keys: int) -> bool:
-        return tflops[keys].get(config, 0.0) >= (1 - margin) * max(tflops[keys].values())
-
-    def reach(config: TileConfig, start: int) -> int:
-        lengths = itertools.takewhile(lambda keys: good(config, keys), ladder[start:])
-        return sum(1 for _ in lengths)
-
-    entries: list[tuple[int | None, TileConfig]] = []
-    start = 0
-    while start < len(ladder):
-        first = tflops[ladder[start]]
-        chosen = max((c for c in first if good(c, ladder[start])), key=lambda c: (reach(c, start), first[c]))
-        start += reach(chosen, start)
-        entries.append((ladder[start - 1], chosen))
+    fastest = {keys: max(tflops[keys], key=tflops[keys].__getitem__) for keys in ladder}
+    entries = [(ladder[0], fastest[ladder[0]])]
+    for keys in ladder[1:]:
+        config = entries[-1][1]
+        if tflops[keys].get(config, 0.0) >= (1 - margin) * tflops[keys][fastest[keys]]:
+            entries[-1] = (keys, config)
+        else:
+            entries.append((keys, fastest[keys]))
     return [*entries[:-1], (None, entries[-1][1])]
 
 
