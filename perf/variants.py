@@ -140,7 +140,7 @@ _MASK_LOOP = """        for i, j in T.Parallel(block_m, block_n):
 # the GEMM delays every warpgroup behind this one.
 _WAIT_TURN_THEN_SCORES = """                        T.mbarrier_wait_parity(k_full[stage], phase)
                         if take_turns:
-                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+                            wait_turn(thread)
                         issue_scores(
                             Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
                         )"""
@@ -208,18 +208,18 @@ def _turns_from_patch(min_tiles: int):
             f"if thread >= consumers - 128 and num_kv_blocks > {max(1, min_tiles)}:",
         ),
         (
-            "                        if take_turns:\n                            T.sync_threads(",
+            "                        if take_turns:\n                            wait_turn(",
             f"                        if take_turns and num_kv_blocks > {min_tiles}:\n"
-            "                            T.sync_threads(",
+            "                            wait_turn(",
         ),
         (
             "if thread < consumers - 128 or kv_block < num_kv_blocks - 1:",
             f"if num_kv_blocks > {min_tiles} and (thread < consumers - 128 or kv_block < num_kv_blocks - 1):",
         ),
         (  # the turns of the tiles a warpgroup releases unread (kernel.warpgroup_kv_blocks)
-            "                            if take_turns:\n                                T.sync_threads(",
+            "                            if take_turns:\n                                wait_turn(",
             f"                            if take_turns and num_kv_blocks > {min_tiles}:\n"
-            "                                T.sync_threads(",
+            "                                wait_turn(",
         ),
     )
 

@@ -243,6 +243,11 @@ def forward_program(
             row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
 
     @T.macro
+    def wait_turn(thread):
+        """Wait until the previous consumer warpgroup hands this one the tensor cores (take_turns)."""
+        T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+
+    @T.macro
     def pass_turn(thread, kv_block, num_kv_blocks):
         """Hand the tensor cores to the next consumer warpgroup (take_turns); the last one's last
         hand-over of a work tile would have no taker (warpgroup 0 has no next K/V tile)."""
@@ -494,7 +499,7 @@ def forward_program(
                         kv_start = kv_block * block_n
                         T.mbarrier_wait_parity(k_full[stage], phase)
                         if take_turns:
-                            T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+                            wait_turn(thread)
                         issue_scores(
                             Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
                         )
@@ -601,7 +606,7 @@ def forward_program(
                             phase = ((kv_before + kv_block) // stages) & 1
                             T.mbarrier_wait_parity(k_full[stage], phase)
                             if take_turns:
-                                T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+                                wait_turn(thread)
                                 pass_turn(thread, kv_block, num_kv_blocks)
                             T.mbarrier_arrive(k_empty[stage])
                             T.mbarrier_wait_parity(v_full[stage], phase)
