@@ -81,6 +81,12 @@ class TileConfig:
 # - twelfth session, each warpgroup visiting only its rows' K/V tiles (kernel.warpgroup_kv_blocks;
 #   +4.6% d64 causal at 4096, the 192-row blocks' waste): d64 causal per tile 478 vs persistent
 #   458 at 8192 (per tile stays past 4096 keys; up to there, TUNED_SHORT);
+# - thirteenth session, `fa-kernel tune` (two runs over 1024-16384 keys, 16 heads) against these
+#   and TUNED_SHORT's entries: 1-3% apart at single lengths (d64 per tile ahead at 4096-8192,
+#   d128 persistent without the overlap ahead at 4096); at the bench's shapes (32 heads),
+#   alternated: d64 4096 persistent 490.7 vs per tile 481.7, d128 4096 overlap 588.6 vs 595.2
+#   without (inside the tuner's 2% margin), prefill (8192 keys) overlap 612.5 vs 601.1. Kept;
+#   PERF.md has both runs;
 # - d256: 128x64 is what fits shared memory with two K/V stages (Q 64 KB + K, V 2 x 2 x 32 KB);
 #   correct on the H200, its speed not tuned.
 TUNED: dict[tuple[str, int, bool], TileConfig] = {
