@@ -35,6 +35,16 @@ def test_verify_without_gpu_compiles_and_says_nothing_ran(capsys):
     assert "Nothing was run on a GPU" in out and out.count("compiled bfloat16") == 6 + SHORT_ENTRIES
 
 
+@pytest.mark.parametrize(
+    ("command", "argument"), [("tune", "--rounds"), ("tune", "--keys"), ("tune", "--jobs"), ("bench", "--repeats")]
+)
+def test_counts_that_are_not_positive_are_refused_by_name(command, argument, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, argument, "0"])
+    assert exit_info.value.code == 2
+    assert f"argument {argument}" in (err := capsys.readouterr().err) and "expected a positive integer, got '0'" in err
+
+
 def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkeypatch, capsys, tmp_path):
     # The search and the printout, with the GPU parts stubbed: a made-up speed per config and
     # length, under which a persistent 128x128 grid wins up to 2048 keys and 128x176 beyond.

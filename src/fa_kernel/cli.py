@@ -63,6 +63,17 @@ def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=None if stream.isatty() else 160)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type for counts: says which value it got when it is not a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fa-kernel", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fa_kernel {__version__}")
@@ -74,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = commands.add_parser("bench", help="TFLOP/s beside torch SDPA's cuDNN and flash backends")
     bench.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16"])
-    bench.add_argument("--repeats", type=int, default=50, help="timed calls per case (median reported)")
+    bench.add_argument("--repeats", type=_positive_int, default=50, help="timed calls per case (median reported)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
     bench.add_argument(
@@ -85,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_defaults(run=cmd_bench)
 
     tuner = commands.add_parser("tune", help="measure tile configs over key counts and print configs.py's tables")
-    tuner.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
-    tuner.add_argument("--keys", type=int, nargs="+", default=list(tune.LADDER), help="the ladder of key counts")
-    tuner.add_argument("--rounds", type=int, default=5, help="alternated timings of the finalists at each length")
-    tuner.add_argument("--jobs", type=int, default=os.cpu_count(), help="kernels compiled at once before timing")
+    tuner.add_argument("--head-dim", type=int, choices=SUPPORTED_HEAD_DIMS, nargs="+", default=[64, 128])
+    count = _positive_int
+    tuner.add_argument("--keys", type=count, nargs="+", default=list(tune.LADDER), help="the ladder of key counts")
+    tuner.add_argument("--rounds", type=count, default=5, help="alternated timings of the finalists at each length")
+    tuner.add_argument("--jobs", type=count, default=os.cpu_count(), help="kernels compiled at once before timing")
     tuner.add_argument("--json", metavar="FILE.json", help="also write every measurement and the entries to this file")
     tuner.set_defaults(run=cmd_tune)
 
