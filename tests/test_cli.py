@@ -77,7 +77,8 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     record = tmp_path / "tune.json"
     ladder = ["--keys", "4096", "1024", "2048"]
-    assert main(["tune", "--head-dim", "128", *ladder, "--rounds", "2", "--jobs", "1", "--json", str(record)]) == 0
+    options = ["--heads", "32", "--rounds", "2", "--jobs", "1", "--json", str(record)]
+    assert main(["tune", "--head-dim", "128", *ladder, *options]) == 0
     out = capsys.readouterr().out
     # every candidate of each case is compiled, causal ones with two thread blocks per SM too
     for causal in (False, True):
@@ -85,6 +86,7 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
         assert [config for _, was_causal, config in compiled if was_causal == causal] == expected
     assert "192x128/2st/384thr: does not compile (RuntimeError)" in out
     assert "timing every candidate at [1024, 2048, 4096] keys" in out
+    assert "  shapes: 32x32x1024x128 float16 causal, 16x32x2048x128" in out  # 32k tokens, the heads asked for
     text = out[out.index("# Paste into TUNED in") :]
     namespace = {"TileConfig": TileConfig}
     long_part, short_part = text.split("# Paste into TUNED_SHORT")
@@ -98,6 +100,12 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     assert [case["entries"] for case in cases] == [[[2048, str(short)], [None, str(long)]]] * 2
     assert cases[1]["causal"] and cases[1]["alternated"]["1024"][str(short)] > cases[1]["alternated"]["1024"][str(long)]
     assert len(cases[1]["sweep"]["1024"]) == len(expected) > len(cases[1]["alternated"]["1024"]) == 2
+    # the configs the table runs now are alternated too, for the comparison the tuner prints
+    shipped = TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True)  # d128, 4096 keys
+    assert set(cases[0]["alternated"]["4096"]) == {str(short), str(long), str(shipped)}
+    at_4096 = cases[0]["alternated"]["4096"]
+    assert at_4096[str(shipped)] == pytest.approx(0.5 * at_4096[str(long)])  # its made-up speed
+    assert "configs.py now" in out
 
 
 def test_bench_prints_the_numbers_behind_its_plot(monkeypatch, capsys, tmp_path):

@@ -67,11 +67,13 @@ class Shape:
         )
 
 
-def sweep_shape(seqlen: int, head_dim: int, causal: bool, dtype: torch.dtype = torch.float16) -> Shape:
+def sweep_shape(
+    seqlen: int, head_dim: int, causal: bool, dtype: torch.dtype = torch.float16, nheads: int = 16
+) -> Shape:
     """The shape at `seqlen` of the sweeps over sequence length (the bench's plot, the tuner's
-    ladder): 32k tokens in all, 16 heads, so that the work grows with seqlen only as attention's
-    does."""
-    return Shape(max(1, 32768 // seqlen), 16, seqlen, head_dim, causal, dtype)
+    ladder): 32k tokens in all, 16 heads unless told, so that the work grows with seqlen only as
+    attention's does."""
+    return Shape(max(1, 32768 // seqlen), nheads, seqlen, head_dim, causal, dtype)
 
 
 def sdpa_backends() -> dict[str, object]:

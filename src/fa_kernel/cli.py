@@ -23,7 +23,7 @@ from rich.table import Table
 
 from fa_kernel import __version__, tune
 from fa_kernel.bench import Shape, measure, sweep_shape
-from fa_kernel.configs import TUNED, arch_of, key_ranges
+from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.reference import judge, random_qkv
@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     tuner.add_argument("--head-dim", type=int, choices=SUPPORTED_HEAD_DIMS, nargs="+", default=[64, 128])
     count = _positive_int
     tuner.add_argument("--keys", type=count, nargs="+", default=list(tune.LADDER), help="the ladder of key counts")
+    tuner.add_argument(
+        "--heads", type=count, default=16, help="query heads of every shape (which entry wins depends on the grid)"
+    )
     tuner.add_argument("--rounds", type=count, default=5, help="alternated timings of the finalists at each length")
     tuner.add_argument("--jobs", type=count, default=os.cpu_count(), help="kernels compiled at once before timing")
     tuner.add_argument("--json", metavar="FILE.json", help="also write every measurement and the entries to this file")
@@ -270,7 +273,10 @@ def cmd_tune(args) -> int:
     chosen, record = {}, []
     for head_dim, causal in cases:
         console.print(f"d{head_dim}{' causal' if causal else ''}: timing every candidate at {ladder} keys")
-        sweep, tflops = tune.measure_case(head_dim, causal, ladder, args.rounds, console.print)
+        shipped = {keys: select_config(arch, head_dim, causal, keys) for keys in ladder}
+        sweep, tflops = tune.measure_case(
+            head_dim, causal, ladder, args.rounds, console.print, shipped.values(), nheads=args.heads
+        )
         chosen[head_dim, causal] = entries = tune.choose_entries(tflops)
         record.append(
             {
@@ -280,12 +286,16 @@ def cmd_tune(args) -> int:
                 "entries": [[most, str(config)] for most, config in entries],
             }
         )
-        rows = [
-            [str(keys), f"{max(measured.values()):.0f}", str(config), f"{measured[config]:.0f}"]
-            for keys, measured in tflops.items()
-            for config in [next(config for most, config in entries if most is None or keys <= most)]
-        ]
-        headers = ["keys", "fastest", "entry serving it", "its TFLOP/s"]
+        rows = []
+        for keys, measured in tflops.items():
+            fastest = max(measured, key=measured.__getitem__)
+            entry = next(config for most, config in entries if most is None or keys <= most)
+            cells = [
+                f"{c} {measured[c]:.0f}" if c in measured else f"{c} (no build)"
+                for c in (fastest, entry, shipped[keys])
+            ]
+            rows.append([str(keys), *cells])
+        headers = ["keys", "fastest (TFLOP/s)", "entry derived", "configs.py now"]
         _print_table(console, headers, rows, False, title=f"d{head_dim}{' causal' if causal else ''} (fp16)")
     console.print(tune.table_text(arch, chosen), highlight=False, soft_wrap=True)
     if args.json:

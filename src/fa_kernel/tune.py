@@ -151,13 +151,21 @@ def alternate(timers: dict[TileConfig, Callable[[], float]], rounds: int) -> dic
 
 
 def measure_case(
-    head_dim: int, causal: bool, ladder: Iterable[int], rounds: int, log: Callable[[str], None]
+    head_dim: int,
+    causal: bool,
+    ladder: Iterable[int],
+    rounds: int,
+    log: Callable[[str], None],
+    also: Iterable[TileConfig] = (),
+    nheads: int = 16,
 ) -> tuple[Measurements, Measurements]:
     """TFLOP/s (fp16) of every candidate that compiles, at every length of the ladder, one timing
-    each (the sweep); then of the sweep's finalists at any length, alternated over `rounds` at
-    every length (medians). Returns (sweep, alternated)."""
+    each (the sweep); then of the sweep's finalists at any length and the configs `also` (those
+    the table runs now, to compare with), alternated over `rounds` at every length (medians).
+    Shapes: bench.sweep_shape with `nheads` heads. Returns (sweep, alternated)."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    shapes = {keys: sweep_shape(keys, head_dim, causal) for keys in ladder}
+    shapes = {keys: sweep_shape(keys, head_dim, causal, nheads=nheads) for keys in ladder}
+    log("  shapes: " + ", ".join(shape.label() for shape in shapes.values()))
     arguments = {}
     for keys, shape in shapes.items():
         q, k, v = shape.inputs()
@@ -181,7 +189,7 @@ def measure_case(
     sweep = {keys: {config: timer(kernel, keys)() for config, kernel in kernels.items()} for keys in shapes}
     for config in kernels:
         log(f"  {config}: " + " ".join(f"{sweep[keys][config]:.0f}" for keys in shapes))
-    shortlist = set().union(*(finalists(row) for row in sweep.values()))
+    shortlist = set(also).union(*(finalists(row) for row in sweep.values()))
     contenders = [config for config in kernels if config in shortlist]
     alternated = {
         keys: alternate({config: timer(kernels[config], keys) for config in contenders}, rounds) for keys in shapes
