@@ -1,12 +1,14 @@
 """`fa-kernel tune`: measure tile configs over a ladder of key counts and derive configs.py's tables.
 
-Each (head_dim, causal) case times every candidate config at every length of the ladder, on the
-plot's shapes (32k tokens, 16 heads). The few configs near the top at each length are then
-timed again, alternated over rounds in this one process, because one timing of a config drifts
-with the GPU's clock and temperature by more than the configs at the top differ. From those
-numbers `choose_entries` derives the fewest entries that serve every length within MARGIN of
-the fastest config there: the last one becomes TUNED's entry (every longer length), the ones
-before it TUNED_SHORT's, each serving up to the longest length it was measured to serve.
+Each (head_dim, causal) case times every candidate config once at every length of the ladder
+(the sweep), on the plot's shapes (32k tokens, 16 heads unless told). One timing drifts with
+the GPU's clock and temperature by more than the configs at the top differ, so the sweep only
+shortlists; the shortlisted configs, and those configs.py runs now, are then timed again,
+alternated over rounds in this one process, at every length. From those medians alone
+`choose_entries` derives the entries: each starts with the fastest config at its first length
+and serves on while that config stays within MARGIN of the fastest. The last entry becomes
+TUNED's (every longer length too), the ones before it TUNED_SHORT's, each serving up to the
+longest length it was measured to serve.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from fa_kernel.kernel import LOG2E, compiled_forward
 LADDER = (1024, 2048, 4096, 8192, 16384)
 # The run-to-run spread of one config alternated against itself in one process, ~1.5% at 4096
 # keys (PERF.md, twelfth session: four alternations of two configs that are level there). A
-# config within it of the fastest is not measurably slower, and one entry fewer is worth more
-# than a difference nobody can reproduce.
+# config within it of the fastest is not measurably slower, so a difference within it never
+# splits an entry.
 MARGIN = 0.02
 # One timing of a config reads up to 10-15% high when the GPU has just been idle (a power-capped
-# H200 boosts, then settles: twelfth-session tune, 2048 keys, d128: 650-658 in the sweep, 570
-# alternated). So the sweep only shortlists: at each length the configs within FINALIST_SPREAD
+# H200 boosts, then settles: thirteenth session, 2048 keys, d128: 650-658 in one timing after
+# a pause, 568-572 alternated). So the sweep only shortlists: at each length the configs within FINALIST_SPREAD
 # of its fastest (at most FINALISTS); the shortlists of all lengths together are alternated at
 # every length, and only alternated numbers decide.
 FINALIST_SPREAD = 0.10
