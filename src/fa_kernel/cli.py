@@ -63,7 +63,7 @@ def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=None if stream.isatty() else 160)
 
 
-def _positive_int(text: str) -> int:
+def _count(text: str) -> int:
     """argparse type for counts: says which value it got when it is not a positive integer."""
     try:
         value = int(text)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = commands.add_parser("bench", help="TFLOP/s beside torch SDPA's cuDNN and flash backends")
     bench.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16"])
-    bench.add_argument("--repeats", type=_positive_int, default=50, help="timed calls per case (median reported)")
+    bench.add_argument("--repeats", type=_count, default=50, help="timed calls per case (median reported)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
     bench.add_argument(
@@ -97,13 +97,12 @@ def main(argv: list[str] | None = None) -> int:
 
     tuner = commands.add_parser("tune", help="measure tile configs over key counts and print configs.py's tables")
     tuner.add_argument("--head-dim", type=int, choices=SUPPORTED_HEAD_DIMS, nargs="+", default=[64, 128])
-    count = _positive_int
-    tuner.add_argument("--keys", type=count, nargs="+", default=list(tune.LADDER), help="the ladder of key counts")
+    tuner.add_argument("--keys", type=_count, nargs="+", default=list(tune.LADDER), help="the ladder of key counts")
     tuner.add_argument(
-        "--heads", type=count, default=16, help="query heads of every shape (which entry wins depends on the grid)"
+        "--heads", type=_count, default=16, help="query heads of every shape (which entry wins depends on the grid)"
     )
-    tuner.add_argument("--rounds", type=count, default=5, help="alternated timings of the finalists at each length")
-    tuner.add_argument("--jobs", type=count, default=os.cpu_count(), help="kernels compiled at once before timing")
+    tuner.add_argument("--rounds", type=_count, default=5, help="alternated timings of the finalists at each length")
+    tuner.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels compiled at once before timing")
     tuner.add_argument("--json", metavar="FILE.json", help="also write every measurement and the entries to this file")
     tuner.set_defaults(run=cmd_tune)
 
