@@ -64,7 +64,7 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     def compile_stub(*, head_dim, causal, dtype, config, sm_count):
         if config.block_m == 192 and head_dim == 128:
             raise RuntimeError("too many registers")
-        compiled.append((head_dim, causal, config))
+        compiled.append(dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count))
         return lambda q, k, v, out, lse, scale_log2: (config, q.shape[1])
 
     def median_ms_stub(call, warmup, repeats):
@@ -72,18 +72,35 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
         speed = {short: 1.2 if keys <= 2048 else 0.9, long: 1.0}.get(config, 0.5)
         return 1.0 / speed
 
+    class InlinePool:  # the compile pool, run in this process
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, items):
+            return map(fn, items)
+
     monkeypatch.setattr(tune, "compiled_forward", compile_stub)
     monkeypatch.setattr(tune, "cuda_median_ms", median_ms_stub)
+    monkeypatch.setattr(tune, "ProcessPoolExecutor", InlinePool)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     record = tmp_path / "tune.json"
     ladder = ["--keys", "4096", "1024", "2048"]
-    options = ["--heads", "32", "--rounds", "2", "--jobs", "1", "--json", str(record)]
+    options = ["--heads", "32", "--rounds", "2", "--jobs", "2", "--json", str(record)]
     assert main(["tune", "--head-dim", "128", *ladder, *options]) == 0
     out = capsys.readouterr().out
-    # every candidate of each case is compiled, causal ones with two thread blocks per SM too
+    # every candidate of each case is compiled, causal ones with two thread blocks per SM too,
+    # by the pool first and then by the timing loop with the same arguments (the disk cache's key)
+    pool_builds, loop_builds = compiled[: len(compiled) // 2], compiled[len(compiled) // 2 :]
+    assert pool_builds == loop_builds
     for causal in (False, True):
         expected = [c for c in tune.candidate_configs(causal) if c.block_m != 192]
-        assert [config for _, was_causal, config in compiled if was_causal == causal] == expected
+        assert [build["config"] for build in loop_builds if build["causal"] == causal] == expected
     assert "192x128/2st/384thr: does not compile (RuntimeError)" in out
     assert "timing every candidate at [1024, 2048, 4096] keys" in out
     assert "  shapes: 32x32x1024x128 float16 causal, 16x32x2048x128" in out  # 32k tokens, the heads asked for

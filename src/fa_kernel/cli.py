@@ -261,14 +261,8 @@ def cmd_tune(args) -> int:
     cases = list(itertools.product(args.head_dim, (False, True)))
     ladder = sorted(set(args.keys))
     if args.jobs > 1:
-        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-        builds = [
-            dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count)
-            for head_dim, causal in cases
-            for config in tune.candidate_configs(causal)
-        ]
-        console.print(f"compiling {len(builds)} candidate kernels, {args.jobs} at a time")
-        tune.precompile(builds, args.jobs)
+        console.print(f"compiling every candidate kernel, {args.jobs} at a time")
+        console.print(f"{tune.precompile(cases, args.jobs)} candidate kernels tried")
     chosen, record = {}, []
     for head_dim, causal in cases:
         console.print(f"d{head_dim}{' causal' if causal else ''}: timing every candidate at {ladder} keys")

@@ -128,18 +128,32 @@ def table_text(arch: str, chosen: dict[tuple[int, bool], list[tuple[int | None, 
     )
 
 
-def _compile(kwargs: dict) -> None:
+def kernel_build(head_dim: int, causal: bool, config: TileConfig, sm_count: int) -> dict:
+    """compiled_forward's arguments for a candidate. The compile pool and the timing loop both
+    build from here: the disk cache serves the second only for the very same arguments."""
+    return dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count)
+
+
+def _compile(build: dict) -> None:
     try:
-        compiled_forward(**kwargs)
+        compiled_forward(**build)
     except Exception:  # a config that does not fit: the timing loop compiles it again and says so
         return
 
 
-def precompile(builds: Iterable[dict], jobs: int) -> None:
-    """Fill TileLang's disk cache with these kernels, `jobs` at a time (nvcc is CPU-bound and a
-    build takes seconds; the timing loop then loads each one from the cache)."""
+def precompile(cases: Iterable[tuple[int, bool]], jobs: int) -> int:
+    """Fill TileLang's disk cache with every candidate of these (head_dim, causal) cases, `jobs`
+    at a time (nvcc is CPU-bound and a build takes seconds; the timing loop then loads each one
+    from the cache). Returns how many kernels it tried."""
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    builds = [
+        kernel_build(head_dim, causal, config, sm_count)
+        for head_dim, causal in cases
+        for config in candidate_configs(causal)
+    ]
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile, builds))
+    return len(builds)
 
 
 def alternate(timers: dict[TileConfig, Callable[[], float]], rounds: int) -> dict[TileConfig, float]:
@@ -181,9 +195,7 @@ def measure_case(
     kernels: dict[TileConfig, Callable] = {}
     for config in candidate_configs(causal):
         try:
-            kernels[config] = compiled_forward(
-                head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count
-            )
+            kernels[config] = compiled_forward(**kernel_build(head_dim, causal, config, sm_count))
         except Exception as error:  # shared memory or registers do not fit this head_dim
             log(f"  {config}: does not compile ({type(error).__name__})")
     # Every kernel is loaded before any is timed, and one length's timings follow each other
