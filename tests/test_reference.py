@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fa_kernel.reference import attention_flops, attention_ref, error_report, output_bound, visible_keys
+from fa_kernel.reference import attention_flops, attention_ref, error_report, judge, output_bound, visible_keys
 
 
 def naive_attention(q, k, v, causal, scale):
@@ -106,3 +106,80 @@ def test_a_broken_output_is_outside_the_bound():
 def test_flops_convention():
     assert attention_flops(8, 32, 4096, 4096, 128, False) == 4 * 8 * 32 * 4096 * 4096 * 128
     assert attention_flops(8, 32, 4096, 4096, 128, True) == 2 * 8 * 32 * 4096 * 4096 * 128
+
+
+def test_error_report_requires_nan_where_the_reference_is_nan():
+    ref = torch.tensor([1.0, math.nan, math.nan, 4.0, math.inf, -math.inf])
+    matching = torch.tensor([1.0, math.nan, math.nan, 4.0, math.inf, -math.inf])
+    report = error_report(matching, ref, atol=0.1, rtol=0.0)
+    assert report.max_abs == 0.0 and report.mismatches == 0 and report.nonfinite == 0
+    assert report.rel_l2 == 0.0
+    # A finite value, or an infinity, where the reference is NaN; NaN where it is finite or inf.
+    wrong = torch.tensor([math.nan, 0.0, math.inf, 4.0, math.nan, math.inf])
+    report = error_report(wrong, ref, atol=0.1, rtol=0.0)
+    assert report.nonfinite == 5 and report.mismatches == 5 and report.max_abs == math.inf
+
+
+def test_judge_accepts_nan_where_the_reference_has_it_and_nowhere_else():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 40, 2, 64, generator=gen).half() for _ in range(3))
+    q[0, 7, 1, 3] = math.nan
+    same_precision, lse = attention_ref(q, k, v, causal=True, upcast=False)
+    assert torch.isnan(same_precision[0, 7, 1]).all() and torch.isnan(lse[0, 1, 7])
+    verdict = judge(q, k, v, same_precision, lse, causal=True)
+    # The baseline is compared the same way: its NaN row matches the reference's, zero error.
+    assert verdict.passed and 0 < verdict.output_bound.baseline_max_abs < 1e-2, str(verdict)
+    finite_row = same_precision.clone()
+    finite_row[0, 7, 1] = 0.0
+    assert not judge(q, k, v, finite_row, lse, causal=True).passed
+    finite_lse = lse.clone()
+    finite_lse[0, 1, 7] = 0.0
+    assert not judge(q, k, v, same_precision, finite_lse, causal=True).passed
+    stray_nan = same_precision.clone()
+    stray_nan[0, 8, 1, 0] = math.nan
+    assert not judge(q, k, v, stray_nan, lse, causal=True).passed
+
+
+def test_inf_inputs_leave_the_bounds_finite():
+    # The bounds scale with the largest finite values: an Inf in V must not make every finite
+    # output pass.
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 40, 2, 64, generator=gen).half() for _ in range(3))
+    v[0, 0, 1, 5] = math.inf
+    same_precision, lse = attention_ref(q, k, v, upcast=False)
+    verdict = judge(q, k, v, same_precision, lse)
+    assert verdict.passed, str(verdict)
+    assert math.isfinite(verdict.output_bound.atol) and math.isfinite(verdict.lse_bound.atol)
+    off = same_precision.clone()
+    off[0, 3, 0, 0] += 0.25
+    assert not judge(q, k, v, off, lse).passed
+
+
+def test_the_mask_keeps_hidden_keys_and_rows_without_keys_out():
+    # q and K reach a row only through the keys it sees; V reaches every row that has a key
+    # (P.V is a GEMM over all keys: 0 times NaN); a row with no key is 0 and -inf regardless.
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 6, 1, 8, generator=gen)
+    k, v = torch.randn(1, 4, 1, 8, generator=gen), torch.randn(1, 4, 1, 8, generator=gen)
+    out, lse = attention_ref(q, k, v, causal=True)  # rows 0-1 see no key, row 2 keys 0, row 5 keys 0-3
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    q2[0, 0, 0, 0] = math.nan  # a row without keys
+    k2[0, 3, 0, 0] = math.nan  # seen by row 5 only
+    v2[0, 3, 0, 1] = math.nan  # hidden from rows 2-4, seen by row 5
+    out2, lse2 = attention_ref(q2, k2, v2, causal=True)
+    assert torch.all(out2[0, :2] == 0) and torch.all(lse2[0, 0, :2] == -math.inf)
+    assert torch.isnan(out2[0, 5]).all() and torch.isnan(lse2[0, 0, 5])
+    assert torch.isnan(out2[0, 2:5, 0, 1]).all()  # 0 times NaN
+    torch.testing.assert_close(out2[0, 2:5, 0, [0, *range(2, 8)]], out[0, 2:5, 0, [0, *range(2, 8)]])
+    torch.testing.assert_close(lse2[0, 0, :5], lse[0, 0, :5])
+
+
+def test_infinite_scores():
+    # +inf: the softmax is inf/inf, NaN output and LSE. Every score of a row -inf: no key
+    # weighs anything, output 0 and LSE -inf, as for a row that sees no key.
+    q, k, v = torch.ones(1, 2, 1, 4), torch.ones(1, 3, 1, 4), torch.randn(1, 3, 1, 4)
+    q[0, 0, 0, 0] = math.inf
+    q[0, 1, 0, 0] = -math.inf
+    out, lse = attention_ref(q, k, v)
+    assert torch.isnan(out[0, 0]).all() and torch.isnan(lse[0, 0, 0])
+    assert torch.all(out[0, 1] == 0) and lse[0, 0, 1] == -math.inf

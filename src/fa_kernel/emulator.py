@@ -101,6 +101,8 @@ def _attend_one_head(
             acc_s = acc_s + q_tile @ k_tile.T
 
             row_max_prev = row_max
+            # amax passes a NaN score on where the kernel's max skips it; either way the NaN
+            # reaches row_sum through its exponential, so the row ends NaN in both.
             row_max = torch.maximum(row_max_prev, acc_s.amax(dim=-1))
             if kv_block > 0:
                 # P~ against the max before this tile first: a row keeps that max while its sum
@@ -118,9 +120,10 @@ def _attend_one_head(
             acc_o = acc_o * alpha[:, None]  # rescale before P.V adds this tile
             acc_o = acc_o + acc_p.float() @ v_tile
 
-        # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0.
-        has_keys = row_sum > 0
-        out[q_start : q_start + rows] = torch.where(has_keys[:, None], acc_o / row_sum[:, None], 0.0).to(q.dtype)
+        # One normalisation after the loop; a row that saw no key (causal, Sq > Sk) is 0. A NaN
+        # row sum is not 0: the NaN reaches the output and LSE (docs/nonfinite.md).
+        no_key = row_sum == 0
+        out[q_start : q_start + rows] = torch.where(no_key[:, None], 0.0, acc_o / row_sum[:, None]).to(q.dtype)
         row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
-        lse[q_start : q_start + rows] = torch.where(has_keys, (row_max_scaled + torch.log2(row_sum)) * LN2, -math.inf)
+        lse[q_start : q_start + rows] = torch.where(no_key, -math.inf, (row_max_scaled + torch.log2(row_sum)) * LN2)
     return out, lse

@@ -50,6 +50,16 @@ def flash_attn_func(
     tensor) are copied once to contiguous memory before the launch; contiguous inputs are
     never copied.
 
+    NaN and Inf inputs (docs/nonfinite.md): a NaN in a row's q, or in k at a key the row
+    sees, makes that row's output and LSE NaN; a NaN in v at a key the row sees makes that
+    column of its output NaN. A score of +inf gives a NaN row and LSE; a row whose every
+    score is -inf gives 0 and LSE -inf, as a row that sees no key. Known limitation: the mask
+    is written as -inf into the scores before q kᵀ is added to it, so a NaN (or an Inf giving
+    a NaN or +inf score) in k at a key hidden from a row, but in a key tile the row's
+    warpgroup computes, or in the q of a row that sees no key, makes that row NaN where the
+    fp32 reference keeps it finite; and a NaN or Inf in v at such a hidden key reaches the row
+    as 0 times NaN in the P v product, as in any attention that computes it with a GEMM.
+
     Returns:
         out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
     """

@@ -286,8 +286,9 @@ def forward_program(
             )
 
     def normalised(acc_o, row_sum, i, d):
-        """O[i, d] after the one normalisation; a row that saw no key (causal, Sq > Sk) is 0."""
-        return T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)
+        """O[i, d] after the one normalisation; a row that saw no key (causal, Sq > Sk) is 0.
+        A NaN row sum is not 0: the NaN reaches O (docs/nonfinite.md)."""
+        return T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])
 
     @T.macro
     def rescale_output(acc_o, alpha):
@@ -622,7 +623,7 @@ def forward_program(
                     for i in T.Parallel(block_m):
                         if q_start + i < seqlen_q:
                             LSE[b, head, q_start + i] = T.if_then_else(
-                                row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf
+                                row_sum[i] == 0, neg_inf, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2
                             )
                     # The TMA store reads by the async proxy what the threads wrote by the generic
                     # one: each thread fences its writes before the sync that lets the store go.

@@ -37,7 +37,12 @@ def attention_ref(
     before the cast), so its error is the error any correct kernel of this precision has.
 
     Semantics match `fa_kernel.flash_attn_func`: GQA by head groups, bottom-right causal
-    alignment, output 0 and LSE -inf for a query that sees no key.
+    alignment, output 0 and LSE -inf for a query that sees no key. NaN and Inf inputs
+    (docs/nonfinite.md): the mask replaces the scores of hidden keys, so no q or K value
+    reaches a row through a key it cannot see; a score of +inf leaves the row's softmax
+    undefined, NaN output and LSE; a row whose every score is -inf (no key, or -Inf inputs)
+    outputs 0 with LSE -inf; P.V is a GEMM over all keys, so a NaN or Inf in V reaches every
+    row that has a key, through 0 times NaN where the key is hidden.
     """
     dtype = q.dtype
     seqlen_q, nheads, head_dim = q.shape[1], q.shape[2], q.shape[3]
@@ -51,12 +56,17 @@ def attention_ref(
     else:
         scores = _matmul_fp32_accumulate(q.transpose(1, 2), _repeat_kv(k, nheads).permute(0, 2, 3, 1)) * softmax_scale
         scores = scores.masked_fill(~visible, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1).float()
-    # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0.
-    probs = torch.softmax(scores, dim=-1).masked_fill(~visible.any(dim=-1, keepdim=True), 0.0)
+    # logsumexp says +inf where a score is +inf, but the softmax there is inf/inf: the row is
+    # NaN, its LSE with it, as a max-subtracted LSE (the kernel's) gives.
+    lse = torch.logsumexp(scores, dim=-1).masked_fill(scores.amax(dim=-1) == math.inf, math.nan).float()
+    # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0, also
+    # where the P.V GEMM would carry a NaN of V into it as 0 times NaN.
+    no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
+    probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
     if upcast:
-        return torch.einsum("bhqk,bkhd->bqhd", probs, _repeat_kv(v, nheads)), lse
-    out = _matmul_fp32_accumulate(probs.to(dtype), _repeat_kv(v, nheads).transpose(1, 2))
+        out = torch.einsum("bhqk,bkhd->bqhd", probs, _repeat_kv(v, nheads))
+        return out.masked_fill(no_key.transpose(1, 2), 0.0), lse
+    out = _matmul_fp32_accumulate(probs.to(dtype), _repeat_kv(v, nheads).transpose(1, 2)).masked_fill(no_key, 0.0)
     return out.transpose(1, 2).to(dtype), lse
 
 
@@ -116,7 +126,7 @@ class ErrorReport:
     mean_abs: float
     rel_l2: float
     mismatches: int  # elements with |out - ref| > atol + rtol * |ref|
-    nonfinite: int  # NaN or Inf in out where ref is finite
+    nonfinite: int  # out NaN or Inf where ref is finite, or not what ref is where ref is NaN or Inf
     numel: int
 
     def as_dict(self) -> dict[str, float | int]:
@@ -124,13 +134,15 @@ class ErrorReport:
 
 
 def error_report(out: torch.Tensor, ref: torch.Tensor, atol: float = 0.0, rtol: float = 0.0) -> ErrorReport:
-    """Compare out against ref elementwise, in float64. Positions where ref is -inf
-    (LSE of a row that sees no key) must match exactly and count as zero error."""
+    """Compare out against ref elementwise, in float64. Positions where ref is not finite
+    must match exactly and count as zero error: the same infinity (-inf is the LSE of a row
+    that sees no key), NaN for NaN (a NaN input that reaches the element). Anything else
+    there, a finite value included, is a mismatch of infinite error."""
     out, ref = out.double(), ref.double()
-    same_inf = torch.isinf(ref) & (out == ref)
-    diff = torch.where(same_inf, 0.0, (out - ref).abs())
+    same_nonfinite = (torch.isinf(ref) & (out == ref)) | (torch.isnan(ref) & torch.isnan(out))
+    diff = torch.where(same_nonfinite, 0.0, (out - ref).abs())
     diff = torch.where(torch.isnan(diff), math.inf, diff)
-    finite_ref = torch.where(torch.isinf(ref), 0.0, ref)
+    finite_ref = torch.where(torch.isfinite(ref), ref, 0.0)
     numel = diff.numel()
     return ErrorReport(
         max_abs=diff.max().item() if numel else 0.0,
@@ -142,7 +154,7 @@ def error_report(out: torch.Tensor, ref: torch.Tensor, atol: float = 0.0, rtol: 
         if numel
         else 0.0,
         mismatches=int((diff > atol + rtol * finite_ref.abs()).sum()),
-        nonfinite=int((~torch.isfinite(out) & ~same_inf).sum()),
+        nonfinite=int(((~torch.isfinite(out) | ~torch.isfinite(ref)) & ~same_nonfinite).sum()),
         numel=numel,
     )
 
@@ -195,7 +207,7 @@ def output_bound(
     5e-35 at 4k keys, visible only for inputs near FLT_MIN, like bf16 subnormals.
     """
     baseline_err = error_report(baseline, ref).max_abs
-    largest_output = ref.abs().nan_to_num(0.0).max().item() if ref.numel() else 0.0
+    largest_output = _largest_finite_abs(ref)
     rounding_err = max(error_report(ref.to(dtype), ref).max_abs, unit_roundoff(dtype) * largest_output)
     flush_to_zero = (seqlen_k + 1) * torch.finfo(torch.float32).tiny
     return Bound(
@@ -221,9 +233,16 @@ def lse_bound(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> Bound:
     u = torch.finfo(torch.float32).eps / 2
     head_dim, seqlen_k = q.shape[-1], k.shape[1]
     abs_dots = torch.einsum("bqhd,bkhd->bhqk", q.float().abs(), _repeat_kv(k, q.shape[2]).float().abs())
-    score_err = head_dim * u * (abs_dots.max().item() if abs_dots.numel() else 0.0) * softmax_scale
+    score_err = head_dim * u * _largest_finite_abs(abs_dots) * softmax_scale
     atol = score_err + seqlen_k * u + 2 * 2.0**-22
     return Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=atol, rtol=0.0)
+
+
+def _largest_finite_abs(t: torch.Tensor) -> float:
+    """max |t| over its finite elements, 0 if none: the scale of a bound. Where a NaN or Inf
+    input reaches the reference, that element is judged exactly (error_report); the error of
+    every other element comes from finite values."""
+    return t.abs().nan_to_num(0.0, posinf=0.0).max().item() if t.numel() else 0.0
 
 
 def _repeat_kv(k: torch.Tensor, nheads: int) -> torch.Tensor:
@@ -278,7 +297,7 @@ def judge(
         baseline,
         q.dtype,
         seqlen_k=k.shape[1],
-        dominant_term=peak_weight * (v.abs().max().item() if v.numel() else 0.0),
+        dominant_term=peak_weight * _largest_finite_abs(v),
     )
     report = error_report(out, ref, bound.atol, bound.rtol)
     if lse is None:

@@ -1,0 +1,51 @@
+"""A tile config's kernel called directly, bypassing flash_attn_func's choice of config: how the
+tests reach configs the dispatcher would not pick at these lengths (the long-sequence entries
+at few keys, the fallback) and persistent grids smaller than the GPU's."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fa_kernel.configs import TileConfig
+from fa_kernel.kernel import LOG2E, compiled_forward
+
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def device_sm_count() -> int | None:
+    """The SM count of the CUDA device (the persistent grid's size), None without one."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def device_arch() -> str:
+    """The architecture flash_attn_func compiles for ('sm_90a' on Hopper): direct builds name it
+    too, so that they and the dispatcher's share one compile (and tools/precompile.py's)."""
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}a"
+
+
+def kernel_for(q: torch.Tensor, causal: bool, config: TileConfig, sm_count: int | None = None):
+    """The compiled kernel of `config` for q's dtype and head_dim; `sm_count` None: the device's."""
+    sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
+    return compiled_forward(
+        head_dim=q.shape[-1],
+        causal=causal,
+        dtype=DTYPE_NAMES[q.dtype],
+        config=config,
+        arch=device_arch(),
+        sm_count=sm_count,
+    )
+
+
+def run_config(q, k, v, softmax_scale, causal, config, sm_count=None, kernel=None):
+    """(out, lse) of `config`'s kernel. The outputs start as NaN, so an element no thread block
+    writes fails any comparison whatever memory held."""
+    kernel = kernel or kernel_for(q, causal, config, sm_count)
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), math.nan, device=q.device, dtype=torch.float32)
+    kernel(q, k, v, out, lse, softmax_scale * LOG2E)
+    return out, lse

@@ -1,0 +1,297 @@
+"""NaN and Inf inputs, on the tile emulator (CPU) and the kernel (GPU): which rows of the
+output and LSE they reach (docs/nonfinite.md).
+
+A NaN put into one element of q, K or V must reach exactly the rows the rules name, and leave
+every other element bitwise as the clean run has it. Which rows a key reaches depends on the
+K/V tiles each row's scores are computed for, since the kernel writes the mask into the score
+accumulator before Q.K^T adds to it: `kv_tiles_computed` restates the kernel's rules for that
+(and the emulator's, which computes a whole query block's tiles for each of its rows). NaN and
+Inf inputs placed where those rules and the fp32 reference agree are judged against the
+reference (`reference.judge`), which defines what they give.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from fa_kernel import flash_attn_func
+from fa_kernel.configs import TileConfig, select_config
+from fa_kernel.emulator import attention_tiled
+from fa_kernel.interface import tile_config_for
+from fa_kernel.reference import judge, visible_keys
+from properties import assert_same
+
+# Neither a multiple of any block size the kernel runs with (64, 128, 176, 192) nor, paired,
+# equal: partial query blocks, partial K/V tiles and causal diagonals off the tile grid.
+LENGTHS = (1, 3, 63, 65, 100, 129, 150, 200, 257)
+NHEADS, NHEADS_KV = 4, 2  # GQA: query heads 2h and 2h + 1 read K/V head h
+
+
+@dataclass(frozen=True)
+class Target:
+    """An implementation under test, and whether each consumer warpgroup computes scores only
+    for its own rows' K/V tiles (the kernel) or every row for its query block's (the emulator)."""
+
+    attend: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (q, k, v, causal) -> (out, lse)
+    device: str
+    per_warpgroup: bool
+
+    def config(self, head_dim: int, causal: bool, seqlen_k: int) -> TileConfig:
+        if self.device == "cpu":
+            return select_config("sm_90", head_dim, causal, seqlen_k)  # attention_tiled's default
+        return tile_config_for(torch.device(self.device), head_dim, causal, seqlen_k)
+
+
+TARGETS = {
+    "emulator": Target(lambda q, k, v, causal: attention_tiled(q, k, v, causal=causal), "cpu", per_warpgroup=False),
+    "kernel": Target(
+        lambda q, k, v, causal: flash_attn_func(q, k, v, causal=causal, return_lse=True), "cuda", per_warpgroup=True
+    ),
+}
+TARGET_PARAMS = [pytest.param("emulator"), pytest.param("kernel", marks=pytest.mark.gpu)]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kv_tiles_computed(
+    config: TileConfig, seqlen_q: int, seqlen_k: int, causal: bool, per_warpgroup: bool
+) -> torch.Tensor:
+    """[seqlen_q]: how many K/V tiles, from the first, each row's scores are computed for.
+
+    The query block's tiles (kernel.work_tile): causal, up to the one holding the last visible
+    key of the block's last row, at least one. In the kernel each consumer warpgroup computes
+    only those its own rows see (kernel.warpgroup_kv_blocks), except under the overlapped
+    epilogue; the emulator computes the block's for every row."""
+    block_m, block_n = config.block_m, config.block_n
+    offset = seqlen_k - seqlen_q
+    all_tiles = ceil_div(seqlen_k, block_n)
+    group = block_m
+    if per_warpgroup and not config.overlap_epilogue:
+        group = block_m // (config.threads // 128)
+    tiles = []
+    for row in range(seqlen_q):
+        if not causal:
+            tiles.append(all_tiles)
+            continue
+        q_start = row // block_m * block_m
+        block_tiles = max(1, min(all_tiles, ceil_div(q_start + block_m + offset, block_n)))
+        if group == block_m:
+            tiles.append(block_tiles)
+            continue
+        first_row = row // group * group
+        last_visible = min(first_row + group, seqlen_q) + offset
+        tiles.append(max(1, min(block_tiles, ceil_div(last_visible, block_n))))
+    return torch.tensor(tiles)
+
+
+def rows_reached(key: int, config: TileConfig, seqlen_q: int, seqlen_k: int, causal: bool, per_warpgroup: bool):
+    """[seqlen_q] bool: the rows a NaN score at `key` reaches. Those that see the key, and those
+    for which it is hidden but in a tile their scores are computed for: the mask there is -inf,
+    to which Q.K^T adds the NaN."""
+    computed = kv_tiles_computed(config, seqlen_q, seqlen_k, causal, per_warpgroup) > key // config.block_n
+    return visible_keys(seqlen_q, seqlen_k, causal)[:, key] | computed
+
+
+@dataclass(frozen=True)
+class Poison:
+    """One problem and one element of q, K or V to poison; reproducible from its fields."""
+
+    head_dim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    row: int
+    head: int  # a K/V head; q is poisoned in the first query head of its group, 2 * head
+    key: int
+    column: int
+    seed: int
+
+    def inputs(self, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Standard-normal fp16 q, k, v, drawn on the CPU: the same on every device."""
+        gen = torch.Generator().manual_seed(self.seed)
+        q = torch.randn(1, self.seqlen_q, NHEADS, self.head_dim, generator=gen)
+        k = torch.randn(1, self.seqlen_k, NHEADS_KV, self.head_dim, generator=gen)
+        v = torch.randn(1, self.seqlen_k, NHEADS_KV, self.head_dim, generator=gen)
+        return tuple(t.half().to(device) for t in (q, k, v))
+
+
+@st.composite
+def poisons(draw) -> Poison:
+    seqlen_q = draw(st.sampled_from(LENGTHS))
+    seqlen_k = draw(st.sampled_from([n for n in LENGTHS if n != seqlen_q]))
+    head_dim = draw(st.sampled_from((64, 128)))
+    return Poison(
+        head_dim=head_dim,
+        causal=draw(st.booleans()),
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        row=draw(st.integers(0, seqlen_q - 1)),
+        head=draw(st.integers(0, NHEADS_KV - 1)),
+        key=draw(st.integers(0, seqlen_k - 1)),
+        column=draw(st.integers(0, head_dim - 1)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def rows_text(rows: torch.Tensor) -> str:
+    """'0-63, 100' for a bool mask over rows."""
+    picked = rows.nonzero().flatten().tolist()
+    spans: list[list[int]] = []
+    for row in picked:
+        if spans and spans[-1][1] == row - 1:
+            spans[-1][1] = row
+        else:
+            spans.append([row, row])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans) or "none"
+
+
+def assert_nan_exactly(actual: torch.Tensor, clean: torch.Tensor, expected_nan: torch.Tensor, what: str) -> None:
+    """NaN where `expected_nan`, and bitwise the clean run's value everywhere else."""
+    got_nan = torch.isnan(actual)
+    if not torch.equal(got_nan, expected_nan):
+        wrong = got_nan != expected_nan
+        raise AssertionError(
+            f"{what}: NaN at {int(got_nan.sum())} elements, expected {int(expected_nan.sum())}; "
+            f"{int(wrong.sum())} differ, first at {tuple(wrong.nonzero()[0].tolist())}"
+        )
+    assert_same(actual[~expected_nan], clean[~expected_nan], f"{what}, elements the NaN must not reach")
+
+
+def clean_and_poisoned(target: Target, case: Poison, tensor: str):
+    """(clean (out, lse), poisoned (out, lse)): a NaN put into `tensor` at the case's element."""
+    q, k, v = case.inputs(target.device)
+    clean_out, clean_lse = target.attend(q, k, v, case.causal)
+    assert torch.isfinite(clean_out).all(), "the clean run must be finite"
+    inputs = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
+    if tensor == "q":
+        inputs["q"][0, case.row, case.head * 2, case.column] = math.nan
+    else:
+        inputs[tensor][0, case.key, case.head, case.column] = math.nan
+    out, lse = target.attend(inputs["q"], inputs["k"], inputs["v"], case.causal)
+    return (clean_out, clean_lse), (out.cpu(), lse.cpu())
+
+
+# Named examples: a key hidden from some rows, in a tile the emulator computes for all of them
+# and the kernel's first warpgroup skips (150 queries, 200 keys: warpgroup 0 of 64 rows sees
+# keys up to 113, within the first tile of 128); a key in the first tile of rows that see no key.
+HIDDEN_IN_A_COMPUTED_TILE = Poison(128, True, 150, 200, row=70, head=1, key=150, column=5, seed=1)
+IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS = Poison(64, True, 150, 65, row=10, head=0, key=10, column=63, seed=2)
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+@given(case=poisons())
+@example(case=HIDDEN_IN_A_COMPUTED_TILE)
+@example(case=IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS)
+def test_nan_in_q_reaches_its_row_only(target, case):
+    # Also in a row that sees no key (causal, Sq > Sk), which the reference leaves 0: its scores
+    # in the first K/V tile, all hidden, are -inf + NaN.
+    (clean_out, clean_lse), (out, lse) = clean_and_poisoned(TARGETS[target], case, "q")
+    head = case.head * 2
+    expected_out = torch.zeros_like(out, dtype=torch.bool)
+    expected_out[0, case.row, head] = True
+    expected_lse = torch.zeros_like(lse, dtype=torch.bool)
+    expected_lse[0, head, case.row] = True
+    assert_nan_exactly(out, clean_out.cpu(), expected_out, f"output, NaN in q[{case.row}, head {head}]")
+    assert_nan_exactly(lse, clean_lse.cpu(), expected_lse, f"LSE, NaN in q[{case.row}, head {head}]")
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+@given(case=poisons())
+@example(case=HIDDEN_IN_A_COMPUTED_TILE)
+@example(case=IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS)
+def test_nan_in_k_reaches_the_rows_whose_scores_include_its_key(target, case):
+    target_ = TARGETS[target]
+    config = target_.config(case.head_dim, case.causal, case.seqlen_k)
+    reached = rows_reached(case.key, config, case.seqlen_q, case.seqlen_k, case.causal, target_.per_warpgroup)
+    (clean_out, clean_lse), (out, lse) = clean_and_poisoned(target_, case, "k")
+    expected_out = torch.zeros_like(out, dtype=torch.bool)
+    expected_lse = torch.zeros_like(lse, dtype=torch.bool)
+    for head in (case.head * 2, case.head * 2 + 1):  # the query heads of the poisoned K/V head
+        expected_out[0, reached, head] = True
+        expected_lse[0, head, reached] = True
+    what = f"NaN in K at key {case.key} ({config}; expected rows {rows_text(reached)})"
+    assert_nan_exactly(out, clean_out.cpu(), expected_out, f"output, {what}")
+    assert_nan_exactly(lse, clean_lse.cpu(), expected_lse, f"LSE, {what}")
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+@given(case=poisons())
+@example(case=HIDDEN_IN_A_COMPUTED_TILE)
+@example(case=IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS)
+def test_nan_in_v_reaches_its_column_of_the_rows_that_compute_its_key(target, case):
+    # P.V multiplies the key's weight, 0 where it is hidden, by the NaN; a row that sees no key
+    # is 0 whatever acc_o holds. The LSE does not read V.
+    target_ = TARGETS[target]
+    config = target_.config(case.head_dim, case.causal, case.seqlen_k)
+    reached = rows_reached(case.key, config, case.seqlen_q, case.seqlen_k, case.causal, target_.per_warpgroup)
+    reached &= visible_keys(case.seqlen_q, case.seqlen_k, case.causal).any(dim=1)
+    (clean_out, clean_lse), (out, lse) = clean_and_poisoned(target_, case, "v")
+    expected_out = torch.zeros_like(out, dtype=torch.bool)
+    for head in (case.head * 2, case.head * 2 + 1):
+        expected_out[0, reached, head, case.column] = True
+    what = f"NaN in V at key {case.key} ({config}; expected rows {rows_text(reached)})"
+    assert_nan_exactly(out, clean_out.cpu(), expected_out, f"output, {what}")
+    assert_same(lse, clean_lse.cpu(), f"LSE, {what}")
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rows_that_see_no_key_stay_zero(target, head_dim):
+    # Causal, 300 queries over 200 keys: rows 0-99 see no key. Their output stays exactly 0 and
+    # their LSE -inf with V NaN everywhere, q NaN in every other row, and K NaN past the tiles
+    # their scores are computed for.
+    target_ = TARGETS[target]
+    seqlen_q, seqlen_k = 300, 200
+    case = Poison(head_dim, True, seqlen_q, seqlen_k, row=0, head=0, key=0, column=0, seed=3)
+    q, k, v = case.inputs(target_.device)
+    dead = ~visible_keys(seqlen_q, seqlen_k, causal=True).any(dim=1)
+    config = target_.config(head_dim, True, seqlen_k)
+    first_free_key = int(kv_tiles_computed(config, seqlen_q, seqlen_k, True, target_.per_warpgroup)[dead].max())
+    first_free_key *= config.block_n
+    assert first_free_key < seqlen_k, "no key outside the tiles of the rows that see none: pick other lengths"
+    q[:, ~dead.to(q.device)] = math.nan
+    k[:, first_free_key:] = math.nan
+    v.fill_(math.nan)
+    out, lse = target_.attend(q, k, v, True)
+    assert torch.all(out[:, dead.to(out.device)] == 0), "output of rows that see no key"
+    assert torch.all(lse[:, :, dead.to(lse.device)] == -math.inf), "LSE of rows that see no key"
+
+
+def place(tensor: torch.Tensor, value: float, index: tuple[int, ...]) -> torch.Tensor:
+    tensor = tensor.clone()
+    tensor[index] = value
+    return tensor
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("tensor", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "+inf", "-inf"])
+def test_nonfinite_inputs_follow_the_reference(target, value, tensor, head_dim, causal):
+    # Where the kernel's rules and the reference's agree: q in the last row, which sees every
+    # key (an Inf there meets K of both signs: +inf scores, a NaN row); K and V at key 0, which
+    # every row sees. (A non-finite K at a hidden key, or V at one, reaches rows the reference
+    # keeps finite or makes NaN: the NaN tests above cover those.)
+    target_ = TARGETS[target]
+    seqlen_q, seqlen_k = 150, 200
+    q, k, v = Poison(head_dim, causal, seqlen_q, seqlen_k, 0, 0, 0, 0, seed=4).inputs(target_.device)
+    if tensor == "q":
+        q = place(q, value, (0, seqlen_q - 1, 1, 7))
+    elif tensor == "k":
+        k = place(k, value, (0, 0, 1, 7))
+    else:
+        v = place(v, value, (0, 0, 1, 7))
+    out, lse = target_.attend(q, k, v, causal)
+    verdict = judge(q, k, v, out, lse, causal)
+    assert verdict.passed, str(verdict)
+    assert not torch.isfinite(out).all(), "the non-finite input should reach the output"
