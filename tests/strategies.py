@@ -14,7 +14,18 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT
+from boundaries import (
+    FALLBACK_ENTRIES,
+    SIDE,
+    Entry,
+    boundary_offsets,
+    factor_pairs,
+    lengths_near_multiples,
+    shipped_entries,
+    sweep_limit,
+    tile_counts_near_grid,
+)
+from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, TileConfig
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -56,6 +67,8 @@ class Case:
     softmax_scale: float | None
     distribution: str
     seed: int
+    # The tile config to run, called directly; None: the one flash_attn_func picks for seqlen_k.
+    config: TileConfig | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -103,10 +116,38 @@ def seqlens(max_len: int) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from([n for n in EDGE_LENGTHS if n <= max_len]), st.integers(1, max_len))
 
 
+def cases(
+    *,
+    head_dims=(64, 128),
+    max_len: int = 1100,
+    max_score_elements: int = 2_000_000,
+    sm_count: int | None = None,
+) -> st.SearchStrategy[Case]:
+    """One attention problem: half of them free draws of lengths and heads, half drawn on both
+    sides of one of the kernel's boundaries (`boundary_cases`). batch*nheads*seqlen_q*seqlen_k
+    stays under max_score_elements so the reference (which materialises the score matrix) stays
+    fast. `sm_count`: the persistent grid's size on the device under test (None: no draws of
+    tile counts against it)."""
+    return st.one_of(
+        free_cases(head_dims=head_dims, max_len=max_len, max_score_elements=max_score_elements),
+        boundary_cases(head_dims=head_dims, max_len=max_len, max_score_elements=max_score_elements, sm_count=sm_count),
+    )
+
+
+def _numerics(draw, head_dim: int) -> dict:
+    """The parts of a case that do not shape the tiles."""
+    return dict(
+        head_dim=head_dim,
+        dtype=draw(st.sampled_from(sorted(DTYPES))),
+        softmax_scale=draw(st.one_of(st.none(), st.floats(0.02, 2.0))),
+        distribution=draw(st.sampled_from(DISTRIBUTIONS)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
 @st.composite
-def cases(draw, *, head_dims=(64, 128), max_len: int = 1100, max_score_elements: int = 2_000_000) -> Case:
-    """One attention problem; batch*nheads*seqlen_q*seqlen_k stays under max_score_elements
-    so the reference (which materialises the score matrix) stays fast."""
+def free_cases(draw, *, head_dims=(64, 128), max_len: int = 1100, max_score_elements: int = 2_000_000) -> Case:
+    """Lengths drawn on their own (edge lengths, flash-attn's pairs, anything), heads and GQA."""
     if draw(st.booleans()):
         seqlen_q, seqlen_k = draw(st.sampled_from(FLASH_ATTN_PAIRS))
     else:
@@ -124,10 +165,89 @@ def cases(draw, *, head_dims=(64, 128), max_len: int = 1100, max_score_elements:
         seqlen_k=seqlen_k,
         nheads=nheads_kv * group,
         nheads_kv=nheads_kv,
-        head_dim=draw(st.sampled_from(head_dims)),
-        dtype=draw(st.sampled_from(sorted(DTYPES))),
         causal=draw(st.booleans()),
-        softmax_scale=draw(st.one_of(st.none(), st.floats(0.02, 2.0))),
-        distribution=draw(st.sampled_from(DISTRIBUTIONS)),
-        seed=draw(st.integers(0, 2**31 - 1)),
+        **_numerics(draw, draw(st.sampled_from(head_dims))),
     )
+
+
+@st.composite
+def boundary_cases(
+    draw, *, head_dims=(64, 128), max_len: int = 1100, max_score_elements: int = 2_000_000, sm_count=None
+) -> Case:
+    """A case on one side of a boundary of one config the tables ship (or the fallback), drawn
+    from that config's block sizes (boundaries.py): seqlen_k in the config's key range near a
+    block multiple or the range's ends (the table's switch points), and a causal offset
+    seqlen_k - seqlen_q within SIDE of where a warpgroup's diagonal meets a K/V tile's end; or,
+    for a persistent config, a number of work tiles next to a multiple of the SM count.
+
+    Where the config's keys lie beyond max_len (or it is the fallback), the case names the
+    config and runs it directly at shorter lengths."""
+    entries = [entry for entry in shipped_entries() if entry.head_dim in head_dims]
+    entries += [entry for entry in FALLBACK_ENTRIES if entry.head_dim in head_dims]
+    entry = draw(st.sampled_from(entries))
+    fewest, most = entry.fewest, min(entry.most or max_len, max_len)
+    direct = entry in FALLBACK_ENTRIES or fewest > most
+    if direct:
+        fewest, most = 1, max_len
+    config = entry.config
+    numerics = _numerics(draw, entry.head_dim)
+    # Both sides of the key range's ends: the switch to the next entry is the first key past it.
+    near_k = sorted({*lengths_near_multiples(config, fewest, most), *range(fewest, min(most, fewest + SIDE) + 1)})
+    near_k += [n for n in range(max(fewest, most - SIDE), most + 1) if n not in near_k]
+
+    if sm_count and config.persistent and draw(st.booleans()):
+        shape = _tile_count_shape(draw, entry, near_k, sm_count, max_score_elements)
+        if shape is not None:
+            batch, seqlen_q, seqlen_k, nheads, nheads_kv = shape
+            return Case(
+                batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal=entry.causal, config=config if direct else None,
+                **numerics,
+            )  # fmt: skip
+
+    limit = sweep_limit(config)
+    offsets = boundary_offsets(config, limit)
+    budget = max_score_elements
+    if draw(st.booleans()):  # anchor seqlen_k on a boundary, then the offset
+        seqlen_k = draw(st.sampled_from([n for n in near_k if n * (n + limit) <= budget] or [fewest]))
+        offset = draw(st.sampled_from([o for o in offsets if 1 <= seqlen_k - o <= max_len] or [0]))
+        seqlen_q = max(1, seqlen_k - offset)
+    else:  # anchor seqlen_q on a boundary (last query block, dead warpgroups), then the offset
+        near_q = [n for n in lengths_near_multiples(config, 1, max_len) if n * (n + limit) <= budget]
+        seqlen_q = draw(st.sampled_from(near_q or [1]))
+        fitting = [o for o in offsets if fewest <= seqlen_q + o <= most]
+        if fitting:
+            seqlen_k = seqlen_q + draw(st.sampled_from(fitting))
+        else:
+            seqlen_k = draw(st.sampled_from([n for n in near_k if seqlen_q * n <= budget] or [fewest]))
+    nheads_kv = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 3]))
+    room = max(1, budget // (seqlen_q * seqlen_k * nheads_kv * group))
+    batch = draw(st.integers(1, min(2, room)))
+    if batch * nheads_kv * group * seqlen_q * seqlen_k > budget:
+        nheads_kv, group = 1, 1
+    return Case(
+        batch, seqlen_q, seqlen_k, nheads_kv * group, nheads_kv, causal=entry.causal,
+        config=config if direct else None, **numerics,
+    )  # fmt: skip
+
+
+def _tile_count_shape(draw, entry: Entry, near_k: list[int], sm_count: int, budget: int):
+    """(batch, seqlen_q, seqlen_k, nheads, nheads_kv) whose work tiles number one less than, as
+    many as, or one more than a whole number of the persistent grid's rounds; None if no such
+    shape fits the score budget."""
+    block_m = entry.config.block_m
+    tiles = draw(st.sampled_from(tile_counts_near_grid(sm_count)))
+    q_blocks, heads_times_batch = draw(st.sampled_from(factor_pairs(tiles, most_first=4)))
+    keys = [n for n in near_k if heads_times_batch * n <= budget]
+    if not keys:
+        return None
+    seqlen_k = draw(st.sampled_from(keys))
+    # The last query block full, or holding one row, or cut SIDE short.
+    rows = [q_blocks * block_m - step for step in range(SIDE + 1)] + [(q_blocks - 1) * block_m + 1]
+    rows = [n for n in rows if n >= 1 and heads_times_batch * n * seqlen_k <= budget]
+    if not rows:
+        return None
+    seqlen_q = draw(st.sampled_from(rows))
+    batch, nheads = draw(st.sampled_from(factor_pairs(heads_times_batch, most_first=3)))
+    nheads_kv = draw(st.sampled_from(sorted({1, nheads})))
+    return batch, seqlen_q, seqlen_k, nheads, nheads_kv

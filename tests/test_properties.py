@@ -3,6 +3,8 @@ on the TileLang kernel (GPU runner). HYPOTHESIS_PROFILE sets how many examples r
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given
@@ -10,16 +12,20 @@ from hypothesis import strategies as st
 
 from fa_kernel import flash_attn_func
 from fa_kernel.emulator import attention_tiled
+from launch import device_sm_count, run_config
 from properties import PROPERTIES
 from strategies import REACHES, Case, cases
 
 
-def emulator(q, k, v, softmax_scale, causal):
-    return attention_tiled(q, k, v, softmax_scale=softmax_scale, causal=causal)
+def emulator(q, k, v, softmax_scale, causal, config=None):
+    return attention_tiled(q, k, v, softmax_scale=softmax_scale, causal=causal, config=config)
 
 
-def kernel(q, k, v, softmax_scale, causal):
-    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True)
+def kernel(q, k, v, softmax_scale, causal, config=None):
+    """flash_attn_func, or the case's own config called directly."""
+    if config is None:
+        return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True)
+    return run_config(q, k, v, softmax_scale, causal, config)
 
 
 # (attend, device, strategy): the emulator runs smaller problems, since it is plain torch on a
@@ -28,7 +34,11 @@ def kernel(q, k, v, softmax_scale, causal):
 LONGEST = 2 * max(REACHES)
 TARGETS = {
     "emulator": (emulator, "cpu", cases(head_dims=(64, 128), max_len=600, max_score_elements=400_000)),
-    "kernel": (kernel, "cuda", cases(head_dims=(64, 128, 256), max_len=LONGEST, max_score_elements=40_000_000)),
+    "kernel": (
+        kernel,
+        "cuda",
+        cases(head_dims=(64, 128, 256), max_len=LONGEST, max_score_elements=40_000_000, sm_count=device_sm_count()),
+    ),
 }
 
 
@@ -50,7 +60,7 @@ NAMED_CASES = [
 def test_named_case(target, check, case):
     attend, device, _ = TARGETS[target]
     with torch.no_grad():
-        check(attend, case, device)
+        check(functools.partial(attend, config=case.config), case, device)
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
@@ -60,4 +70,4 @@ def test_property(target, check, data):
     attend, device, strategy = TARGETS[target]
     case = data.draw(strategy, label="case")
     with torch.no_grad():
-        check(attend, case, device)
+        check(functools.partial(attend, config=case.config), case, device)
