@@ -1,20 +1,59 @@
-"""The mutant list (tests/mutants.py) is in step with the source it patches (no GPU needed).
+"""The hand-written mutant list (tools/mutants.py) is in step with the source it patches, and its
+AST anchoring survives a reformat (no GPU needed).
 
-A mutant whose patch text no longer matches is reported as an error only when the mutants
-run, on the GPU machine; an edit of kernel.py that moves such a text must fail here first.
+A mutant whose fragment no longer matches is reported as an error only when the mutants run,
+on the GPU machine; an edit of kernel.py that changes such a fragment must fail here first.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
+from pathlib import Path
 
 import pytest
 
-import mutants
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import mutants  # noqa: E402
 
 
 @pytest.mark.parametrize("mutant", mutants.KERNEL_MUTANTS + mutants.EMULATOR_MUTANTS, ids=lambda m: m.name)
 def test_every_mutant_patches_its_file_once_and_still_parses(mutant):
-    text = mutants.mutated_source(mutant)
-    assert text != (mutants.ROOT / "src" / "fa_kernel" / mutant.file).read_text()
+    text = mutant.mutated_source()
+    assert text != (mutants.PACKAGE / mutant.file).read_text()
     ast.parse(text)  # a mutant must die of its bug, not of a syntax error
+
+
+REFORMATTED = """\
+def f(a, b):
+    total = (a
+             + b)  # a comment
+    if total > 0:
+        total = total * 2
+        return max(a,
+                   b)
+    return total
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected_line"),
+    [
+        ("a + b", "a - b", "    total = (a - b)  # a comment"),  # an expression over two lines
+        ("total = total * 2\nreturn max(a, b)", "return a", "        return a"),  # statements in a row
+        ("total = total * 2", "", "        return max(a,"),  # a statement deleted
+    ],
+)
+def test_patches_match_the_ast_whatever_the_formatting(old, new, expected_line):
+    text = mutants.apply_patch(REFORMATTED, old, new)
+    ast.parse(text)
+    assert expected_line in text.splitlines()
+
+
+def test_a_fragment_found_twice_or_never_is_an_error():
+    with pytest.raises(ValueError, match="found 2 times"):
+        mutants.apply_patch("x = a + 1\ny = a + 1\n", "a + 1", "a")
+    with pytest.raises(ValueError, match="found 0 times"):
+        mutants.apply_patch("x = a + 1\n", "a + 2", "a")
+    # `within` narrows the search to one function
+    assert "y = a\n" in mutants.apply_patch("def f():\n    x = a + 1\ndef g():\n    y = a + 1\n", "a + 1", "a", "g")

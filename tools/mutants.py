@@ -1,48 +1,134 @@
-"""Mutation testing: apply each known kernel bug to a copy of the source, run the suite
-against it, and fail unless every mutant is killed.
+"""Mutation testing: apply each kernel bug to a copy of the source, run the suite against it,
+and fail unless every mutant is killed (or, for generated mutants, shown equivalent).
 
-    python tests/mutants.py                     # the TileLang kernel (needs a GPU)
-    python tests/mutants.py --target emulator   # the same bugs in the CPU tile emulator
-    python tests/mutants.py --only rescale_after_gemm
-    python tests/mutants.py --only last_tile_sum --select tests/test_kernel.py::test_every_consumer_schedule
+    python tools/mutants.py                          # the hand-written mutants, on the GPU
+    python tools/mutants.py --generated --list       # the generated mutants, one line each (no GPU)
+    python tools/mutants.py --generated              # triage on the CPU, then the GPU
+    python tools/mutants.py --target emulator        # the hand-written bugs in the CPU emulator
+    python tools/mutants.py --only rescale_after_gemm --select tests/test_kernel.py::test_every_consumer_schedule
         # one test, every parameter (no -x): which of its cases catch the mutant
 
-A mutant is a text patch applied to a temporary copy of src/, never a switch inside the
-shipped code. A patch whose text is no longer found exactly once is an error (the list
-must be kept in step with the kernel), not a kill.
+Two kinds of mutant:
+- hand-written (KERNEL_MUTANTS, EMULATOR_MUTANTS): the semantic bugs a kernel author makes
+  (a rescale after the GEMM, the last tile's sum). Each patch is anchored on the AST, not on
+  whitespace: `old` is a Python fragment (an expression, or one or more statements in a row)
+  that must occur exactly once, compared as `ast.unparse` writes it, so a reformat of the
+  kernel leaves every mutant applying;
+- generated (tools/ast_mutants.py): every relational swap, off-by-one, min/max and or/and swap,
+  guard forced, and named constant perturbed in the kernel's tile logic.
+
+Each mutant is judged in tiers, the cheap ones first:
+1. triage (CPU, generated kernel.py mutants): the mutant's PrimFunc of every kernel the tables
+   ship and the boundary sweep builds is compared with the unmutated one's. Identical for all:
+   the mutant is **equivalent** (the compiled kernels are the same, as TileLang's cache key is
+   that PrimFunc's script); the reason is that check, recorded with the count.
+2. the mutant's own tests (`first`), then the smoke tier (`-m smoke`: the boundary sweep);
+3. the whole GPU suite, for the survivors of the smoke tier.
+Mutants spread over every GPU of the host (CUDA_VISIBLE_DEVICES per mutant), each with a
+TileLang cache of its own seeded from the unmutated build's, so that kernels the mutant does
+not change load instead of compiling.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "fa_kernel"
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
+
+from ast_mutants import GeneratedMutant, SourceText, generate  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Mutant:
+    """A hand-written bug: `old` -> `new` in `file`, where `old` is a Python fragment found once
+    (within the function `within`, if named) by its AST, whatever its formatting."""
+
     name: str
     file: str  # relative to src/fa_kernel
     old: str
     new: str
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) patches in the same file
-    # Tests written to catch this bug, run before the suite (which runs only if they pass):
-    # otherwise a mutant that only they kill compiles most of the suite's kernels first.
+    # Tests written to catch this bug, run before the smoke tier: otherwise a mutant that only
+    # they kill compiles the smoke tier's kernels first.
     first: tuple[str, ...] = ()
+    within: str | None = None
+
+    def mutated_source(self) -> str:
+        """The mutant's file with its patches applied; ValueError if a fragment is not found
+        exactly once (the list has fallen out of step with the source)."""
+        text = (PACKAGE / self.file).read_text()
+        for old, new in ((self.old, self.new), *self.more):
+            text = apply_patch(text, old, new, self.within)
+        return text
+
+    @property
+    def id(self) -> str:
+        return self.name
+
+
+def _statement_runs(tree: ast.AST, length: int):
+    """Every run of `length` consecutive statements of one body in the tree."""
+    for node in ast.walk(tree):
+        for body_name in ("body", "orelse", "finalbody"):
+            body = getattr(node, body_name, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                for index in range(len(body) - length + 1):
+                    yield body[index : index + length]
+
+
+def apply_patch(text: str, old: str, new: str, within: str | None = None) -> str:
+    """`text` with the one occurrence of the fragment `old` replaced by `new`.
+
+    `old` is matched by its AST (as ast.unparse writes it): first as statements in a row, which
+    are replaced by `new`'s lines at their indentation (`new` empty deletes them); else as an
+    expression, whose exact span is replaced by `new`."""
+    tree = ast.parse(text)
+    if within is not None:
+        scopes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == within]
+        if len(scopes) != 1:
+            raise ValueError(f"function {within!r} found {len(scopes)} times, not once")
+        tree = scopes[0]
+    source = SourceText(text)
+    statements = ast.parse(old).body
+    wanted = [ast.unparse(statement) for statement in statements]
+    runs = [run for run in _statement_runs(tree, len(statements)) if [ast.unparse(s) for s in run] == wanted]
+    if len(runs) == 1:
+        first, last = runs[0][0], runs[0][-1]
+        line_start = source.offset(first.lineno, 0)
+        line_end = source.offset(last.end_lineno, 0) + len(source.lines[last.end_lineno - 1]) + 1
+        indent = " " * first.col_offset
+        lines = "".join(f"{indent}{line}\n" for line in new.splitlines())
+        return text[:line_start] + lines + text[line_end:]
+    if len(statements) == 1 and isinstance(statements[0], ast.Expr) or not runs:
+        expression = ast.unparse(ast.parse(old, mode="eval"))
+        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.expr) and ast.unparse(n) == expression]
+        if len(nodes) == 1:
+            return text[: source.start(nodes[0])] + new + text[source.end(nodes[0]) :]
+        found = len(nodes)
+    else:
+        found = len(runs)
+    raise ValueError(f"fragment {old!r} found {found} times, not once")
 
 
 JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
 PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
+NONFINITE = ("tests/test_nonfinite.py",)
+GUARD_REGIONS = ("tests/test_guard_regions.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 
 
@@ -51,11 +137,8 @@ KERNEL_MUTANTS = [
         # The tile that replaced its max leaves acc_o at the old one.
         "new_max_without_rescale",
         "kernel.py",
-        """                                stale_sum=tile_sum,
-                            )
-                            rescale_output(acc_o, alpha)""",
-        """                                stale_sum=tile_sum,
-                            )""",
+        "rescale_output(acc_o, alpha)",
+        "",
         first=JUMPS,
     ),
     Mutant(
@@ -63,16 +146,13 @@ KERNEL_MUTANTS = [
         # (and, on tiles that kept their max, by the alpha of the last tile that did not).
         "rescale_after_gemm",
         "kernel.py",
-        """                            rescale_output(acc_o, alpha)
-                        else:""",
-        """                        else:""",
+        "rescale_output(acc_o, alpha)",
+        "",
         more=(
             (
-                """                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                        T.mbarrier_arrive(v_empty[prev_stage])""",
-                """                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                        rescale_output(acc_o, alpha)
-                        T.mbarrier_arrive(v_empty[prev_stage])""",
+                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nT.mbarrier_arrive(v_empty[prev_stage])",
+                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nrescale_output(acc_o, alpha)\n"
+                "T.mbarrier_arrive(v_empty[prev_stage])",
             ),
         ),
         first=JUMPS,
@@ -81,8 +161,8 @@ KERNEL_MUTANTS = [
         # The exponentials stay against the max before the tile whatever their sum: P~ overflows.
         "stale_max_never_replaced",
         "kernel.py",
-        "                                row_over = 1",
-        "                                row_over = 0",
+        "row_over = 1",
+        "row_over = 0",
         first=JUMPS,
     ),
     Mutant(
@@ -98,17 +178,9 @@ KERNEL_MUTANTS = [
         # (P~, not S): the recomputation of S forgotten.
         "new_max_from_stale_exponentials",
         "kernel.py",
-        """                            issue_scores(
-                                Q_shared,
-                                ring_stage(K_shared, stage),
-                                acc_s,
-                                kv_start,
-                                q_start,
-                                diagonal_offset,
-                                seqlen_k,
-                            )
-""",
-        "",
+        "issue_scores(Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
+        "T.wait_wgmma(0)",
+        "T.wait_wgmma(0)",
         first=JUMPS,
     ),
     Mutant(
@@ -136,10 +208,8 @@ KERNEL_MUTANTS = [
     Mutant(
         "max_order_swapped",
         "kernel.py",
-        """        T.copy(row_max, row_max_prev)
-        T.reduce_max(acc_s, row_max, dim=1, clear=False)""",
-        """        T.reduce_max(acc_s, row_max, dim=1, clear=False)
-        T.copy(row_max, row_max_prev)""",
+        "T.copy(row_max, row_max_prev)\nT.reduce_max(acc_s, row_max, dim=1, clear=False)",
+        "T.reduce_max(acc_s, row_max, dim=1, clear=False)\nT.copy(row_max, row_max_prev)",
         first=JUMPS,
     ),
     Mutant(
@@ -196,8 +266,8 @@ KERNEL_MUTANTS = [
         # Persistent thread blocks skip the last, partial round of work tiles.
         "persistent_rounds_one_short",
         "kernel.py",
-        "place_in_last < num_tiles % workers, 1, 0)",
-        "place_in_last < 0, 1, 0)",
+        "place_in_last < num_tiles % workers",
+        "place_in_last < 0",
         first=PERSISTENT,
     ),
     Mutant(
@@ -205,16 +275,16 @@ KERNEL_MUTANTS = [
         # next tile's Q lands under the current one's remaining tiles (persistent grid).
         "q_released_after_second_tile",
         "kernel.py",
-        "if kv_block == own_kv_blocks - 1:",
-        "if kv_block == 1:",
+        "kv_block == own_kv_blocks - 1",
+        "kv_block == 1",
         first=PERSISTENT,
     ),
     Mutant(
         # The producer loads the next work tile's V over O before O has left the V ring.
         "v_loaded_over_unsent_output",
         "kernel.py",
-        "if not o_buffer and kv_block == 0:",
-        "if not o_buffer and kv_block < 0:",
+        "not o_buffer and kv_block == 0",
+        "not o_buffer and kv_block < 0",
         first=PERSISTENT,
     ),
     Mutant(
@@ -236,17 +306,17 @@ KERNEL_MUTANTS = [
         # O's TMA store covers the first 64 columns only (head_dim 128 and 256 lose the rest).
         "output_stored_in_one_panel",
         "kernel.py",
-        "        for panel in T.unroll(head_dim // TMA_PANEL):\n            T.tma_copy(\n                O_tile",
-        "        for panel in T.unroll(1):\n            T.tma_copy(\n                O_tile",
+        "T.unroll(head_dim // TMA_PANEL)",
+        "T.unroll(1)",
+        within="store_output",
     ),
     Mutant(
         "normalise_inside_loop",
         "kernel.py",
-        "                        T.mbarrier_arrive(v_empty[prev_stage])\n",
-        """                        T.mbarrier_arrive(v_empty[prev_stage])
-                        for i, d in T.Parallel(block_m, head_dim):
-                            acc_o[i, d] /= row_sum[i]
-""",
+        "T.mbarrier_arrive(v_empty[prev_stage])",
+        "T.mbarrier_arrive(v_empty[prev_stage])\n"
+        "for i, d in T.Parallel(block_m, head_dim):\n"
+        "    acc_o[i, d] /= row_sum[i]",
     ),
     Mutant("scale_without_log2e", "interface.py", "softmax_scale * LOG2E", "softmax_scale"),
     Mutant(
@@ -259,8 +329,40 @@ KERNEL_MUTANTS = [
         # (both normalisation paths, with and without overlap_epilogue)
         "nan_for_rows_without_keys",
         "kernel.py",
-        "T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
+        "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
         "acc_o[i, d] / row_sum[i]",
+    ),
+    Mutant(
+        # A NaN row sum read as "no key": a corrupted input becomes a plausible 0 (docs/nonfinite.md).
+        "nan_row_made_finite",
+        "kernel.py",
+        "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
+        "T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
+        more=(
+            (
+                "T.if_then_else(row_sum[i] == 0, neg_inf, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2)",
+                "T.if_then_else(row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf)",
+            ),
+        ),
+        first=NONFINITE,
+    ),
+    Mutant(
+        # One LSE row past seqlen_q, with TileLang's own bounds guard switched off: the write lands
+        # past the end of lse (with the guard on, this mutant is equivalent; docs/testing.md).
+        "lse_row_past_the_end_unguarded",
+        "kernel.py",
+        "q_start + i < seqlen_q",
+        "q_start + i <= seqlen_q",
+        more=(
+            (
+                "PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True, "
+                "tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}",
+                "PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True, "
+                "tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True, "
+                "tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
+            ),
+        ),
+        first=GUARD_REGIONS,
     ),
     Mutant("gqa_wrong_kv_head", "kernel.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
     Mutant(
@@ -281,16 +383,14 @@ EMULATOR_MUTANTS = [
     Mutant(
         "stale_sum_limit_past_fp16",
         "emulator.py",
-        "torch.where(stale_sum > STALE_SUM_LIMIT,",
-        "torch.where(stale_sum > 131072.0,",
+        "stale_sum > STALE_SUM_LIMIT",
+        "stale_sum > 131072.0",
     ),
     Mutant(
         "rescale_after_gemm",
         "emulator.py",
-        """            acc_o = acc_o * alpha[:, None]  # rescale before P.V adds this tile
-            acc_o = acc_o + acc_p.float() @ v_tile""",
-        """            acc_o = acc_o + acc_p.float() @ v_tile
-            acc_o = acc_o * alpha[:, None]""",
+        "acc_o = acc_o * alpha[:, None]\nacc_o = acc_o + acc_p.float() @ v_tile",
+        "acc_o = acc_o + acc_p.float() @ v_tile\nacc_o = acc_o * alpha[:, None]",
     ),
     Mutant(
         "last_tile_sum", "emulator.py", "row_sum = row_sum * alpha + acc_s.sum(dim=-1)", "row_sum = acc_s.sum(dim=-1)"
@@ -333,30 +433,96 @@ EMULATOR_MUTANTS = [
     ),
 ]
 
-# Which tests judge a mutant: the named GPU tests and the property suite for the kernel; the
-# property suite on the emulator for the emulator. -x: the first failure kills the mutant.
+# Which tests judge a mutant: the smoke tier first (the boundary sweep), then the GPU suite, for
+# the kernel; the property suite and the boundary sweep on the emulator for the emulator.
+SMOKE_ARGS = ["tests/test_boundary_sweep.py", "-m", "smoke"]
 PYTEST_ARGS = {
-    "kernel": ["tests/test_kernel.py", "tests/test_properties.py", "-m", "gpu", "-k", "not emulator"],
-    "emulator": ["tests/test_properties.py", "-k", "emulator"],
+    "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
+    "emulator": ["tests/test_properties.py", "tests/test_boundary_sweep.py", "-k", "emulator"],
 }
 
 
-def mutated_source(mutant: Mutant) -> str:
-    """The mutant's file with its patches applied; ValueError if a patch text is not found
-    exactly once (the list has fallen out of step with the source)."""
-    text = (ROOT / "src" / "fa_kernel" / mutant.file).read_text()
-    # A text that starts with indentation must start a line (inside a deeper-indented line its
-    # replacement would break the nesting, and the mutant would die of a syntax error).
-    for old, new in ((mutant.old, mutant.new), *mutant.more):
-        old, new = ("\n" + old, "\n" + new) if old.startswith(" ") else (old, new)
-        if text.count(old) != 1:
-            raise ValueError(f"patch text found {text.count(old)} times in {mutant.file}, not once")
-        text = text.replace(old, new)
-    return text
+def triage_builds(sm_count: int) -> list[dict]:
+    """The kernels triage compares: every config the tables ship at `sm_count` (as flash_attn_func
+    builds them) and every build of the boundary sweep, fp16 (the dtype enters the kernel only as
+    the element type, which no operator mutates)."""
+    from boundaries import shipped_entries, sweep_builds
+
+    builds = [
+        dict(head_dim=entry.head_dim, causal=entry.causal, dtype="float16", config=entry.config, sm_count=sm_count)
+        for entry in shipped_entries()
+    ]
+    builds += sweep_builds()
+    return [build for index, build in enumerate(builds) if build not in builds[:index]]
+
+
+def primfunc_digests(kernel_source: str, builds: list[dict], stop_unless: list[str] | None = None) -> list[str]:
+    """sha256 of the PrimFunc script (TileLang's cache key) of each build, with kernel.py's text
+    replaced by `kernel_source`; 'error: ...' where building the program raises. With
+    `stop_unless`, it stops at the first build whose digest differs from that list's."""
+    import hashlib
+    import importlib.util
+
+    with tempfile.NamedTemporaryFile("w", suffix="_kernel.py", delete=False) as file:
+        file.write(kernel_source)
+    # A module of its own: TileLang reads the prim_func's source from this file.
+    spec = importlib.util.spec_from_file_location(f"mutated_kernel_{Path(file.name).stem}", file.name)
+    module = importlib.util.module_from_spec(spec)
+    digests: list[str] = []
+    try:
+        spec.loader.exec_module(module)
+        for index, build in enumerate(builds):
+            arguments = {name: value for name, value in build.items() if name != "dtype"}
+            try:
+                program = module.forward_program(dtype=build["dtype"], **arguments)
+                digests.append(hashlib.sha256(program.script(show_meta=True).encode()).hexdigest())
+            except Exception as error:  # a mutant may break the Python that builds the kernel
+                digests.append(f"error: {type(error).__name__}: {error}")
+            if stop_unless is not None and digests[-1] != stop_unless[index]:
+                break
+    except Exception as error:
+        digests = [f"error: {type(error).__name__}: {error}"]
+    finally:
+        os.unlink(file.name)
+    return digests
+
+
+def triage(mutants: list[GeneratedMutant], jobs: int, sm_count: int) -> dict[str, tuple[str, str]]:
+    """{mutant id: (verdict, reason)} for the kernel.py mutants settled on the CPU: 'equivalent'
+    where every triage build has the unmutated PrimFunc (so the compiled kernels are the same),
+    'killed' where building the kernel raises (every test that launches it fails there)."""
+    builds = triage_builds(sm_count)
+    kernel_mutants = [m for m in mutants if m.file == "kernel.py"]
+    original = primfunc_digests((PACKAGE / "kernel.py").read_text(), builds)
+    sources = [m.mutated_source() for m in kernel_mutants]
+    with ProcessPoolExecutor(jobs) as pool:
+        digests = list(pool.map(primfunc_digests, sources, itertools.repeat(builds), itertools.repeat(original)))
+    verdicts = {}
+    for mutant, mutated in zip(kernel_mutants, digests, strict=True):
+        if mutated == original:
+            verdicts[mutant.id] = ("equivalent", f"identical PrimFunc for all {len(builds)} shipped and swept kernels")
+        elif mutated[-1].startswith("error: "):
+            # Building the kernel raises: every test that launches it fails at its first compile.
+            verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({mutated[-1][7:80]})")
+    return verdicts
+
+
+def gpu_count() -> int:
+    """GPUs of this host, without initialising CUDA in this process (its children use them)."""
+    probe = "import torch; print(torch.cuda.device_count())"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    return int(result.stdout.strip() or 0)
 
 
 def run_mutant(
-    mutant: Mutant, target: str, workdir: Path, select: list[str] | None = None, timeout: float | None = None
+    mutant,
+    target: str,
+    workdir: Path,
+    select: list[str] | None = None,
+    timeout: float | None = None,
+    gpu: int | None = None,
+    seed_cache: Path | None = None,
+    smoke_only: bool = False,
 ) -> tuple[str, str, float]:
     """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds). With `select`, only those
     tests run, all of their cases (no -x), and the detail lists the cases that failed. A run
@@ -364,92 +530,172 @@ def run_mutant(
     waited for."""
     start = time.perf_counter()
     try:
-        text = mutated_source(mutant)
+        text = mutant.mutated_source()
     except ValueError as error:
         return "ERROR", str(error), 0.0
-    tree = workdir / mutant.name
+    tree = workdir / mutant.id
     shutil.copytree(ROOT / "src", tree / "src")
     (tree / "src" / "fa_kernel" / mutant.file).write_text(text)
+    cache = tree / "tilelang-cache"
+    if seed_cache is not None and seed_cache.is_dir():
+        # Hard links: the mutant's builds go into its own folder, the seed stays as it was.
+        shutil.copytree(seed_cache, cache, copy_function=os.link)
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
-        TILELANG_CACHE_DIR=str(tree / "tilelang-cache"),
+        TILELANG_CACHE_DIR=str(cache),
         HYPOTHESIS_PROFILE="ci",
         FA_KERNEL_REQUIRE_GPU="1" if target == "kernel" else "0",
         FA_KERNEL_EXPECT_SRC=str(tree / "src"),
     )
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     if select:
-        runs = [["-rf", *select]]
-    else:  # the mutant's own tests first, where it names them; the suite if they pass
-        runs = [["-x", *mutant.first]] if mutant.first and target == "kernel" else []
-        runs.append(["-x", *PYTEST_ARGS[target]])
-    for pytest_args in runs:
+        runs = [("selected", ["-rf", *select])]
+    else:  # the mutant's own tests first, where it names them; the smoke tier; the suite
+        first = getattr(mutant, "first", ())
+        runs = [("own tests", ["-x", *first])] if first and target == "kernel" else []
+        if target == "kernel":
+            runs.append(("smoke", ["-x", *SMOKE_ARGS]))
+        if not (smoke_only and target == "kernel"):
+            runs.append(("suite", ["-x", *PYTEST_ARGS[target]]))
+    log = ""
+    for tier, pytest_args in runs:
+        # A session of its own: on a time-out the whole group goes (pytest and its compilers),
+        # or their open pipes would keep this call waiting.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            result = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=None if timeout is None else max(1.0, timeout - (time.perf_counter() - start)),
-            )
+            left = None if timeout is None else max(1.0, timeout - (time.perf_counter() - start))
+            stdout, stderr = process.communicate(timeout=left)
         except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            shutil.rmtree(tree, ignore_errors=True)
             seconds = time.perf_counter() - start
-            return "TIMEOUT", f"the tests ran past {timeout:.0f} s and were stopped (a hang?)", seconds
+            return "TIMEOUT", f"the {tier} tier ran past {timeout:.0f} s and was stopped (a hang?)", seconds
+        result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        log += f"==== {tier}\n{result.stdout}{result.stderr}"
         if result.returncode != 0:
             break
     seconds = time.perf_counter() - start
-    log = result.stdout + result.stderr
-    (workdir / f"{mutant.name}.log").write_text(log)
+    (workdir / f"{mutant.id}.log").write_text(log)
+    shutil.rmtree(tree, ignore_errors=True)  # the mutated copy and its cache: GBs over a whole run
     if "FA_KERNEL_EXPECT_SRC mismatch" in log:
         return "ERROR", "the tests imported the shipped package, not the mutant", seconds
     if result.returncode == 0:
-        return "SURVIVED", "every test passed", seconds
+        return "SURVIVED", f"every test of the {tier} tier passed", seconds
     if result.returncode != 1:
-        return (
-            "ERROR",
-            f"pytest exited {result.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}",
-            seconds,
-        )
+        last = log.strip().splitlines()[-1] if log.strip() else ""
+        return "ERROR", f"pytest exited {result.returncode} in the {tier} tier: {last}", seconds
     failed = re.findall(r"^FAILED (\S+)", log, re.MULTILINE)
     if select:
         return "killed", f"{len(failed)} failed: " + " ".join(failed), seconds
-    return "killed", failed[0] if failed else "a test failed", seconds
+    return "killed", f"{tier}: {failed[0] if failed else 'a test failed'}", seconds
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=sorted(PYTEST_ARGS), default="kernel")
-    parser.add_argument("--only", nargs="+", help="run these mutants only")
-    parser.add_argument("--jobs", type=int, default=4, help="mutants run at once (compiles are CPU-bound)")
-    parser.add_argument("--keep", metavar="DIR", help="keep mutated trees and logs here")
+    parser.add_argument("--generated", action="store_true", help="the generated mutants (tools/ast_mutants.py)")
+    parser.add_argument("--list", action="store_true", help="print the mutants and stop (no GPU)")
+    parser.add_argument("--triage-only", action="store_true", help="generated: run the CPU triage and stop")
+    parser.add_argument("--only", nargs="+", help="run these mutants only (names or generated ids)")
+    parser.add_argument("--functions", nargs="+", help="generated: only mutants inside these functions")
+    parser.add_argument(
+        "--smoke-only", action="store_true", help="stop after the smoke tier: its survivors are reported, not run"
+    )
+    parser.add_argument("--jobs", type=int, default=None, help="mutants at once (default: 2 per GPU, at least 4)")
+    parser.add_argument("--keep", metavar="DIR", help="keep logs here")
     parser.add_argument("--select", nargs="+", metavar="TEST", help="run only these pytest node ids, every case")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one mutant's tests may run")
+    parser.add_argument("--sm-count", type=int, default=132, help="the GPU's SM count, for triage's shipped builds")
+    parser.add_argument(
+        "--seed-cache",
+        type=Path,
+        default=Path(os.environ.get("TILELANG_CACHE_DIR", "~/.tilelang/cache")).expanduser(),
+        help="TileLang cache of the unmutated build, linked into each mutant's own",
+    )
     args = parser.parse_args()
-    mutants = KERNEL_MUTANTS if args.target == "kernel" else EMULATOR_MUTANTS
+
+    if args.generated:
+        mutants: list = generate()
+    else:
+        mutants = KERNEL_MUTANTS if args.target == "kernel" else EMULATOR_MUTANTS
     if args.only:
-        mutants = [m for m in mutants if m.name in args.only]
+        mutants = [m for m in mutants if m.id in args.only]
+    if args.functions:
+        mutants = [m for m in mutants if m.function in args.functions]
+    if args.list:
+        for mutant in mutants:
+            print(mutant.line_for_list() if args.generated else f"{mutant.name}  {mutant.file}")
+        print(f"{len(mutants)} mutants")
+        return 0
+
+    settled: dict[str, tuple[str, str]] = {}
+    if args.generated:
+        start = time.perf_counter()
+        settled = triage(mutants, os.cpu_count() or 1, args.sm_count)
+        counts = {v: sum(verdict == v for verdict, _ in settled.values()) for v in ("equivalent", "killed")}
+        print(
+            f"triage: {counts['equivalent']} equivalent, {counts['killed']} killed at build, of {len(mutants)}"
+            f" ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+        if args.triage_only:
+            for mutant in mutants:
+                verdict = settled.get(mutant.id, ("to run", ""))[0]
+                print(f"{verdict:<10}  {mutant.line_for_list()}")
+            return 0
+    to_run = [m for m in mutants if m.id not in settled]
+
+    gpus = gpu_count() if args.target == "kernel" else 0
+    jobs = args.jobs or max(4, 2 * gpus)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    width = max(len(m.name) for m in mutants)
+    width = max([len(m.id) for m in mutants] + [6])
+    started = time.perf_counter()
     # Each result is printed as it comes (a run cut short still shows what it finished), then
-    # the table in the list's order.
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(run_mutant, m, args.target, workdir, args.select, args.timeout): m for m in mutants}
+    # the table in the list's order. Mutant i runs on GPU i mod gpus.
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {
+            pool.submit(
+                run_mutant,
+                mutant,
+                args.target,
+                workdir,
+                args.select,
+                args.timeout,
+                index % gpus if gpus else None,
+                args.seed_cache,
+                args.smoke_only,
+            ): mutant
+            for index, mutant in enumerate(to_run)
+        }
         for done in as_completed(futures):
             status, detail, seconds = done.result()
-            print(f"{futures[done].name:<{width}}  {status:<8}  {seconds:7.1f}  {detail}", flush=True)
-    outcomes = [future.result() for future in futures]
-    print(f"\n{'mutant':<{width}}  result    seconds  first failing test / reason")
-    for mutant, (status, detail, seconds) in zip(mutants, outcomes, strict=True):
-        print(f"{mutant.name:<{width}}  {status:<8}  {seconds:7.1f}  {detail}")
-    killed = sum(status == "killed" for status, _, _ in outcomes)
-    if args.keep or killed < len(mutants):
-        print(f"logs and mutated trees in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\n{killed}/{len(mutants)} mutants killed ({args.target})")
-    return 0 if killed == len(mutants) else 1
+            print(f"{futures[done].id:<{width}}  {status:<10}  {seconds:7.1f}  {detail}", flush=True)
+    outcomes = {futures_mutant.id: future.result() for future, futures_mutant in futures.items()}
+    outcomes.update({mutant_id: (verdict, reason, 0.0) for mutant_id, (verdict, reason) in settled.items()})
+    print(f"\n{'mutant':<{width}}  result      seconds  first failing test / reason")
+    for mutant in mutants:
+        status, detail, seconds = outcomes[mutant.id]
+        print(f"{mutant.id:<{width}}  {status:<10}  {seconds:7.1f}  {detail}")
+    counts = {status: sum(o[0] == status for o in outcomes.values()) for status in ("killed", "equivalent")}
+    survived = len(mutants) - counts["killed"] - counts["equivalent"]
+    print(f"logs in {workdir}")
+    print(
+        f"\nkilled / equivalent / survived or failed to run: {counts['killed']} / {counts['equivalent']} / {survived}"
+        f" of {len(mutants)} ({args.target}, {gpus} GPU(s), {time.perf_counter() - started:.0f} s)"
+    )
+    return 0 if survived == 0 else 1
 
 
 if __name__ == "__main__":
