@@ -30,11 +30,18 @@ def install(session: nox.Session, *extras: str) -> None:
     session.install("-e", spec)
 
 
-def require_gpu(session: nox.Session) -> None:
-    """GPU sessions fail, never skip, where there is no CUDA device: a silent skip is a hole."""
-    probe = "import torch; print('cuda-available' if torch.cuda.is_available() else 'no-cuda')"
-    if "cuda-available" not in (session.run("python", "-c", probe, silent=True) or ""):
+def require_gpu(session: nox.Session) -> int:
+    """The number of CUDA devices. GPU sessions fail, never skip, where there is none: a silent
+    skip is a hole."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    gpus = int((session.run("python", "-c", probe, silent=True) or "0").strip().splitlines()[-1])
+    if not gpus:
         session.error("this session needs a CUDA device, and torch.cuda.is_available() is False here")
+    return gpus
+
+
+# pytest-xdist workers per GPU in `nox -s gpu`.
+GPU_WORKERS_PER_GPU = 4
 
 
 @nox.session(python=PYTHON)
@@ -46,12 +53,28 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
-    """GPU verification: kernel tests and the property suite (hypothesis profile 'gpu')."""
+    """GPU verification: kernel tests, the boundary sweep and the property suite (hypothesis
+    profile 'gpu'), sharded over every GPU of the host. `nox -s gpu -- --smoke`: the smoke tier
+    only (the boundary sweep). Other arguments go to pytest.
+
+    First every kernel of the shipped configs and the sweep is built over all cores
+    (tools/precompile.py); then pytest-xdist runs GPU_WORKERS_PER_GPU workers per GPU, each
+    pinned to its GPU by tests/conftest.py (several per GPU: the test-only schedules still
+    compile in the workers, and the reference runs on the CPU side between launches).
+    """
     install(session, "test")
-    require_gpu(session)
+    gpus = require_gpu(session)
     session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "gpu")
     session.env["FA_KERNEL_REQUIRE_GPU"] = "1"
-    session.run("pytest", "-m", "gpu", *session.posargs)
+    session.env["FA_KERNEL_GPUS"] = str(gpus)
+    args = list(session.posargs)
+    marker = "gpu"
+    if "--smoke" in args:
+        args.remove("--smoke")
+        marker = "gpu and smoke"
+    session.run("python", "tools/precompile.py")
+    workers = gpus * GPU_WORKERS_PER_GPU
+    session.run("pytest", "-m", marker, "-n", str(workers), "--dist", "worksteal", *args)
 
 
 # `asv continuous` fails when a gated figure is worse by more than this factor (after/before).
@@ -295,13 +318,15 @@ def wheelhouse(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def mutants(session: nox.Session) -> None:
-    """Apply each known kernel bug in turn; fail unless the test suite kills every one.
+    """Apply each kernel bug in turn; fail unless the test suite kills every one.
 
-    `nox -s mutants` targets the TileLang kernel (GPU); `nox -s mutants -- --target emulator`
-    runs the same bugs against the CPU tile emulator.
+    `nox -s mutants` runs the hand-written bugs on the TileLang kernel (GPU);
+    `-- --generated` the mutants generated from the kernel's AST (triage on the CPU, then the
+    smoke tier and the suite on every GPU); `-- --generated --list` lists them (no GPU);
+    `-- --target emulator` runs the hand-written bugs against the CPU tile emulator.
     """
     install(session, "test")
-    session.run("python", "tests/mutants.py", *session.posargs)
+    session.run("python", "tools/mutants.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -309,6 +334,9 @@ def sanitize(session: nox.Session) -> None:
     """compute-sanitizer memcheck, racecheck and synccheck over representative shapes (GPU)."""
     install(session, "test")
     require_gpu(session)
+    # Exact allocations: with the caching allocator a small overrun lands in its slack, and
+    # memcheck stays silent.
+    session.env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     for tool in ("memcheck", "racecheck", "synccheck"):
         session.run(
             "compute-sanitizer",

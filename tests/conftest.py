@@ -3,6 +3,7 @@
 - `@pytest.mark.gpu` tests need a CUDA device. Without one they skip with that reason,
   unless FA_KERNEL_REQUIRE_GPU=1 (set by `nox -s gpu`), which turns the skip into a failure.
 - `@pytest.mark.compile` tests need nvcc to compile for sm_90a; they run without a GPU.
+- Under pytest-xdist with FA_KERNEL_GPUS=n (`nox -s gpu`), each worker is pinned to one GPU.
 - HYPOTHESIS_PROFILE picks `ci` (default: derandomized, few examples), `gpu` (hundreds)
   or `thorough` (thousands, nightly). Deadlines are off everywhere: a first call compiles.
 """
@@ -13,8 +14,14 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
-import torch
+# Under pytest-xdist (`nox -s gpu`), worker gwN uses GPU N mod FA_KERNEL_GPUS alone: set before
+# torch first touches CUDA, which fixes the devices a process sees.
+if "PYTEST_XDIST_WORKER" in os.environ and int(os.environ.get("FA_KERNEL_GPUS", "0")) > 1:
+    _worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(_worker % int(os.environ["FA_KERNEL_GPUS"]))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]

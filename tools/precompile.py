@@ -1,0 +1,66 @@
+"""Build every kernel the GPU suite's shipped configs and boundary sweep need, all CPU cores at
+once, into TileLang's disk cache; the tests then load them instead of compiling one at a time.
+
+    python tools/precompile.py [--jobs N]
+
+A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after.
+The test-only schedules (tests/test_kernel.py) build in the test workers as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def suite_builds(sm_count: int, arch: str) -> list[dict]:
+    """compiled_forward's arguments of every shipped config in both dtypes as flash_attn_func
+    builds them on this GPU, and of every build of the boundary sweep."""
+    from boundaries import shipped_entries, sweep_builds
+
+    builds = [
+        dict(head_dim=e.head_dim, causal=e.causal, dtype=dtype, config=e.config, arch=arch, sm_count=sm_count)
+        for e in shipped_entries()
+        for dtype in ("float16", "bfloat16")
+    ]
+    builds += [dict(build, arch=arch) for build in sweep_builds()]
+    return [build for index, build in enumerate(builds) if build not in builds[:index]]
+
+
+def _build(build: dict) -> float:
+    from fa_kernel.kernel import compiled_forward
+
+    start = time.perf_counter()
+    compiled_forward(**build)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="builds at once")
+    args = parser.parse_args()
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(0)
+    builds = suite_builds(torch.cuda.get_device_properties(0).multi_processor_count, f"sm_{major}{minor}a")
+    start = time.perf_counter()
+    # spawn: the workers must not inherit this process's CUDA state.
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        seconds = list(pool.map(_build, builds))
+    print(
+        f"precompile: {len(builds)} kernels in {time.perf_counter() - start:.0f} s on {args.jobs} processes "
+        f"(slowest build {max(seconds):.0f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
