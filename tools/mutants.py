@@ -436,6 +436,8 @@ EMULATOR_MUTANTS = [
 # Which tests judge a mutant: the smoke tier first (the boundary sweep), then the GPU suite, for
 # the kernel; the property suite and the boundary sweep on the emulator for the emulator.
 SMOKE_ARGS = ["tests/test_boundary_sweep.py", "-m", "smoke"]
+# Before any GPU tier, for mutants outside kernel.py: the dispatch and the API's checks, on the CPU.
+CPU_ARGS = ["tests/test_configs.py", "tests/test_api.py", "-m", "not gpu"]
 PYTEST_ARGS = {
     "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
     "emulator": ["tests/test_properties.py", "tests/test_boundary_sweep.py", "-k", "emulator"],
@@ -523,6 +525,7 @@ def run_mutant(
     gpu: int | None = None,
     seed_cache: Path | None = None,
     smoke_only: bool = False,
+    cpu_only: bool = False,
 ) -> tuple[str, str, float]:
     """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds). With `select`, only those
     tests run, all of their cases (no -x), and the detail lists the cases that failed. A run
@@ -554,11 +557,15 @@ def run_mutant(
         runs = [("selected", ["-rf", *select])]
     else:  # the mutant's own tests first, where it names them; the smoke tier; the suite
         first = getattr(mutant, "first", ())
-        runs = [("own tests", ["-x", *first])] if first and target == "kernel" else []
+        runs = [("cpu", ["-x", *CPU_ARGS])] if target == "kernel" and mutant.file != "kernel.py" else []
+        if first and target == "kernel":
+            runs.append(("own tests", ["-x", *first]))
         if target == "kernel":
             runs.append(("smoke", ["-x", *SMOKE_ARGS]))
         if not (smoke_only and target == "kernel"):
             runs.append(("suite", ["-x", *PYTEST_ARGS[target]]))
+        if cpu_only:
+            runs = [run for run in runs if run[0] == "cpu"]
     log = ""
     for tier, pytest_args in runs:
         # A session of its own: on a time-out the whole group goes (pytest and its compilers),
@@ -612,6 +619,7 @@ def main() -> int:
     parser.add_argument(
         "--smoke-only", action="store_true", help="stop after the smoke tier: its survivors are reported, not run"
     )
+    parser.add_argument("--cpu-only", action="store_true", help="run the CPU tier only (no GPU needed)")
     parser.add_argument("--jobs", type=int, default=None, help="mutants at once (default: 2 per GPU, at least 4)")
     parser.add_argument("--keep", metavar="DIR", help="keep logs here")
     parser.add_argument("--select", nargs="+", metavar="TEST", help="run only these pytest node ids, every case")
@@ -656,7 +664,10 @@ def main() -> int:
             return 0
     to_run = [m for m in mutants if m.id not in settled]
 
-    gpus = gpu_count() if args.target == "kernel" else 0
+    gpus = gpu_count() if args.target == "kernel" and not args.cpu_only else 0
+    if args.target == "kernel" and not args.cpu_only and not gpus:
+        # Without one the GPU tiers' tests fail (FA_KERNEL_REQUIRE_GPU), which would read as kills.
+        parser.error("the kernel's mutants need a CUDA device (--list, --triage-only and --cpu-only do not)")
     jobs = args.jobs or max(4, 2 * gpus)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -676,6 +687,7 @@ def main() -> int:
                 index % gpus if gpus else None,
                 args.seed_cache,
                 args.smoke_only,
+                args.cpu_only,
             ): mutant
             for index, mutant in enumerate(to_run)
         }

@@ -1,0 +1,40 @@
+"""The dispatch (configs.select_config): each table entry serves exactly the keys it claims, the
+switch to the next entry is the first key past its reach, and cases outside the tables get the
+fallback. CPU only; the kernels behind each entry are checked on the GPU."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, key_ranges, select_config
+
+CASES = sorted({(arch, head_dim, causal) for arch, head_dim, causal in TUNED})
+
+
+@pytest.mark.parametrize(("arch", "head_dim", "causal"), CASES)
+def test_each_entry_serves_its_keys_and_the_next_takes_over_one_past_its_reach(arch, head_dim, causal):
+    ranges = key_ranges(arch, head_dim, causal)
+    assert ranges[0][0] == 0 and ranges[-1][1] is None, "the entries cover every key count"
+    for (fewest, most, config), (next_fewest, _, next_config) in itertools.pairwise(ranges):
+        assert next_fewest == most + 1, "no gap and no overlap between entries"
+        for seqlen_k in {max(1, fewest), most - 1, most}:
+            assert select_config(arch, head_dim, causal, seqlen_k) == config, f"{seqlen_k} keys"
+        assert select_config(arch, head_dim, causal, most + 1) == next_config, f"{most + 1} keys"
+    long_fewest, _, long_config = ranges[-1]
+    assert long_config == TUNED[(arch, head_dim, causal)]
+    for seqlen_k in (max(1, long_fewest), long_fewest + 1, 1 << 20, None):
+        assert select_config(arch, head_dim, causal, seqlen_k) == long_config, f"{seqlen_k} keys"
+
+
+def test_short_entries_are_in_increasing_order_of_keys():
+    for entries in TUNED_SHORT.values():
+        reaches = [most for most, _ in entries]
+        assert reaches == sorted(set(reaches))
+
+
+@pytest.mark.parametrize("seqlen_k", [None, 1, 4096])
+def test_a_case_outside_the_tables_gets_the_fallback(seqlen_k):
+    assert select_config("sm_80", 128, False, seqlen_k) == FALLBACK
+    assert select_config("sm_90", 96, True, seqlen_k) == FALLBACK
