@@ -21,7 +21,10 @@ Each mutant is judged in tiers, the cheap ones first:
 1. triage (CPU, generated kernel.py mutants): the mutant's PrimFunc of every kernel the tables
    ship and the boundary sweep builds is compared with the unmutated one's. Identical for all:
    the mutant is **equivalent** (the compiled kernels are the same, as TileLang's cache key is
-   that PrimFunc's script); the reason is that check, recorded with the count.
+   that PrimFunc's script); the reason is that check, recorded with the count. A build that
+   raises kills the mutant. Mutants that change the code but not the results are listed in
+   tools/equivalent_mutants.py, each with its reason and the test that checks it, which runs
+   first;
 2. the mutant's own tests (`first`), then the smoke tier (`-m smoke`: the boundary sweep);
 3. the whole GPU suite, for the survivors of the smoke tier.
 Mutants spread over every GPU of the host (CUDA_VISIBLE_DEVICES per mutant), each with a
@@ -51,6 +54,7 @@ PACKAGE = ROOT / "src" / "fa_kernel"
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
 
 from ast_mutants import GeneratedMutant, SourceText, generate  # noqa: E402
+from equivalent_mutants import EQUIVALENT  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -509,6 +513,20 @@ def triage(mutants: list[GeneratedMutant], jobs: int, sm_count: int) -> dict[str
     return verdicts
 
 
+def recorded_equivalents(mutants: list[GeneratedMutant]) -> dict[str, tuple[str, str]]:
+    """{mutant id: ('equivalent', reason)} for the mutants tools/equivalent_mutants.py records,
+    once the tests that check their reasons pass (on the CPU); none if one fails."""
+    recorded = [m for m in mutants if m.key in EQUIVALENT]
+    checks = sorted({EQUIVALENT[m.key].check for m in recorded})
+    if not checks:
+        return {}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *checks]
+    if subprocess.run(command, cwd=ROOT, capture_output=True).returncode != 0:
+        print(f"the checks of the recorded equivalent mutants fail ({' '.join(checks)}): those mutants run")
+        return {}
+    return {m.id: ("equivalent", f"{EQUIVALENT[m.key].why} (checked: {EQUIVALENT[m.key].check})") for m in recorded}
+
+
 def gpu_count() -> int:
     """GPUs of this host, without initialising CUDA in this process (its children use them)."""
     probe = "import torch; print(torch.cuda.device_count())"
@@ -651,9 +669,11 @@ def main() -> int:
     if args.generated:
         start = time.perf_counter()
         settled = triage(mutants, os.cpu_count() or 1, args.sm_count)
+        settled.update(recorded_equivalents([m for m in mutants if m.id not in settled]))
         counts = {v: sum(verdict == v for verdict, _ in settled.values()) for v in ("equivalent", "killed")}
         print(
-            f"triage: {counts['equivalent']} equivalent, {counts['killed']} killed at build, of {len(mutants)}"
+            f"triage: {counts['equivalent']} equivalent (identical kernels, or recorded and checked),"
+            f" {counts['killed']} killed at build, of {len(mutants)}"
             f" ({time.perf_counter() - start:.0f} s)",
             flush=True,
         )

@@ -1,0 +1,55 @@
+"""The equivalent mutants' list (tools/equivalent_mutants.py) names only mutants the engine
+generates, and each reason's check holds (CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from ast_mutants import generate  # noqa: E402
+from equivalent_mutants import EQUIVALENT  # noqa: E402
+from mutants import PACKAGE, apply_patch  # noqa: E402
+
+from boundaries import boundary_offsets, shipped_entries, sweep_limit, sweep_seqlens_q  # noqa: E402
+from fa_kernel.emulator import attention_tiled  # noqa: E402
+from fa_kernel.reference import random_qkv  # noqa: E402
+
+
+def test_every_recorded_equivalent_is_a_generated_mutant():
+    generated = {mutant.key for mutant in generate()}
+    assert not set(EQUIVALENT) - generated, "stale entries: the kernel changed under them"
+
+
+def emulator_masking_every_tile(folder: Path):
+    """attention_tiled with every K/V tile given the mask, whether it needs one or not."""
+    source = apply_patch(
+        (PACKAGE / "emulator.py").read_text(), "needs_mask = kv_start + block_n > seqlen_k", "needs_mask = True"
+    )
+    path = folder / "emulator_masking_every_tile.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("emulator_masking_every_tile", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.attention_tiled
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_masking_tiles_that_need_no_mask_changes_nothing(causal, tmp_path):
+    # Bitwise: the mask of a tile with every key visible is all zeros, the GEMM's starting value.
+    masking_every_tile = emulator_masking_every_tile(tmp_path)
+    configs = {entry.config for entry in shipped_entries() if entry.causal == causal}
+    for config in configs:
+        seqlen_q = sweep_seqlens_q(config)[-1]
+        for offset in boundary_offsets(config, sweep_limit(config), side=1)[::7]:
+            if seqlen_q + offset < 1:
+                continue
+            q, k, v = random_qkv(1, seqlen_q, seqlen_q + offset, 1, 1, 64, torch.float16, device="cpu")
+            expected = attention_tiled(q, k, v, causal=causal, config=config)
+            actual = masking_every_tile(q, k, v, causal=causal, config=config)
+            for got, want in zip(actual, expected, strict=True):
+                assert torch.equal(got, want), f"{config}, offset {offset}"
