@@ -39,13 +39,16 @@ def failures_message(failures: list[str], cases: int) -> str:
 
 @pytest.mark.gpu
 @pytest.mark.smoke
+@pytest.mark.parametrize("query_length", [0, 1], ids=["full-q-blocks", "cut-q-block"])
 @pytest.mark.parametrize("build", BUILDS, ids=build_id)
-def test_boundary_sweep(build, request):
+def test_boundary_sweep(build, query_length, request):
+    # One test per build and query length (sweep_seqlens_q), so that xdist spreads the sweep evenly.
     kernel = compiled_forward(**build, arch=device_arch())
     fail_fast = request.config.getoption("maxfail") == 1  # under -x (the mutant runner) the first is enough
     config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
     # One draw of the longest inputs; each shape takes a prefix, so the sweep costs launches, not RNG.
-    shapes = sweep_shapes(config)
+    seqlen_q = sweep_seqlens_q(config)[query_length]
+    shapes = [shape for shape in sweep_shapes(config) if shape[0] == seqlen_q]
     longest_q = max(q for q, _ in shapes)
     longest_k = max(k for _, k in shapes)
     q_all, k_all, v_all = random_qkv(1, longest_q, longest_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16)
