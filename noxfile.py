@@ -40,10 +40,10 @@ def require_gpu(session: nox.Session) -> int:
     return gpus
 
 
-# pytest-xdist workers per GPU in `nox -s gpu`, at most one per CPU core. Most tests launch small
-# kernels and judge them with many small reference ops: a worker's Python and its syncs, not the
-# GPU, bound it, so several share a GPU (4 workers: the smoke tier in 73 s on one H200).
-GPU_WORKERS_PER_GPU = 8
+# pytest-xdist workers per GPU in `nox -s gpu`, at most one per CPU core. Measured on one H200 (the
+# smoke tier's pytest time): 4 workers 73 s, 8 workers 80 s: the processes' CUDA contexts take
+# turns on the GPU, and the sweep's many small launches and syncs pay for each switch.
+GPU_WORKERS_PER_GPU = 4
 
 
 @nox.session(python=PYTHON)
