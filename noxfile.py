@@ -53,6 +53,18 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
+def require_nvidia_driver(session: nox.Session) -> None:
+    """Fail before installing anything where no NVIDIA GPU is visible (`nvidia-smi -L`, which
+    ships with the driver): installing torch first would cost minutes to learn the same."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout if smi else ""
+    if "GPU " not in listed:
+        session.error("this session needs an NVIDIA GPU, and `nvidia-smi -L` lists none here")
+
+
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
     """GPU verification: kernel tests, the boundary sweep and the property suite (hypothesis
@@ -63,6 +75,7 @@ def gpu(session: nox.Session) -> None:
     (tools/precompile.py); then pytest-xdist runs GPU_WORKERS_PER_GPU workers per GPU (at most
     one per core), each pinned to its GPU by tests/conftest.py.
     """
+    require_nvidia_driver(session)
     install(session, "test")
     gpus = require_gpu(session)
     session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "gpu")
@@ -333,6 +346,7 @@ def mutants(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def sanitize(session: nox.Session) -> None:
     """compute-sanitizer memcheck, racecheck and synccheck over representative shapes (GPU)."""
+    require_nvidia_driver(session)
     install(session, "test")
     require_gpu(session)
     # Exact allocations: with the caching allocator a small overrun lands in its slack, and

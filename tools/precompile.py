@@ -10,15 +10,13 @@ The test-only schedules (tests/test_kernel.py) build in the test workers as they
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
 
 def suite_builds(sm_count: int, arch: str) -> list[dict]:
@@ -35,30 +33,23 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     return [build for index, build in enumerate(builds) if build not in builds[:index]]
 
 
-def _build(build: dict) -> float:
-    from fa_kernel.kernel import compiled_forward
-
-    start = time.perf_counter()
-    compiled_forward(**build)
-    return time.perf_counter() - start
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="builds at once")
     args = parser.parse_args()
     import torch
 
+    from fa_kernel.builds import build_all
+
     major, minor = torch.cuda.get_device_capability(0)
     builds = suite_builds(torch.cuda.get_device_properties(0).multi_processor_count, f"sm_{major}{minor}a")
     start = time.perf_counter()
-    # spawn: the workers must not inherit this process's CUDA state.
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        seconds = list(pool.map(_build, builds))
-    print(
-        f"precompile: {len(builds)} kernels in {time.perf_counter() - start:.0f} s on {args.jobs} processes "
-        f"(slowest build {max(seconds):.0f} s)"
-    )
+    errors = build_all(builds, args.jobs)
+    failed = [f"  {build}: {error!r}" for build, error in zip(builds, errors, strict=True) if error is not None]
+    print(f"precompile: {len(builds)} kernels in {time.perf_counter() - start:.0f} s on {args.jobs} processes")
+    if failed:
+        print("\n".join(failed))
+        return 1
     return 0
 
 

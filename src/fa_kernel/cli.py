@@ -18,17 +18,21 @@ import time
 
 import torch
 from rich.console import Console
-from rich.progress import track
+from rich.progress import Progress, track
 from rich.table import Table
 
 from fa_kernel import __version__, tune
 from fa_kernel.bench import Shape, measure, sweep_shape
+from fa_kernel.builds import build_all, quiet_tilelang, shipped_builds
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
-from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func
-from fa_kernel.kernel import compiled_forward
+from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func, kernel_build
 from fa_kernel.reference import judge, random_qkv
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
+EXIT_CODES = (
+    "exit codes: 0 success; 1 a check or a build failed; 2 the command needs a CUDA GPU (or, for verify, nvcc) "
+    "and there is none; 3 verify without a GPU compiled the kernels for sm_90a but ran nothing"
+)
 
 # (batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim): odd lengths, GQA/MQA, seqlen_q != seqlen_k.
 VERIFY_SHAPES = [
@@ -75,12 +79,20 @@ def _count(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fa-kernel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="fa-kernel", description=__doc__.splitlines()[0], epilog=EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"fa_kernel {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    verify = commands.add_parser("verify", help="check the kernel against the fp32 reference on a sweep of shapes")
+    verify = commands.add_parser(
+        "verify",
+        help="check the kernel against the fp32 reference on a sweep of shapes",
+        description="Build the kernels it needs over all cores, then check each case against the fp32 reference. "
+        "Without a GPU, compile every shipped kernel for sm_90a with nvcc and run nothing.",
+        epilog=EXIT_CODES,
+    )
     verify.add_argument("--markdown", action="store_true", help="print a markdown table (for CI summaries)")
+    verify.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels built at once (default: cores)")
+    verify.add_argument("--verbose", action="store_true", help="let TileLang log at INFO")
     verify.set_defaults(run=cmd_verify)
 
     bench = commands.add_parser("bench", help="TFLOP/s beside torch SDPA's cuDNN and flash backends")
@@ -115,10 +127,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_verify(args) -> int:
     console = _console()
+    quiet_tilelang(args.verbose)
     if not torch.cuda.is_available():
-        return _compile_only(console)
+        return _compile_only(console, args.jobs, args.verbose)
     rows, failed = [], 0
     cases = list(itertools.product(VERIFY_SHAPES, DTYPES.items(), (False, True)))
+    device = torch.device("cuda")
+    builds = [
+        kernel_build(device, shape[5], causal, dtype, shape[4]) for shape, (_, dtype), causal in cases if shape[4]
+    ]
+    if not _build_all(console, builds, args.jobs, args.verbose, quiet=args.markdown):
+        return EXIT_FAILED
     for (batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim), (dtype_name, dtype), causal in track(
         cases, description="verifying", console=console, transient=True, disable=args.markdown
     ):
@@ -148,18 +167,44 @@ def cmd_verify(args) -> int:
     return EXIT_FAILED if failed else 0
 
 
-def _compile_only(console: Console) -> int:
+def _build_all(console: Console, builds: list[dict], jobs: int, verbose: bool, quiet: bool = False) -> bool:
+    """Build every kernel over `jobs` processes, with a progress bar and one line per build
+    that fails; True if all built."""
+    builds = [build for index, build in enumerate(builds) if build not in builds[:index]]
+    failures = []
+    with Progress(console=console, transient=True, disable=quiet) as progress:
+        task = progress.add_task(f"building {len(builds)} kernels on {jobs} processes", total=len(builds))
+
+        def done(build, seconds, error):
+            progress.advance(task)
+            if error is not None:
+                failures.append(f"  {_build_label(build)}: {type(error).__name__}: {error}")
+
+        start = time.perf_counter()
+        build_all(builds, jobs, done, verbose)
+    for line in failures:
+        console.print(line)
+    if not quiet:
+        console.print(
+            f"{len(builds) - len(failures)}/{len(builds)} kernels built in {time.perf_counter() - start:.0f} s"
+        )
+    return not failures
+
+
+def _build_label(build: dict) -> str:
+    return f"{build['dtype']} head_dim={build['head_dim']} causal={build['causal']} {build['config']}"
+
+
+def _compile_only(console: Console, jobs: int, verbose: bool) -> int:
     if shutil.which("nvcc") is None:
         console.print("No CUDA GPU and no nvcc: nothing was compiled and nothing was run.")
         return EXIT_NO_GPU
     console.print("No CUDA GPU here: compiling the kernels for sm_90a with nvcc instead.")
-    for head_dim, causal, dtype in itertools.product(SUPPORTED_HEAD_DIMS, (False, True), ("float16", "bfloat16")):
-        # every config the case runs, from the fewest keys to the most
-        for config in dict.fromkeys(config for _, _, config in key_ranges("sm_90", head_dim, causal)):
-            start = time.perf_counter()
-            compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch="sm_90a")
-            seconds = time.perf_counter() - start
-            console.print(f"  compiled {dtype} head_dim={head_dim} causal={causal} {config} in {seconds:.1f} s")
+    builds = shipped_builds("sm_90", SUPPORTED_HEAD_DIMS)
+    if not _build_all(console, builds, jobs, verbose):
+        return EXIT_FAILED
+    for build in builds:
+        console.print(f"  compiled {_build_label(build)}")
     console.print("[bold]Nothing was run on a GPU[/]: the kernels compile, but correctness is unverified here.")
     return EXIT_COMPILED_ONLY
 

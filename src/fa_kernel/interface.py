@@ -73,6 +73,21 @@ def tile_config_for(device: torch.device, head_dim: int, causal: bool, seqlen_k:
     return select_config(arch_of(torch.cuda.get_device_capability(device)), head_dim, causal, seqlen_k)
 
 
+def kernel_build(device: torch.device, head_dim: int, causal: bool, dtype: torch.dtype, seqlen_k: int) -> dict:
+    """compiled_forward's arguments for this case on this device: the config the table gives
+    for seqlen_k, the device's architecture ('a' variant: wgmma, setmaxnreg) and its SM count
+    (the persistent grid's size). `fa_kernel.builds` builds the same ahead of use."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return dict(
+        head_dim=head_dim,
+        causal=causal,
+        dtype=_DTYPE_NAMES[dtype],
+        config=tile_config_for(device, head_dim, causal, seqlen_k),
+        arch=f"sm_{major}{minor}a",
+        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+    )
+
+
 def _check_inputs(q, k, v, softmax_scale, causal) -> float:
     """Validate everything; return the softmax scale to use."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -141,14 +156,7 @@ def _forward(
     if k.shape[1] == 0:
         # No keys at all: every row is fully masked (and a zero-length TMA box is invalid).
         return out.zero_(), lse.fill_(-math.inf)
-    kernel = compiled_forward(
-        head_dim=head_dim,
-        causal=causal,
-        dtype=_DTYPE_NAMES[q.dtype],
-        config=tile_config_for(q.device, head_dim, causal, k.shape[1]),
-        arch=_compile_arch(q.device),
-        sm_count=torch.cuda.get_device_properties(q.device).multi_processor_count,
-    )
+    kernel = compiled_forward(**kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1]))
     # The kernel assumes dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     with torch.cuda.device(q.device):
@@ -162,9 +170,3 @@ def _forward_fake(q, k, v, softmax_scale, causal):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
     return out, lse
-
-
-def _compile_arch(device: torch.device) -> str:
-    """The nvcc architecture to compile for: the 'a' variant unlocks wgmma and setmaxnreg."""
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}a"

@@ -1,0 +1,72 @@
+"""Building kernels ahead of use: every compile a task needs, over all CPU cores at once.
+
+A build (TileLang's lowering, then nvcc) takes seconds of one core, and a process that builds
+a task's kernels as it meets them leaves the other cores idle. `build_all` builds them in a
+pool of processes, which fill TileLang's disk cache; the caller's own `compiled_forward` then
+loads each from there in a fraction of a second. A build is compiled_forward's arguments:
+`fa_kernel.interface.kernel_build` gives those of the kernel a call will launch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from fa_kernel.configs import key_ranges
+
+
+def shipped_builds(arch: str = "sm_90", head_dims: Sequence[int] = (64, 128, 256)) -> list[dict]:
+    """Every config the tables ship for `arch`, in both dtypes, compiled for it without a GPU."""
+    builds = [
+        dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch=f"{arch}a")
+        for head_dim in head_dims
+        for causal in (False, True)
+        for dtype in ("float16", "bfloat16")
+        for config in dict.fromkeys(config for _, _, config in key_ranges(arch, head_dim, causal))
+    ]
+    return builds
+
+
+def quiet_tilelang(verbose: bool = False) -> None:
+    """TileLang logs at INFO only when asked (it writes a few lines per build otherwise)."""
+    import tilelang
+
+    tilelang.set_log_level("INFO" if verbose else "WARNING")
+
+
+def _build(build: dict) -> float:
+    from fa_kernel.kernel import compiled_forward
+
+    start = time.perf_counter()
+    compiled_forward(**build)
+    return time.perf_counter() - start
+
+
+def build_all(
+    builds: Sequence[dict],
+    jobs: int | None = None,
+    on_done: Callable[[dict, float | None, BaseException | None], None] | None = None,
+    verbose: bool = False,
+) -> list[BaseException | None]:
+    """Build every kernel of `builds` (compiled_forward's arguments), `jobs` at a time (default:
+    every core); `on_done(build, seconds, error)` as each finishes. Returns each build's error,
+    None where it built: a build that fails is the caller's to report."""
+    builds = [build for index, build in enumerate(builds) if build not in builds[:index]]
+    errors: list[BaseException | None] = [None] * len(builds)
+    if not builds:
+        return errors
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(builds)))
+    # spawn: a worker must not inherit its parent's CUDA state.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=quiet_tilelang, initargs=(verbose,)) as pool:
+        futures = {pool.submit(_build, build): index for index, build in enumerate(builds)}
+        for future in as_completed(futures):
+            index = futures[future]
+            error = future.exception()
+            errors[index] = error
+            if on_done is not None:
+                on_done(builds[index], None if error else future.result(), error)
+    return errors
