@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, key_ranges, select_config
+from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, TileConfig, key_ranges, select_config
 
 CASES = sorted({(arch, head_dim, causal) for arch, head_dim, causal in TUNED})
 
@@ -38,3 +38,16 @@ def test_short_entries_are_in_increasing_order_of_keys():
 def test_a_case_outside_the_tables_gets_the_fallback(seqlen_k):
     assert select_config("sm_80", 128, False, seqlen_k) == FALLBACK
     assert select_config("sm_90", 96, True, seqlen_k) == FALLBACK
+
+
+def test_a_config_parses_what_it_prints():
+    from fa_kernel.tune import candidate_configs
+
+    for config in {*candidate_configs(False), *candidate_configs(True), TileConfig(64, 64, 1, 128, take_turns=False)}:
+        assert TileConfig.parse(str(config)) == config
+
+
+@pytest.mark.parametrize("text", ["128x128", "128x128/2st/256thr/fast", "128x128/2/256", ""])
+def test_text_that_is_not_a_config_is_refused_with_the_form_expected(text):
+    with pytest.raises(ValueError, match="expected BMxBN/Sst/Tthr"):
+        TileConfig.parse(text)

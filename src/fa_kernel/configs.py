@@ -10,6 +10,7 @@ is correct and slow.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 
@@ -35,11 +36,38 @@ class TileConfig:
         return asdict(self)
 
     def __str__(self) -> str:
-        free = "" if self.take_turns or self.threads == 128 else "/free"
+        """The config in one word, e.g. 128x176/2st/256thr/persistent/overlap; `parse` reads it back."""
+        free = "" if self.take_turns else "/free"
         persistent = "/persistent" if self.persistent else ""
         persistent += "/overlap" if self.overlap_epilogue else ""
         shared = f"/{self.blocks_per_sm}persm" if self.blocks_per_sm > 1 else ""
         return f"{self.block_m}x{self.block_n}/{self.num_stages}st/{self.threads}thr{free}{persistent}{shared}"
+
+    @classmethod
+    def parse(cls, text: str) -> TileConfig:
+        """The config `str(config)` printed; ValueError naming what does not fit that form."""
+        match = _CONFIG_TEXT.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(
+                f"config: expected BMxBN/Sst/Tthr[/free][/persistent][/overlap][/Npersm], "
+                f"like 128x176/2st/256thr/persistent, got {text!r}"
+            )
+        return cls(
+            int(match["block_m"]),
+            int(match["block_n"]),
+            int(match["stages"]),
+            int(match["threads"]),
+            take_turns=match["free"] is None,
+            persistent=match["persistent"] is not None,
+            blocks_per_sm=int(match["blocks_per_sm"] or 1),
+            overlap_epilogue=match["overlap"] is not None,
+        )
+
+
+_CONFIG_TEXT = re.compile(
+    r"(?P<block_m>\d+)x(?P<block_n>\d+)/(?P<stages>\d+)st/(?P<threads>\d+)thr"
+    r"(?P<free>/free)?(?P<persistent>/persistent)?(?P<overlap>/overlap)?(?:/(?P<blocks_per_sm>\d+)persm)?"
+)
 
 
 # sm_90 (H100/H200), measured on the H200 at B=8 H=32 N=4096 (PERF.md, one section per
