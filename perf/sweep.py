@@ -63,6 +63,8 @@ CHECK_SHAPES = [(2, 4, 2, 257, 300), (1, 2, 1, 1000, 1000), (2, 4, 4, 300, 257)]
 def parse_config(text: str):
     from fa_kernel.configs import TileConfig
 
+    if "st/" in text:  # the form TileConfig prints, e.g. 192x128/2st/384thr/free
+        return TileConfig.parse(text)
     # "192x128/2/384", then optionally "/free", "/persistent", "/overlap" (with persistent: the
     # next tile's first Q.K^T under the epilogue), "/2persm" (two blocks per SM)
     tile, stages, threads, *flags = text.split("/")
@@ -118,7 +120,7 @@ def worker(jobs_path: str, results_path: str, baselines_needed: list[str], warmu
     import torch
 
     from fa_kernel.bench import Shape, cuda_median_ms, runners
-    from fa_kernel.kernel import LOG2E
+    from fa_kernel.numerics import LOG2E
     from fa_kernel.reference import judge
     from perf.variants import compile_variant
 

@@ -9,7 +9,8 @@ import math
 import torch
 
 from fa_kernel.configs import TileConfig
-from fa_kernel.kernel import LOG2E, compiled_forward
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.numerics import LOG2E
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 

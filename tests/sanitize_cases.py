@@ -13,7 +13,8 @@ import torch
 
 from fa_kernel import flash_attn_func
 from fa_kernel.configs import arch_of, select_config
-from fa_kernel.kernel import LOG2E, compiled_forward
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge, random_qkv
 
 SHAPES = [  # batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim

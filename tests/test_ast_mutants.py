@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from ast_mutants import OPERATORS, ROOT, generate, main  # noqa: E402
+from ast_mutants import FILES, OPERATORS, ROOT, generate, main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,7 @@ def test_ids_and_keys_are_unique(mutants):
 
 
 def test_mutants_are_ordered_by_file_line_column_operator(mutants):
-    files = ("kernel.py", "interface.py", "configs.py")
-    order = [(files.index(m.file), m.line, m.col, m.operator) for m in mutants]
+    order = [(FILES.index(m.file), m.line, m.col, m.operator) for m in mutants]
     assert order == sorted(order)
 
 
@@ -64,7 +63,7 @@ def test_every_operator_mutates_the_kernel(mutants, operator):
 
 
 def test_every_file_has_mutants(mutants):
-    assert {m.file for m in mutants} == {"kernel.py", "interface.py", "configs.py"}
+    assert {m.file for m in mutants} == set(FILES)
 
 
 def test_known_mutants_exist(mutants):
@@ -85,7 +84,7 @@ def test_known_mutants_exist(mutants):
         "T.max(first_row + rows_per_warpgroup, seqlen_q)",
     )
     limit = _find(mutants, "<module>", "constant", "STALE_SUM_LIMIT = 4096.0", "STALE_SUM_LIMIT = 8192.0")
-    assert limit.id == "kernel-STALE_SUM_LIMIT-constant-1"
+    assert limit.id == "numerics-STALE_SUM_LIMIT-constant-1"
     # Python-level branches are the kernel's too.
     _find(mutants, "needs_mask", "guard_never", "causal", "False")
     # A guard of tile logic, and an index that is computed (not a bare name).

@@ -19,7 +19,7 @@ import torch
 
 from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
-from fa_kernel.kernel import LOG2E
+from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge, random_qkv
 from launch import kernel_for
 

@@ -14,7 +14,8 @@ import torch
 
 from fa_kernel import flash_attn_func
 from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
-from fa_kernel.kernel import H100_SM_COUNT, LOG2E, compiled_forward
+from fa_kernel.kernel import H100_SM_COUNT, compiled_forward
+from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge, random_qkv
 from strategies import Case
 

@@ -32,6 +32,7 @@ def test_sweep_configs_name_the_turn_taking():
         "assert str(parse_config('192x128/2/384/free')) == '192x128/2st/384thr/free'\n"
         "assert parse_config('192x128/2/384/free/persistent').persistent\n"
         "assert str(parse_config('128x176/2/256/persistent')) == '128x176/2st/256thr/persistent'\n"
+        "assert parse_config('128x176/2st/256thr/persistent/overlap').overlap_epilogue\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "fa_kernel"
-FILES = ("kernel.py", "interface.py", "configs.py")
+FILES = ("kernel.py", "numerics.py", "interface.py", "configs.py")
 OPERATORS = ("relational", "off_by_one", "min_max", "or_and", "guard_always", "guard_never", "constant")
 
 
@@ -77,6 +77,7 @@ SCOPES = {
     "kernel.py": Scope(("forward_program", "consumer_registers", "own_output_buffer"), constants=True),
     "interface.py": Scope(("_forward",), constants=False),
     "configs.py": Scope(("select_config", "key_ranges"), constants=False),
+    "numerics.py": Scope((), constants=True),
 }
 OTHER_FILES = Scope(None, constants=True)
 

@@ -172,7 +172,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # A limit past fp16's range: P~ up to 2^17 is kept, and its down-cast overflows.
         "stale_sum_limit_past_fp16",
-        "kernel.py",
+        "numerics.py",
         "STALE_SUM_LIMIT = 4096.0",
         "STALE_SUM_LIMIT = 131072.0",
         first=JUMPS,

@@ -1,6 +1,14 @@
 """fa_kernel: a FlashAttention-2 forward kernel in TileLang, with its reference and tools."""
 
-from fa_kernel.interface import flash_attn_func
-
 __version__ = "0.1.0"
 __all__ = ["flash_attn_func", "__version__"]
+
+
+def __getattr__(name: str):
+    # The API (and with it TileLang) loads on first use, so that the reference and the emulator
+    # import on machines without TileLang's toolchain.
+    if name == "flash_attn_func":
+        from fa_kernel.interface import flash_attn_func
+
+        return flash_attn_func
+    raise AttributeError(f"module 'fa_kernel' has no attribute {name!r}")

@@ -20,7 +20,7 @@ import math
 import torch
 
 from fa_kernel.configs import TileConfig, select_config
-from fa_kernel.kernel import LN2, LOG2E, STALE_SUM_LIMIT
+from fa_kernel.numerics import LN2, LOG2E, STALE_SUM_LIMIT
 
 
 def attention_tiled(

@@ -14,7 +14,8 @@ import numbers
 import torch
 
 from fa_kernel.configs import TileConfig, arch_of, select_config
-from fa_kernel.kernel import LOG2E, compiled_forward
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.numerics import LOG2E
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)

@@ -59,15 +59,12 @@ head_dim, so a compile happens once per (dtype, head_dim, causal, tile config, t
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
 import functools
-import math
 
 import tilelang
 import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
-
-LOG2E = math.log2(math.e)
-LN2 = math.log(2.0)
+from fa_kernel.numerics import LN2, STALE_SUM_LIMIT
 
 DTYPES = {"float16": T.float16, "bfloat16": T.bfloat16}
 
@@ -91,13 +88,8 @@ TURN_BARRIERS = (13, 14, 15)
 # a time: the K/V rings keep each panel of all their rows together, and TileLang lowers a copy
 # to TMA only where its shared-memory box is contiguous.
 TMA_PANEL = 64
-# The largest row sum of P~ against the max before a tile with which the row keeps that max
-# (module docstring). The sum bounds every P~ of the row, so kept P~ <= 2^12 stay far inside
-# fp16 (65504); precision is not at stake, since every weight is relative to the old max, which
-# the normalisation cancels, and a max that rose weights the new keys up, not down.
-STALE_SUM_LIMIT = 4096.0
-# Named barriers for that decision, one per consumer warpgroup (bar.red.or: does any of its
-# 128 threads have a row over the limit).
+# Named barriers for the stale-max decision (numerics.STALE_SUM_LIMIT), one per consumer
+# warpgroup (bar.red.or: does any of its 128 threads have a row over the limit).
 VOTE_BARRIERS = (10, 11, 12)
 # The vote, in PTX: TileLang 0.1.15 has warp votes and block-wide __syncthreads_or, but no
 # reduction over a named barrier's threads.

@@ -25,7 +25,8 @@ import torch
 
 from fa_kernel.bench import cuda_median_ms, sweep_shape
 from fa_kernel.configs import TileConfig
-from fa_kernel.kernel import LOG2E, compiled_forward
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.numerics import LOG2E
 
 LADDER = (1024, 2048, 4096, 8192, 16384)
 # The run-to-run spread of one config alternated against itself in one process, ~1.5% at 4096

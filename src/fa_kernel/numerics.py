@@ -1,0 +1,14 @@
+"""The numbers the kernel's math is built on, shared by the kernel and its emulator (which runs
+on any CPU and must not need TileLang to import them)."""
+
+import math
+
+# exp2 and log2 with the scale folded in: e^x = 2^(x * LOG2E), ln(x) = log2(x) * LN2.
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+# The largest row sum of P~ against the max before a tile with which the row keeps that max
+# (kernel.py's docstring). The sum bounds every P~ of the row, so kept P~ <= 2^12 stay far inside
+# fp16 (65504); precision is not at stake, since every weight is relative to the old max, which
+# the normalisation cancels, and a max that rose weights the new keys up, not down.
+STALE_SUM_LIMIT = 4096.0
