@@ -246,6 +246,11 @@ def forward_program(
         if thread < consumers - 128 or kv_block < num_kv_blocks - 1:
             T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
 
+    def ring_slot(count):
+        """(stage, phase) of the count-th K/V tile through the ring: its buffer, and the parity
+        its mbarriers wait for (they flip each time the ring wraps)."""
+        return count % stages, (count // stages) & 1
+
     def ring_stage(ring, stage, columns=slice(None)):
         """Stage `stage` of a K or V ring: rows [stage * block_n, (stage + 1) * block_n)."""
         return ring[stage * block_n : (stage + 1) * block_n, columns]
@@ -432,8 +437,7 @@ def forward_program(
                     T.tma_copy(Q[b, q_start : q_start + block_m, head, :], Q_shared, barrier=q_full)
                     T.mbarrier_arrive(q_full)
                     for kv_block in T.serial(num_kv_blocks):
-                        stage = (kv_before + kv_block) % stages
-                        phase = ((kv_before + kv_block) // stages) & 1
+                        stage, phase = ring_slot(kv_before + kv_block)
                         kv_start = kv_block * block_n
                         load_tile(K, b, kv_start, kv_head, K_shared, k_empty, k_full, stage, phase)
                         if not o_buffer and kv_block == 0:
@@ -466,9 +470,9 @@ def forward_program(
                             T.named_barrier_arrive(TURN_BARRIERS[0], 256)
 
                     # Tile 0: its scores and softmax; P~_0 waits in acc_p for the first P.V.
-                    first_stage = kv_before % stages
+                    first_stage = ring_slot(kv_before)[0]
                     if not overlap_epilogue:
-                        T.mbarrier_wait_parity(k_full[first_stage], (kv_before // stages) & 1)
+                        T.mbarrier_wait_parity(k_full[first_stage], ring_slot(kv_before)[1])
                         issue_scores(
                             Q_shared, ring_stage(K_shared, first_stage), acc_s, 0, q_start, diagonal_offset, seqlen_k
                         )
@@ -485,10 +489,8 @@ def forward_program(
                     T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
                     for kv_block in T.serial(1, own_kv_blocks):
-                        stage = (kv_before + kv_block) % stages
-                        phase = ((kv_before + kv_block) // stages) & 1
-                        prev_stage = (kv_before + kv_block - 1) % stages
-                        prev_phase = ((kv_before + kv_block - 1) // stages) & 1
+                        stage, phase = ring_slot(kv_before + kv_block)
+                        prev_stage, prev_phase = ring_slot(kv_before + kv_block - 1)
                         kv_start = kv_block * block_n
                         T.mbarrier_wait_parity(k_full[stage], phase)
                         if take_turns:
@@ -552,7 +554,7 @@ def forward_program(
 
                     # The last tile's P~.V (acc_o is already at the last tile's reference max).
                     last = kv_before + own_kv_blocks - 1  # counted over this thread block's life
-                    last_stage = last % stages
+                    last_stage = ring_slot(last)[0]
                     if overlap_epilogue:
                         # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
                         # nothing but its GEMM may write acc_s once that is in flight.
@@ -561,7 +563,7 @@ def forward_program(
                         )
                         if needs_mask(0, next_q_start, diagonal_offset, seqlen_k):
                             write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)
-                    T.mbarrier_wait_parity(v_full[last_stage], (last // stages) & 1)
+                    T.mbarrier_wait_parity(v_full[last_stage], ring_slot(last)[1])
                     T.wgmma_gemm(acc_p, ring_stage(V_shared, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
                     if overlap_epilogue:
                         # The next work tile's S_0, so this tile's epilogue runs under it. The last
@@ -571,10 +573,10 @@ def forward_program(
                         next_first = kv_before + num_kv_blocks
                         if tile_round + 1 < rounds:
                             T.mbarrier_wait_parity(q_full, (tile_round + 1) & 1)
-                            T.mbarrier_wait_parity(k_full[next_first % stages], (next_first // stages) & 1)
+                            T.mbarrier_wait_parity(k_full[ring_slot(next_first)[0]], ring_slot(next_first)[1])
                         issue_scores(
                             Q_shared,
-                            ring_stage(K_shared, next_first % stages),
+                            ring_stage(K_shared, ring_slot(next_first)[0]),
                             acc_s,
                             0,
                             next_q_start,
@@ -595,8 +597,7 @@ def forward_program(
                         # after its last P.V has released V: the producer loads one of them into
                         # that stage.
                         for kv_block in T.serial(own_kv_blocks, num_kv_blocks):
-                            stage = (kv_before + kv_block) % stages
-                            phase = ((kv_before + kv_block) // stages) & 1
+                            stage, phase = ring_slot(kv_before + kv_block)
                             T.mbarrier_wait_parity(k_full[stage], phase)
                             if take_turns:
                                 wait_turn(thread)
