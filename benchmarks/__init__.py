@@ -3,7 +3,7 @@
 `perf` and `accuracy` hold the gated figures, all lower-is-better, which `nox -s bench`
 compares between two commits; `throughput` holds TFLOP/s, recorded for the dashboard and
 never compared (asv would read a higher TFLOP/s as a regression). Every benchmark skips
-where there is no CUDA device. README.md, "Tracking performance", says how to run them.
+where there is no CUDA device. docs/benchmarking.md says how to run them.
 """
 
 import os
