@@ -24,8 +24,8 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   O += P_{j-1}.V_{j-1}, and start the softmax of tile j while that P.V GEMM is still on the
   tensor cores (wgmma is asynchronous: `wait_wgmma(1)` waits for S_j only). How much of the
   softmax runs before `wait_wgmma(0)` is ptxas's choice: it moves that wait above all but
-  1-14 of a thread's 64-88 exponentials (the SASS, ninth session), and forcing them under
-  the P.V GEMM measured slower (PERF.md, third session);
+  1-14 of a thread's 64-88 exponentials (the SASS, PERF.md), and forcing them under
+  the P.V GEMM measured slower (PERF.md);
 - with two or three consumer warpgroups and `config.take_turns`, they issue their GEMMs in
   a fixed order (ping-pong for two, a ring for three; named barriers), so one warpgroup's
   softmax runs under the others' GEMMs instead of all of them meeting on the exp unit
@@ -37,7 +37,7 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   releases the block's other tiles unread, passing its turn on;
 - causal launches the query blocks with the most keys first;
 - with `config.blocks_per_sm = 2` registers are budgeted for two resident thread blocks per
-  SM, one consumer warpgroup each (it held causal over few keys until the tenth session);
+  SM, one consumer warpgroup each (a tested configuration; no table entry runs it now);
 - with `config.persistent`, one thread block per SM walks the work tiles (query block,
   head, batch) in rounds, snake order, instead of one thread block per tile: the producer
   loads the next tile's Q (once the current tile's last Q.K^T is done) and K/V while the
@@ -129,7 +129,7 @@ def own_output_buffer(head_dim: int, config: TileConfig) -> bool:
     rows as soon as it is done; otherwise O is staged in the V ring, once every consumer's last
     P.V has read it. Its own where Q, the K/V rings and O fit the shared memory of
     `config.blocks_per_sm` blocks, unless the epilogue is overlapped (measured slower with its
-    own buffer, PERF.md, eleventh session)."""
+    own buffer, PERF.md)."""
     block_bytes = (2 * config.block_m + 2 * config.num_stages * config.block_n) * head_dim * 2  # fp16/bf16
     fits = block_bytes <= BLOCK_SHARED_BYTES and config.blocks_per_sm * (block_bytes + 1024) <= SM_SHARED_BYTES
     return fits and not config.overlap_epilogue

@@ -30,12 +30,12 @@ from fa_kernel.numerics import LOG2E
 
 LADDER = (1024, 2048, 4096, 8192, 16384)
 # The run-to-run spread of one config alternated against itself in one process, ~1.5% at 4096
-# keys (PERF.md, twelfth session: four alternations of two configs that are level there). A
+# keys (PERF.md, 2026-11-30: four alternations of two configs that are level there). A
 # config within it of the fastest is not measurably slower, so a difference within it never
 # splits an entry.
 MARGIN = 0.02
 # One timing of a config reads up to 10-15% high when the GPU has just been idle (a power-capped
-# H200 boosts, then settles: thirteenth session, 2048 keys, d128: 650-658 in one timing after
+# H200 boosts, then settles: 2026-11-30, 2048 keys, d128: 650-658 in one timing after
 # a pause, 568-572 alternated). So the sweep only shortlists: at each length the configs within FINALIST_SPREAD
 # of its fastest (at most FINALISTS); the shortlists of all lengths together are alternated at
 # every length, and only alternated numbers decide.
