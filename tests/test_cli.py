@@ -134,7 +134,7 @@ def test_bench_prints_the_numbers_behind_its_plot(monkeypatch, capsys, tmp_path)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     monkeypatch.setattr(cli, "measure", lambda shape, repeats: {"fa_kernel": 110.0, "cudnn": 100.0, "flash": 50.0})
     point = ("1x16x512x64 float16", {"fa_kernel": 90.0, "cudnn": 100.0})
-    monkeypatch.setattr(cli, "_plot", lambda path, dtype, repeats, console: [point])
+    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress: [point])
     plot = str(tmp_path / "plot.png")
     assert main(["bench", "--markdown", "--plot", plot]) == 0
     out = capsys.readouterr().out
@@ -143,3 +143,15 @@ def test_bench_prints_the_numbers_behind_its_plot(monkeypatch, capsys, tmp_path)
     assert main(["bench", "--json", "--plot", plot]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["plot"][0]["shape"] == point[0] and record["plot"][0]["ratio_to_cudnn"] == pytest.approx(0.9)
+
+
+def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path):
+    import fa_kernel.bench as bench
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    monkeypatch.setattr(bench, "measure", lambda shape, repeats: {"fa_kernel": shape.seqlen_q / 10, "cudnn": 100.0})
+    path = tmp_path / "plot.png"
+    points = bench.plot_seqlen_sweep(str(path), torch.float16, repeats=1)
+    assert path.stat().st_size > 0
+    assert len(points) == 4 * len(bench.PLOT_SEQLENS)  # (64, 128) x (full, causal) panels
+    assert points[0] == ("64x16x512x64 float16", {"fa_kernel": 51.2, "cudnn": 100.0})

@@ -1,4 +1,4 @@
-"""Timing on the GPU, done one way for the CLI and the asv suite alike.
+"""Timing on the GPU, done one way for the CLI and the asv suite alike, and the plot of a sweep.
 
 Kernels are asynchronous, so each repetition is bracketed by CUDA events and the median of
 the per-repetition times is reported, after a warm-up that also absorbs the compile.
@@ -8,8 +8,9 @@ inputs, in their own [batch, nheads, seqlen, headdim] layout prepared before tim
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -117,3 +118,46 @@ def measure(shape: Shape, warmup: int = 10, repeats: int = 50) -> dict[str, floa
     return {
         name: shape.flops / (cuda_median_ms(fn, warmup, repeats) * 1e-3) / 1e12 for name, fn in runners(shape).items()
     }
+
+
+PLOT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def plot_seqlen_sweep(
+    path: str,
+    dtype: torch.dtype,
+    repeats: int = 50,
+    progress: Callable[[Iterable[int], str], Iterable[int]] = lambda seqlens, description: seqlens,
+) -> list[tuple[str, dict[str, float]]]:
+    """TFLOP/s against seq_len (sweep_shape: 32k tokens, 16 heads), one panel per (head_dim,
+    causal), drawn to `path`; returns the measurements, labelled like the bench's. `progress`
+    wraps each panel's lengths (a progress bar)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = []
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.5), sharey=True)
+    for ax, (head_dim, causal) in zip(axes, itertools.product((64, 128), (False, True)), strict=True):
+        series: dict[str, list[float]] = {}
+        for seqlen in progress(PLOT_SEQLENS, f"plot d{head_dim}{' causal' if causal else ''}"):
+            shape = sweep_shape(seqlen, head_dim, causal, dtype)
+            measured.append((shape.label(), measure(shape, repeats=repeats)))
+            for name, value in measured[-1][1].items():
+                series.setdefault(name, []).append(value)
+        for name, values in series.items():
+            ax.plot(PLOT_SEQLENS, values, marker="o", label=name)
+        ax.set(
+            xscale="log",
+            xlabel="seq_len (batch = 32k tokens / seq_len, 16 heads)",
+            title=f"head_dim {head_dim}{', causal' if causal else ''}",
+        )
+        ax.set_xticks(PLOT_SEQLENS, [str(s) for s in PLOT_SEQLENS])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"TFLOP/s ({str(dtype).removeprefix('torch.')})")
+    axes[0].legend()
+    fig.suptitle(f"fa_kernel vs torch SDPA on {torch.cuda.get_device_name()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return measured

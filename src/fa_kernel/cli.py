@@ -22,7 +22,7 @@ from rich.progress import Progress, track
 from rich.table import Table
 
 from fa_kernel import __version__, tune
-from fa_kernel.bench import Shape, measure, sweep_shape
+from fa_kernel.bench import Shape, measure, plot_seqlen_sweep
 from fa_kernel.builds import build_all, quiet_tilelang, shipped_builds
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func, kernel_build
@@ -224,7 +224,14 @@ def cmd_bench(args) -> int:
         for shape in track(shapes, description="benchmarking", console=console, transient=True)
     ]
     # The numbers behind the plot are printed too: a figure alone cannot be quoted or compared.
-    plotted = _plot(args.plot, args.dtype[0], args.repeats, console) if args.plot else []
+    plotted = []
+    if args.plot:
+
+        def progress(seqlens, description):
+            return track(seqlens, description=description, console=console, transient=True)
+
+        plotted = plot_seqlen_sweep(args.plot, DTYPES[args.dtype[0]], args.repeats, progress)
+        console.print(f"plot written to {args.plot}")
     if args.json:
         record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": _records(results)}
         if args.plot:
@@ -257,44 +264,6 @@ def _rows(results: list[tuple[str, dict[str, float]]]) -> list[list[str]]:
 def _ratio(tflops: dict[str, float]) -> float | None:
     """fa_kernel over cuDNN, measured in the same process; None where cuDNN took no part."""
     return tflops["fa_kernel"] / tflops["cudnn"] if "cudnn" in tflops else None
-
-
-def _plot(path: str, dtype: str, repeats: int, console: Console) -> list[tuple[str, dict[str, float]]]:
-    """TFLOP/s against seq_len, one panel per (head_dim, causal), drawn to `path`; returns the
-    measurements, labelled like the bench's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    seqlens = [512, 1024, 2048, 4096, 8192, 16384]
-    measured = []
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.5), sharey=True)
-    for ax, (head_dim, causal) in zip(axes, itertools.product((64, 128), (False, True)), strict=True):
-        series: dict[str, list[float]] = {}
-        for seqlen in track(
-            seqlens, description=f"plot d{head_dim}{' causal' if causal else ''}", console=console, transient=True
-        ):
-            shape = sweep_shape(seqlen, head_dim, causal, DTYPES[dtype])
-            measured.append((shape.label(), measure(shape, repeats=repeats)))
-            for name, value in measured[-1][1].items():
-                series.setdefault(name, []).append(value)
-        for name, values in series.items():
-            ax.plot(seqlens, values, marker="o", label=name)
-        ax.set(
-            xscale="log",
-            xlabel="seq_len (batch = 32k tokens / seq_len, 16 heads)",
-            title=f"head_dim {head_dim}{', causal' if causal else ''}",
-        )
-        ax.set_xticks(seqlens, [str(s) for s in seqlens])
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"TFLOP/s ({dtype})")
-    axes[0].legend()
-    fig.suptitle(f"fa_kernel vs torch SDPA on {torch.cuda.get_device_name()}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    console.print(f"plot written to {path}")
-    return measured
 
 
 def cmd_tune(args) -> int:
