@@ -17,16 +17,16 @@ Variants (see VARIANTS at the bottom; `build(name, ...)` dispatches):
                        overlapping the softmax of tile j, consumer warpgroups taking turns
                        (ping-pong / ring), masks only where needed, causal heaviest-first.
 
-Patched builds of the shipped kernel (kernel.py's text with literal replacements, loaded as
-a module of their own; a patch that no longer applies raises). Levers, correct:
+Patched builds of the shipped kernel (kernel.py with fragments replaced, found by their AST,
+loaded as a module of its own; a patch that no longer applies raises). Levers, correct:
 
   fma_exp2_1of8        exp2 of 1 column group in 8 on the FMA pipe (a polynomial, as
                        FlashAttention-4 does), the rest on MUFU: d64 +3% with free-running
                        warpgroups, -4% with the ring; d128 -2..-4%.
   fma_exp2_1of4        1 column group in 4: no gain at d64 (3 in 8 measured -5%).
   mask_first           the mask written before the turn-taking wait, not after it: -3% d128.
-  row_limit_mask       the mask from one bound per row (a compare and a select per element):
-                       within noise, -4% d64 causal free.
+  (row_limit_mask, the mask from one bound per row, measured within noise and -4% d64 causal
+  free: perf/variants.py before the patches were anchored on the AST has it.)
   (two_blocks_per_sm, fourth session, is now a config: TileConfig.blocks_per_sm, "/2persm"
   in sweep configs, shipped for causal at seqlen_k <= 2048.)
 
@@ -71,6 +71,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tilelang
+from tools.ast_mutants import apply_patch
 
 from fa_kernel import kernel as shipped_kernel
 from fa_kernel.configs import TileConfig
@@ -80,13 +81,16 @@ from fa_kernel.kernel import PASS_CONFIGS, forward_program
 # Patched builds of the shipped kernel
 # --------------------------------------------------------------------------------------
 
-# The steady-state loop's softmax against the stale max, and the exponentials it and the
-# first tile share: the statements the patches below replace.
-_STALE_SOFTMAX = """                        exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
-                        row_over = 0
-                        for i in T.Parallel(block_m):
-                            if tile_sum[i] > STALE_SUM_LIMIT:
-                                row_over = 1"""
+# Each patch is (old, new): `old` a fragment of kernel.py (an expression, or statements in a
+# row) found once by its AST (tools/ast_mutants.apply_patch), so a reformat of the kernel keeps
+# the variants building; tests/test_perf_tools.py fails when one no longer applies.
+
+# The steady-state loop's softmax against the stale max: the statements gemm_only replaces.
+_STALE_SOFTMAX = """exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
+row_over = 0
+for i in T.Parallel(block_m):
+    if tile_sum[i] > STALE_SUM_LIMIT:
+        row_over = 1"""
 _EXP = "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])"
 
 # exp2 on the FMA pipe for some columns (FlashAttention-4's trick, there on Blackwell): at
@@ -96,9 +100,7 @@ _EXP = "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])"
 # polynomial through 1 (relative error 2.9e-6 = 2^-18.4, under fp16's 2^-11 rounding of P),
 # 2^round(x) by adding round(x) to the exponent field. x is clamped at -127 so that a masked
 # score (-inf) gives exactly +0: 1.0's exponent field 127 minus 127.
-_EXP2_ON_FMA = """
-
-_ROUNDING_SHIFTER = 12582912.0  # 1.5 * 2^23
+_EXP2_ON_FMA = """_ROUNDING_SHIFTER = 12582912.0
 _EXP2_COEFFS = (0.6931242346763611, 0.24024099111557007, 0.05590630695223808, 0.00958279613405466)
 
 
@@ -112,7 +114,8 @@ def exp2_on_fma(x):
     bits = T.reinterpret(poly, "int32") + T.shift_left(T.reinterpret(shifted, "int32"), 23)
     return T.reinterpret(bits, "float32")
 """
-_EXP2_ANCHOR = "\n\ndef forward_program("
+# The module-level statement the helper is inserted after.
+_EXP2_ANCHOR = "H100_SM_COUNT = 132"
 
 
 def _exp2_on_fma_patch(every: int, of: int):
@@ -120,81 +123,24 @@ def _exp2_on_fma_patch(every: int, of: int):
     first `every` of each `of` groups get exp2_on_fma; the rest keep MUFU.EX2."""
     x = "acc_s[i, j] * scale_log2 - row_max_scaled[i]"
     return (
-        (_EXP2_ANCHOR, _EXP2_ON_FMA + _EXP2_ANCHOR),
+        (_EXP2_ANCHOR, _EXP2_ANCHOR + "\n" + _EXP2_ON_FMA),
         (_EXP, f"acc_s[i, j] = T.if_then_else((j // 8) % {of} < {every}, exp2_on_fma({x}), T.exp2({x}))"),
     )
 
 
-# kernel.py's mask loop, as the anchor of the row-limit mask patch below (a patch's old text is
-# kernel.py's own, by design; tests/test_perf_tools.py fails when it drifts).
-_MASK_LOOP = """        for i, j in T.Parallel(block_m, block_n):
-            if causal:
-                acc_s[i, j] = T.if_then_else(
-                    T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
-                )
-            else:
-                acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)"""
-
 # The mask written before the ping-pong / ring wait instead of after it: the wait orders the
 # warpgroups' GEMM issues, and the mask fill (block_m x block_n selects) between the wait and
 # the GEMM delays every warpgroup behind this one.
-_WAIT_TURN_THEN_SCORES = """                        T.mbarrier_wait_parity(k_full[stage], phase)
-                        if take_turns:
-                            wait_turn(thread)
-                        issue_scores(
-                            Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
-                        )"""
+_WAIT_TURN_THEN_SCORES = """T.mbarrier_wait_parity(k_full[stage], phase)
+if take_turns:
+    wait_turn(thread)
+issue_scores(Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)"""
 _MASK_FIRST = (
     (
         _WAIT_TURN_THEN_SCORES,
-        "                        if needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):\n"
-        "                            write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
-        + _WAIT_TURN_THEN_SCORES.replace(
-            "seqlen_k\n                        )", "seqlen_k, mask_written=True\n                        )"
-        ),
-    ),
-)
-
-
-# The mask from one bound per row: key kv_start + j is visible iff j <= last_key[i], with
-# last_key[i] = min(q_start + i + diagonal_offset, seqlen_k - 1) - kv_start computed once per
-# row, so each element costs a compare and a select instead of the index arithmetic of the
-# causal launch order (measured: the masked tiles delay the warpgroups' turns).
-_ROW_LIMIT_MASK = (
-    (
-        _MASK_LOOP,
-        """        for i in T.Parallel(block_m):
-            if causal:
-                last_key[i] = T.min(q_start + i + diagonal_offset, seqlen_k - 1) - kv_start
-            else:
-                last_key[i] = seqlen_k - 1 - kv_start
-        for i, j in T.Parallel(block_m, block_n):
-            acc_s[i, j] = T.if_then_else(j > last_key[i], neg_inf, 0)""",
-    ),
-    (
-        "def issue_scores(Q_shared, K_tile, acc_s, kv_start,",
-        "def issue_scores(Q_shared, K_tile, acc_s, last_key, kv_start,",
-    ),
-    ("def write_mask(acc_s, kv_start,", "def write_mask(acc_s, last_key, kv_start,"),
-    ("write_mask(acc_s, kv_start, q_start,", "write_mask(acc_s, last_key, kv_start, q_start,"),
-    ("write_mask(acc_s, 0, next_q_start,", "write_mask(acc_s, last_key, 0, next_q_start,"),
-    ("ring_stage(K_shared, 0), acc_s, 0,", "ring_stage(K_shared, 0), acc_s, last_key, 0,"),
-    (
-        "                            acc_s,\n                            0,\n",
-        "                            acc_s,\n                            last_key,\n                            0,\n",
-    ),
-    (
-        "Q_shared, ring_stage(K_shared, first_stage), acc_s, 0,",
-        "Q_shared, ring_stage(K_shared, first_stage), acc_s, last_key, 0,",
-    ),
-    (
-        "Q_shared, ring_stage(K_shared, stage), acc_s, kv_start,",
-        "Q_shared, ring_stage(K_shared, stage), acc_s, last_key, kv_start,",
-    ),
-    (
-        "            row_max = T.alloc_fragment([block_m], accum)\n",
-        "            row_max = T.alloc_fragment([block_m], accum)\n"
-        "            last_key = T.alloc_fragment([block_m], T.int32)\n",
+        "if needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):\n"
+        "    write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
+        + _WAIT_TURN_THEN_SCORES.replace("seqlen_k)", "seqlen_k, mask_written=True)"),
     ),
 )
 
@@ -204,35 +150,33 @@ _ROW_LIMIT_MASK = (
 def _turns_from_patch(min_tiles: int):
     return (
         (
-            "if thread >= consumers - 128 and num_kv_blocks > 1:",
-            f"if thread >= consumers - 128 and num_kv_blocks > {max(1, min_tiles)}:",
+            "thread >= consumers - 128 and num_kv_blocks > 1",
+            f"thread >= consumers - 128 and num_kv_blocks > {max(1, min_tiles)}",
+        ),
+        (  # in the loop
+            "if take_turns:\n    wait_turn(thread)",
+            f"if take_turns and num_kv_blocks > {min_tiles}:\n    wait_turn(thread)",
         ),
         (
-            "                        if take_turns:\n                            wait_turn(",
-            f"                        if take_turns and num_kv_blocks > {min_tiles}:\n"
-            "                            wait_turn(",
-        ),
-        (
-            "if thread < consumers - 128 or kv_block < num_kv_blocks - 1:",
-            f"if num_kv_blocks > {min_tiles} and (thread < consumers - 128 or kv_block < num_kv_blocks - 1):",
+            "thread < consumers - 128 or kv_block < num_kv_blocks - 1",
+            f"num_kv_blocks > {min_tiles} and (thread < consumers - 128 or kv_block < num_kv_blocks - 1)",
         ),
         (  # the turns of the tiles a warpgroup releases unread (kernel.warpgroup_kv_blocks)
-            "                            if take_turns:\n                                wait_turn(",
-            f"                            if take_turns and num_kv_blocks > {min_tiles}:\n"
-            "                                wait_turn(",
+            "if take_turns:\n    wait_turn(thread)\n    pass_turn(thread, kv_block, num_kv_blocks)",
+            f"if take_turns and num_kv_blocks > {min_tiles}:\n"
+            "    wait_turn(thread)\n    pass_turn(thread, kv_block, num_kv_blocks)",
         ),
     )
 
 
 PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
     # (the vote stays: row_over 0, every tile keeps its max)
-    "gemm_only": ((_STALE_SOFTMAX, "                        row_over = 0"),),
+    "gemm_only": ((_STALE_SOFTMAX, "row_over = 0"),),
     "no_exp": ((_EXP, "acc_s[i, j] = acc_s[i, j] * scale_log2 - row_max_scaled[i]"),),
 }
 PATCHES["fma_exp2_1of8"] = _exp2_on_fma_patch(1, 8)
 PATCHES["fma_exp2_1of4"] = _exp2_on_fma_patch(1, 4)
 PATCHES["mask_first"] = _MASK_FIRST
-PATCHES["row_limit_mask"] = _ROW_LIMIT_MASK
 PATCHES["turns_from_8"] = _turns_from_patch(8)
 PATCHES["turns_from_16"] = _turns_from_patch(16)
 
@@ -242,13 +186,10 @@ def _patched_kernel_module(name: str):
     """kernel.py with PATCHES[name] applied, imported from a file (TileLang reads the source)."""
     source = Path(shipped_kernel.__file__).read_text()
     for old, new in PATCHES[name]:
-        # A text that starts with indentation must start a line: found inside a deeper-indented
-        # line, its replacement would break the nesting.
-        if old.startswith(" "):
-            old, new = "\n" + old, "\n" + new
-        if source.count(old) != 1:
-            raise ValueError(f"variant {name}: patch text found {source.count(old)} times in kernel.py, not once")
-        source = source.replace(old, new)
+        try:
+            source = apply_patch(source, old, new)
+        except ValueError as error:
+            raise ValueError(f"variant {name}: {error} in kernel.py") from error
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"kernel_{name}_{digest}.py"
     path.parent.mkdir(parents=True, exist_ok=True)

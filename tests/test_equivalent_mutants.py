@@ -11,9 +11,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from ast_mutants import generate  # noqa: E402
+from ast_mutants import apply_patch, generate  # noqa: E402
 from equivalent_mutants import EQUIVALENT  # noqa: E402
-from mutants import PACKAGE, apply_patch  # noqa: E402
+from mutants import PACKAGE  # noqa: E402
 
 from boundaries import boundary_offsets, shipped_entries, sweep_limit, sweep_seqlens_q  # noqa: E402
 from fa_kernel.emulator import attention_tiled  # noqa: E402

@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import mutants  # noqa: E402
+from ast_mutants import apply_patch  # noqa: E402
 
 
 @pytest.mark.parametrize("mutant", mutants.KERNEL_MUTANTS + mutants.EMULATOR_MUTANTS, ids=lambda m: m.name)
@@ -45,15 +46,15 @@ def f(a, b):
     ],
 )
 def test_patches_match_the_ast_whatever_the_formatting(old, new, expected_line):
-    text = mutants.apply_patch(REFORMATTED, old, new)
+    text = apply_patch(REFORMATTED, old, new)
     ast.parse(text)
     assert expected_line in text.splitlines()
 
 
 def test_a_fragment_found_twice_or_never_is_an_error():
     with pytest.raises(ValueError, match="found 2 times"):
-        mutants.apply_patch("x = a + 1\ny = a + 1\n", "a + 1", "a")
+        apply_patch("x = a + 1\ny = a + 1\n", "a + 1", "a")
     with pytest.raises(ValueError, match="found 0 times"):
-        mutants.apply_patch("x = a + 1\n", "a + 2", "a")
+        apply_patch("x = a + 1\n", "a + 2", "a")
     # `within` narrows the search to one function
-    assert "y = a\n" in mutants.apply_patch("def f():\n    x = a + 1\ndef g():\n    y = a + 1\n", "a + 1", "a", "g")
+    assert "y = a\n" in apply_patch("def f():\n    x = a + 1\ndef g():\n    y = a + 1\n", "a + 1", "a", "g")

@@ -35,7 +35,6 @@ not change load instead of compiling.
 from __future__ import annotations
 
 import argparse
-import ast
 import itertools
 import os
 import re
@@ -53,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "fa_kernel"
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
 
-from ast_mutants import GeneratedMutant, SourceText, generate  # noqa: E402
+from ast_mutants import GeneratedMutant, apply_patch, generate  # noqa: E402
 from equivalent_mutants import EQUIVALENT  # noqa: E402
 
 
@@ -83,50 +82,6 @@ class Mutant:
     @property
     def id(self) -> str:
         return self.name
-
-
-def _statement_runs(tree: ast.AST, length: int):
-    """Every run of `length` consecutive statements of one body in the tree."""
-    for node in ast.walk(tree):
-        for body_name in ("body", "orelse", "finalbody"):
-            body = getattr(node, body_name, None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-                for index in range(len(body) - length + 1):
-                    yield body[index : index + length]
-
-
-def apply_patch(text: str, old: str, new: str, within: str | None = None) -> str:
-    """`text` with the one occurrence of the fragment `old` replaced by `new`.
-
-    `old` is matched by its AST (as ast.unparse writes it): first as statements in a row, which
-    are replaced by `new`'s lines at their indentation (`new` empty deletes them); else as an
-    expression, whose exact span is replaced by `new`."""
-    tree = ast.parse(text)
-    if within is not None:
-        scopes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == within]
-        if len(scopes) != 1:
-            raise ValueError(f"function {within!r} found {len(scopes)} times, not once")
-        tree = scopes[0]
-    source = SourceText(text)
-    statements = ast.parse(old).body
-    wanted = [ast.unparse(statement) for statement in statements]
-    runs = [run for run in _statement_runs(tree, len(statements)) if [ast.unparse(s) for s in run] == wanted]
-    if len(runs) == 1:
-        first, last = runs[0][0], runs[0][-1]
-        line_start = source.offset(first.lineno, 0)
-        line_end = source.offset(last.end_lineno, 0) + len(source.lines[last.end_lineno - 1]) + 1
-        indent = " " * first.col_offset
-        lines = "".join(f"{indent}{line}\n" for line in new.splitlines())
-        return text[:line_start] + lines + text[line_end:]
-    if len(statements) == 1 and isinstance(statements[0], ast.Expr) or not runs:
-        expression = ast.unparse(ast.parse(old, mode="eval"))
-        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.expr) and ast.unparse(n) == expression]
-        if len(nodes) == 1:
-            return text[: source.start(nodes[0])] + new + text[source.end(nodes[0]) :]
-        found = len(nodes)
-    else:
-        found = len(runs)
-    raise ValueError(f"fragment {old!r} found {found} times, not once")
 
 
 JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
