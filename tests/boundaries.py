@@ -100,15 +100,19 @@ def sweep_seqlens_q(config: TileConfig) -> tuple[int, ...]:
     return (3 * config.block_m, 2 * config.block_m + rows_per_warpgroup(config) - 1)
 
 
-def sweep_shapes(config: TileConfig) -> list[tuple[int, int]]:
+def sweep_shapes(config: TileConfig, part: str | None = None) -> list[tuple[int, int]]:
     """(seqlen_q, seqlen_k) of the deterministic sweep: every offset in [-limit, limit] at each of
-    sweep_seqlens_q, where seqlen_k >= 1 (no keys at all is the API's case, not the kernel's)."""
+    sweep_seqlens_q, where seqlen_k >= 1 (no keys at all is the API's case, not the kernel's).
+    `part` 'boundaries': only the offsets within SIDE of a boundary (boundary_offsets, the smoke
+    tier's share); 'between': the others; None: all."""
     limit = sweep_limit(config)
+    near = set(boundary_offsets(config, limit))
+    wanted = {None: lambda offset: True, "boundaries": near.__contains__, "between": lambda o: o not in near}[part]
     return [
         (seqlen_q, seqlen_q + offset)
         for seqlen_q in sweep_seqlens_q(config)
         for offset in range(-limit, limit + 1)
-        if seqlen_q + offset >= 1
+        if seqlen_q + offset >= 1 and wanted(offset)
     ]
 
 

@@ -38,17 +38,22 @@ def failures_message(failures: list[str], cases: int) -> str:
 
 
 @pytest.mark.gpu
-@pytest.mark.smoke
+@pytest.mark.parametrize(
+    "part",
+    # The offsets next to a boundary are the smoke tier's (an off-by-one shows there); the
+    # offsets between boundaries complete the sweep in the full suite.
+    [pytest.param("boundaries", marks=pytest.mark.smoke), "between"],
+)
 @pytest.mark.parametrize("query_length", [0, 1], ids=["full-q-blocks", "cut-q-block"])
 @pytest.mark.parametrize("build", BUILDS, ids=build_id)
-def test_boundary_sweep(build, query_length, request):
-    # One test per build and query length (sweep_seqlens_q), so that xdist spreads the sweep evenly.
+def test_boundary_sweep(build, query_length, part, request):
+    # One test per build, query length (sweep_seqlens_q) and part, so that xdist spreads the sweep evenly.
     kernel = compiled_forward(**build, arch=device_arch())
     fail_fast = request.config.getoption("maxfail") == 1  # under -x (the mutant runner) the first is enough
     config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
     # One draw of the longest inputs; each shape takes a prefix, so the sweep costs launches, not RNG.
     seqlen_q = sweep_seqlens_q(config)[query_length]
-    shapes = [shape for shape in sweep_shapes(config) if shape[0] == seqlen_q]
+    shapes = [shape for shape in sweep_shapes(config, part) if shape[0] == seqlen_q]
     longest_q = max(q for q, _ in shapes)
     longest_k = max(k for _, k in shapes)
     q_all, k_all, v_all = random_qkv(1, longest_q, longest_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16)
