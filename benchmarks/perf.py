@@ -3,7 +3,7 @@
 Kernels run asynchronously and asv's own timer is wall-clock, so the figure is a `track_`
 benchmark built from medians of CUDA-event timings (`fa_kernel.bench`), taken after setup
 has compiled and warmed everything up. Absolute times are not gated: on the H200 they moved
-9% between two builds of the same code, while this ratio moved 0.2% and 2.7% (PERF.md).
+9% between two builds of the same code, while this ratio moved 0.2% and 2.7% (docs/perf-log.md).
 """
 
 from asv_runner.benchmarks.mark import SkipNotImplemented

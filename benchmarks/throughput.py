@@ -2,7 +2,7 @@
 
 `nox -s bench` never compares these (it records them for the head commit alone, after the
 gate): asv reads TFLOP/s as lower-is-better, which would flag every improvement, and
-absolute times drift with the machine more than the gate's factor allows (PERF.md); `perf`
+absolute times drift with the machine more than the gate's factor allows (docs/perf-log.md); `perf`
 holds the steadier same-process ratio to cuDNN, which gates.
 """
 

@@ -16,7 +16,7 @@ order's makespan over the ideal (total work / SMs):
 Fifth session: snake predicted 1.265 against hardware's 1.035 for d64 causal at 16k (-18%);
 the H200 measured -12% (390.7 persistent vs 442.4 per tile). Sixth session: a persistent grid
 drawing tiles from a global counter (the hardware's order) measured 449.8 against 452.3 per
-tile there: balanced, and no faster (PERF.md).
+tile there: balanced, and no faster (docs/perf-log.md).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ next work tile's S_0 issued before the current tile's epilogue, became kernel.py
 max from before the tile unless its sum says otherwise (kernel.STALE_SUM_LIMIT), so the patches
 on the row max and the rescale it made obsolete left with it: pinned, skip_rescale,
 lazy_rescale, wait_both, pairwise_max and the no_max diagnostic; perf/variants.py at c0e6052
-has them, PERF.md their numbers.)
+has them, docs/perf-log.md their numbers.)
 
 `file:PATH` names another copy of kernel.py (an earlier commit's): the sweep then measures a
 change against its parent in one process.
@@ -55,7 +55,7 @@ schedule (ws_explicit, overlap, overlap_masked_tail, overlap_pingpong) are in gi
 (perf/variants.py before the commit that moved overlap_pingpong into kernel.py), and so is
 the FA2 family written with TileLang's own warp specialisation (fa2_auto_ws, masked_tail,
 sw_pipeline: perf/variants.py at 36e0a04; its one winning case, d64 non-causal, the ring now
-matches); PERF.md has their numbers. `config.threads` counts consumer threads for every variant (TileLang or
+matches); docs/perf-log.md has their numbers. `config.threads` counts consumer threads for every variant (TileLang or
 the shipped kernel adds the 128-thread producer warpgroup), so a TileConfig means the same
 launch everywhere.
 """

@@ -1,7 +1,7 @@
 """Tile configurations: which block sizes, pipeline depth and thread count each case runs.
 
 The table is keyed by (GPU architecture, head_dim, causal) and was filled by measurement
-(`fa-kernel tune` regenerates it; PERF.md keeps the numbers behind each entry). Attention
+(`fa-kernel tune` regenerates it; docs/perf-log.md keeps the numbers behind each entry). Attention
 over few keys has a second table, TUNED_SHORT: per case, configs each up to a number of keys
 (seqlen_k); past the last, TUNED's. The kernel is written for Hopper (TMA, wgmma, setmaxnreg),
 so the tables have sm_90 rows only; a case not in them gets the smallest configuration, which

@@ -15,7 +15,7 @@ reduction and acc_o no rescale (FlashAttention-4 keeps a stale max too, but redu
 max to decide). Where a row's sum is over the limit, its warpgroup issues S_j again and folds
 it in with the row's new max, as FlashAttention-2 does. With random scores that almost never
 happens after the first tile; the max reduction it saves was the softmax's longest chain
-(PERF.md).
+(docs/perf-log.md).
 
 The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
 - a producer warpgroup only issues TMA loads of Q and of each K/V tile into a ring of
@@ -24,8 +24,8 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   O += P_{j-1}.V_{j-1}, and start the softmax of tile j while that P.V GEMM is still on the
   tensor cores (wgmma is asynchronous: `wait_wgmma(1)` waits for S_j only). How much of the
   softmax runs before `wait_wgmma(0)` is ptxas's choice: it moves that wait above all but
-  1-14 of a thread's 64-88 exponentials (the SASS, PERF.md), and forcing them under
-  the P.V GEMM measured slower (PERF.md);
+  1-14 of a thread's 64-88 exponentials (the SASS, docs/perf-log.md), and forcing them under
+  the P.V GEMM measured slower (docs/perf-log.md);
 - with two or three consumer warpgroups and `config.take_turns`, they issue their GEMMs in
   a fixed order (ping-pong for two, a ring for three; named barriers), so one warpgroup's
   softmax runs under the others' GEMMs instead of all of them meeting on the exp unit
@@ -129,7 +129,7 @@ def own_output_buffer(head_dim: int, config: TileConfig) -> bool:
     rows as soon as it is done; otherwise O is staged in the V ring, once every consumer's last
     P.V has read it. Its own where Q, the K/V rings and O fit the shared memory of
     `config.blocks_per_sm` blocks, unless the epilogue is overlapped (measured slower with its
-    own buffer, PERF.md)."""
+    own buffer, docs/perf-log.md)."""
     block_bytes = (2 * config.block_m + 2 * config.num_stages * config.block_n) * head_dim * 2  # fp16/bf16
     fits = block_bytes <= BLOCK_SHARED_BYTES and config.blocks_per_sm * (block_bytes + 1024) <= SM_SHARED_BYTES
     return fits and not config.overlap_epilogue

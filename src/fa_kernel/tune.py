@@ -30,7 +30,7 @@ from fa_kernel.numerics import LOG2E
 
 LADDER = (1024, 2048, 4096, 8192, 16384)
 # The run-to-run spread of one config alternated against itself in one process, ~1.5% at 4096
-# keys (PERF.md, 2026-11-30: four alternations of two configs that are level there). A
+# keys (docs/perf-log.md, 2026-11-30: four alternations of two configs that are level there). A
 # config within it of the fastest is not measurably slower, so a difference within it never
 # splits an entry.
 MARGIN = 0.02
