@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import re
 import shutil
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -599,6 +601,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds one mutant's tests may run")
     parser.add_argument("--sm-count", type=int, default=132, help="the GPU's SM count, for triage's shipped builds")
     parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="append each verdict here, and skip mutants this file already judged on the same source and tests "
+        "(a run cut short resumes where it stopped)",
+    )
+    parser.add_argument(
         "--seed-cache",
         type=Path,
         default=Path(os.environ.get("TILELANG_CACHE_DIR", "~/.tilelang/cache")).expanduser(),
@@ -638,6 +647,12 @@ def main() -> int:
                 print(f"{verdict:<10}  {mutant.line_for_list()}")
             return 0
     to_run = [m for m in mutants if m.id not in settled]
+    recorded: dict[str, tuple[str, str, float]] = {}
+    tiers = f"{args.target} smoke_only={args.smoke_only} cpu_only={args.cpu_only} select={args.select}"
+    if args.record is not None:
+        recorded = load_record(args.record, to_run, tiers)
+        to_run = [m for m in to_run if m.id not in recorded]
+        print(f"{len(recorded)} verdicts taken from {args.record}, {len(to_run)} mutants to run", flush=True)
 
     gpus = gpu_count() if args.target == "kernel" and not args.cpu_only else 0
     if args.target == "kernel" and not args.cpu_only and not gpus:
@@ -669,20 +684,61 @@ def main() -> int:
         for done in as_completed(futures):
             status, detail, seconds = done.result()
             print(f"{futures[done].id:<{width}}  {status:<10}  {seconds:7.1f}  {detail}", flush=True)
+            if args.record is not None:
+                append_record(args.record, futures[done], tiers, (status, detail, seconds))
     outcomes = {futures_mutant.id: future.result() for future, futures_mutant in futures.items()}
+    outcomes.update(recorded)
     outcomes.update({mutant_id: (verdict, reason, 0.0) for mutant_id, (verdict, reason) in settled.items()})
     print(f"\n{'mutant':<{width}}  result      seconds  first failing test / reason")
     for mutant in mutants:
         status, detail, seconds = outcomes[mutant.id]
         print(f"{mutant.id:<{width}}  {status:<10}  {seconds:7.1f}  {detail}")
-    counts = {status: sum(o[0] == status for o in outcomes.values()) for status in ("killed", "equivalent")}
+    counts = Counter(status for status, _, _ in outcomes.values())
     survived = len(mutants) - counts["killed"] - counts["equivalent"]
     print(f"logs in {workdir}")
+    others = ", ".join(f"{status} {count}" for status, count in sorted(counts.items()) if status not in VERDICTS)
     print(
-        f"\nkilled / equivalent / survived or failed to run: {counts['killed']} / {counts['equivalent']} / {survived}"
-        f" of {len(mutants)} ({args.target}, {gpus} GPU(s), {time.perf_counter() - started:.0f} s)"
+        f"\nkilled / equivalent / survived: {counts['killed']} / {counts['equivalent']} / {counts['SURVIVED']}"
+        + (f" (and {others})" if others else "")
+        + f" of {len(mutants)} ({args.target}, {gpus} GPU(s), {time.perf_counter() - started:.0f} s)"
     )
     return 0 if survived == 0 else 1
+
+
+# Verdicts a record keeps: a time-out or an error is run again.
+VERDICTS = ("killed", "equivalent", "SURVIVED")
+
+
+def _fingerprint(mutant, tiers: str) -> str:
+    """What a verdict depends on: the mutated file, the tests (tests/ and tools/), the tiers run."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{tiers} {mutant.id}\n".encode())
+    digest.update(mutant.mutated_source().encode())
+    for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "tools").glob("*.py")]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def load_record(path: Path, mutants: list, tiers: str) -> dict[str, tuple[str, str, float]]:
+    """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint."""
+    if not path.exists():
+        return {}
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_fingerprint = {entry["fingerprint"]: entry for entry in entries if entry["status"] in VERDICTS}
+    found = {}
+    for mutant in mutants:
+        entry = by_fingerprint.get(_fingerprint(mutant, tiers))
+        if entry is not None:
+            found[mutant.id] = (entry["status"], entry["detail"], entry["seconds"])
+    return found
+
+
+def append_record(path: Path, mutant, tiers: str, outcome: tuple[str, str, float]) -> None:
+    status, detail, seconds = outcome
+    entry = dict(id=mutant.id, fingerprint=_fingerprint(mutant, tiers), status=status)
+    with path.open("a") as record:
+        record.write(json.dumps({**entry, "detail": detail, "seconds": round(seconds, 1)}) + "\n")
 
 
 if __name__ == "__main__":
