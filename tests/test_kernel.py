@@ -17,6 +17,7 @@ from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge, random_qkv
+from launch import device_arch
 from strategies import Case
 
 pytestmark = pytest.mark.gpu
@@ -73,51 +74,67 @@ def test_gqa_and_unequal_lengths(seqlen_q, seqlen_k, group, causal):
     assert_matches_reference(q, k, v, causal)
 
 
+# The schedules the kernel tests run besides the shipped configs (tools/precompile.py builds
+# them too): one, two and three consumer warpgroups, taking turns or free, one K/V stage, two
+# blocks per SM; persistent grids of 5 thread blocks; warpgroups that see fewer tiles.
+CONSUMER_SCHEDULES = [
+    pytest.param(128, FALLBACK, id="1-warpgroup-fallback"),
+    pytest.param(64, TileConfig(128, 128, 2, 256), id="2-warpgroups-pingpong"),
+    pytest.param(64, TileConfig(192, 192, 1, 384), id="3-warpgroups-ring-1-stage"),
+    pytest.param(64, TileConfig(128, 64, 2, 256, take_turns=False), id="2-free"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, take_turns=False), id="3-free"),
+    pytest.param(64, TileConfig(64, 128, 2, 128, blocks_per_sm=2), id="1-warpgroup-2-per-sm-d64"),
+    pytest.param(128, TileConfig(64, 64, 2, 128, blocks_per_sm=2), id="1-warpgroup-2-per-sm-d128"),
+]
+PERSISTENT_GRID = 5
+PERSISTENT_SCHEDULES = [
+    pytest.param(128, TileConfig(128, 176, 2, 256, persistent=True), id="2-pingpong"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True), id="3-ring"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, take_turns=False, persistent=True), id="3-free"),
+    pytest.param(128, TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True), id="2-pingpong-overlap"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True, overlap_epilogue=True), id="3-ring-overlap"),
+    pytest.param(128, TileConfig(128, 128, 2, 256, persistent=True), id="2-own-output"),
+]
+WARPGROUP_SCHEDULES = [
+    pytest.param(64, TileConfig(192, 128, 2, 384), H100_SM_COUNT, id="3-ring"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True), PERSISTENT_GRID, id="3-ring-persistent"),
+    pytest.param(128, TileConfig(128, 128, 2, 256, persistent=True), PERSISTENT_GRID, id="2-pingpong-persistent"),
+]
+
+
+def schedule_builds(arch: str) -> list[dict]:
+    """compiled_forward's arguments of every schedule above, both masks, as the tests build them."""
+    builds = []
+    for schedules, grid in ((CONSUMER_SCHEDULES, H100_SM_COUNT), (PERSISTENT_SCHEDULES, PERSISTENT_GRID)):
+        for param in schedules:
+            head_dim, config = param.values
+            builds += [
+                dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=arch, sm_count=grid)
+                for causal in (False, True)
+            ]
+    for param in WARPGROUP_SCHEDULES:
+        head_dim, config, sm_count = param.values
+        builds += [
+            dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=arch, sm_count=sm_count)
+            for causal in (False, True)
+        ]
+    return builds
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize(
-    ("head_dim", "config"),
-    [
-        (128, FALLBACK),
-        (64, TileConfig(128, 128, 2, 256)),
-        (64, TileConfig(192, 192, 1, 384)),
-        (64, TileConfig(128, 64, 2, 256, take_turns=False)),
-        (64, TileConfig(192, 128, 2, 384, take_turns=False)),
-        (64, TileConfig(64, 128, 2, 128, blocks_per_sm=2)),
-        (128, TileConfig(64, 64, 2, 128, blocks_per_sm=2)),
-    ],
-    ids=[
-        "1-warpgroup-fallback",
-        "2-warpgroups-pingpong",
-        "3-warpgroups-ring-1-stage",
-        "2-free",
-        "3-free",
-        "1-warpgroup-2-per-sm-d64",
-        "1-warpgroup-2-per-sm-d128",
-    ],
-)
+@pytest.mark.parametrize(("head_dim", "config"), CONSUMER_SCHEDULES)
 def test_every_consumer_schedule(head_dim, config, causal):
     # The tuned table runs two warpgroups in ping-pong (d128, d256) and three, in a ring or
     # free (d64); these configs cover the one-warpgroup path, ping-pong on power-of-two tiles,
     # the ring with a single K/V stage (producer and consumers share each buffer), both
     # free-running counts, the short-sequence configs (two blocks per SM, halved registers),
     # and Sq > Sk rows with no key.
-    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config)
+    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=device_arch())
     assert_kernel_matches_reference(kernel, head_dim, causal, label=str(config))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize(
-    ("head_dim", "config"),
-    [
-        (128, TileConfig(128, 176, 2, 256, persistent=True)),
-        (64, TileConfig(192, 128, 2, 384, persistent=True)),
-        (64, TileConfig(192, 128, 2, 384, take_turns=False, persistent=True)),
-        (128, TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True)),
-        (64, TileConfig(192, 128, 2, 384, persistent=True, overlap_epilogue=True)),
-        (128, TileConfig(128, 128, 2, 256, persistent=True)),
-    ],
-    ids=["2-pingpong", "3-ring", "3-free", "2-pingpong-overlap", "3-ring-overlap", "2-own-output"],
-)
+@pytest.mark.parametrize(("head_dim", "config"), PERSISTENT_SCHEDULES)
 def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # A grid of 5 thread blocks over 1..24 work tiles: each block carries its K/V ring,
     # mbarrier phases and turn order from one tile into the next (an odd number of K/V tiles
@@ -128,20 +145,14 @@ def test_persistent_thread_blocks_walk_several_tiles(head_dim, config, causal):
     # tile's epilogue. O leaves through the V ring (128x176 at d128, the overlapped epilogue) or
     # a buffer of its own, from which each warpgroup stores its rows without waiting for the
     # others (kernel.own_output_buffer), so one may start the next tile while another finishes.
-    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=5)
+    kernel = compiled_forward(
+        head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=device_arch(), sm_count=PERSISTENT_GRID
+    )
     assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of 5")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize(
-    ("head_dim", "config", "sm_count"),
-    [
-        (64, TileConfig(192, 128, 2, 384), H100_SM_COUNT),
-        (64, TileConfig(192, 128, 2, 384, persistent=True), 5),
-        (128, TileConfig(128, 128, 2, 256, persistent=True), 5),
-    ],
-    ids=["3-ring", "3-ring-persistent", "2-pingpong-persistent"],
-)
+@pytest.mark.parametrize(("head_dim", "config", "sm_count"), WARPGROUP_SCHEDULES)
 def test_warpgroups_visit_only_the_key_tiles_their_rows_see(head_dim, config, sm_count, causal):
     # Causal, a consumer warpgroup's rows see fewer K/V tiles than the block's last rows, and
     # the last query block's warpgroups whose rows are all past seqlen_q see none: each visits
@@ -150,7 +161,9 @@ def test_warpgroups_visit_only_the_key_tiles_their_rows_see(head_dim, config, sm
     # warpgroup past the end with five K/V tiles to release, more than the ring has stages, so
     # their phases wrap; against 704 and 1000 keys the warpgroups' rows straddle K/V tile
     # boundaries at two diagonal offsets; a grid of 5 carries all of it across work tiles.
-    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count)
+    kernel = compiled_forward(
+        head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=device_arch(), sm_count=sm_count
+    )
     shapes = [(1, 704, 704, 2, 2), (2, 704, 1000, 4, 1)]
     assert_kernel_matches_reference(kernel, head_dim, causal, label=f"{config}, grid of {sm_count}", shapes=shapes)
 

@@ -1,10 +1,11 @@
-"""Build every kernel the GPU suite's shipped configs and boundary sweep need, all CPU cores at
-once, into TileLang's disk cache; the tests then load them instead of compiling one at a time.
+"""Build every kernel the GPU suite needs, all CPU cores at once, into TileLang's disk cache; the
+tests then load them instead of compiling one at a time.
 
     python tools/precompile.py [--jobs N]
 
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after.
-The test-only schedules (tests/test_kernel.py) build in the test workers as they come.
+The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
+too; a test that builds anything else compiles it in its worker.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
 
 def suite_builds(sm_count: int, arch: str) -> list[dict]:
-    """compiled_forward's arguments of every shipped config in both dtypes as flash_attn_func
-    builds them on this GPU, and of every build of the boundary sweep."""
+    """compiled_forward's arguments of every kernel the GPU suite builds: each shipped config in
+    both dtypes as flash_attn_func builds it on this GPU, the boundary sweep's builds, the kernel
+    tests' own schedules and the guard-region tests' grids."""
+    import test_guard_regions
+    import test_kernel
     from boundaries import shipped_entries, sweep_builds
 
     builds = [
@@ -30,6 +34,18 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
         for dtype in ("float16", "bfloat16")
     ]
     builds += [dict(build, arch=arch) for build in sweep_builds()]
+    builds += test_kernel.schedule_builds(arch)
+    builds += [
+        dict(
+            head_dim=head_dim,
+            causal=causal,
+            dtype="float16",
+            config=config,
+            arch=arch,
+            sm_count=test_guard_regions.SM_COUNT if config.persistent else sm_count,
+        )
+        for head_dim, causal, config in test_guard_regions.CASES
+    ]
     return [build for index, build in enumerate(builds) if build not in builds[:index]]
 
 
