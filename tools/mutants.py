@@ -484,6 +484,10 @@ def recorded_equivalents(mutants: list[GeneratedMutant]) -> dict[str, tuple[str,
     return {m.id: ("equivalent", f"{EQUIVALENT[m.key].why} (checked: {EQUIVALENT[m.key].check})") for m in recorded}
 
 
+def _tilelang_cache() -> Path:
+    return Path(os.environ.get("TILELANG_CACHE_DIR", "~/.tilelang/cache")).expanduser()
+
+
 def gpu_count() -> int:
     """GPUs of this host, without initialising CUDA in this process (its children use them)."""
     probe = "import torch; print(torch.cuda.device_count())"
@@ -610,8 +614,9 @@ def main() -> int:
     parser.add_argument(
         "--seed-cache",
         type=Path,
-        default=Path(os.environ.get("TILELANG_CACHE_DIR", "~/.tilelang/cache")).expanduser(),
-        help="TileLang cache of the unmutated build, linked into each mutant's own",
+        default=_tilelang_cache(),
+        help="TileLang cache of the unmutated build, linked into each mutant's own (TileLang's own cache, "
+        "filled by tools/precompile.py first, by default)",
     )
     args = parser.parse_args()
 
@@ -658,6 +663,10 @@ def main() -> int:
     if args.target == "kernel" and not args.cpu_only and not gpus:
         # Without one the GPU tiers' tests fail (FA_KERNEL_REQUIRE_GPU), which would read as kills.
         parser.error("the kernel's mutants need a CUDA device (--list, --triage-only and --cpu-only do not)")
+    if gpus and args.seed_cache.resolve() == _tilelang_cache().resolve():
+        # Seed the mutants' caches with every kernel of the unmutated suite: a kernel a mutant
+        # leaves alone then loads instead of compiling in each mutant's own cache.
+        subprocess.run([sys.executable, str(ROOT / "tools" / "precompile.py")], cwd=ROOT, check=True)
     jobs = args.jobs or max(4, 2 * gpus)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
