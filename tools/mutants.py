@@ -401,7 +401,13 @@ SMOKE_ARGS = ["tests/test_boundary_sweep.py", "-m", "smoke"]
 CPU_ARGS = ["tests/test_configs.py", "tests/test_api.py", "-m", "not gpu"]
 PYTEST_ARGS = {
     "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
-    "emulator": ["tests/test_properties.py", "tests/test_boundary_sweep.py", "-k", "emulator"],
+    "emulator": [
+        "tests/test_properties.py",
+        "tests/test_boundary_sweep.py",
+        "tests/test_nonfinite.py",
+        "-k",
+        "emulator",
+    ],
 }
 
 
@@ -621,7 +627,7 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.generated:
-        mutants: list = generate()
+        mutants: list = generate(files=("emulator.py",)) if args.target == "emulator" else generate()
     else:
         mutants = KERNEL_MUTANTS if args.target == "kernel" else EMULATOR_MUTANTS
     if args.only:
@@ -635,7 +641,7 @@ def main() -> int:
         return 0
 
     settled: dict[str, tuple[str, str]] = {}
-    if args.generated:
+    if args.generated and args.target == "kernel":
         start = time.perf_counter()
         settled = triage(mutants, os.cpu_count() or 1, args.sm_count)
         settled.update(recorded_equivalents([m for m in mutants if m.id not in settled]))
