@@ -14,10 +14,13 @@ import pytest
 import torch
 
 from boundaries import (
+    SIDE,
     SWEEP_HEADS,
     SWEEP_HEADS_KV,
     boundary_offsets,
     build_id,
+    lengths_near_multiples,
+    rows_per_warpgroup,
     sweep_builds,
     sweep_limit,
     sweep_seqlens_q,
@@ -107,3 +110,22 @@ def test_boundary_sweep_emulator(build):
         if not verdict.passed:
             failures.append(f"({seqlen_q}, {seqlen_q + offset}): {verdict}")
     assert not failures, failures_message(failures, len(offsets))
+
+
+@pytest.mark.parametrize("build", [build for build in BUILDS if not build["causal"]], ids=build_id)
+def test_key_lengths_at_tile_boundaries_emulator(build):
+    # Without the causal mask, the tile logic turns on seqlen_k alone: every key count within 2
+    # of a multiple of the config's block sizes, over three K/V tiles (the last tile's mask
+    # past seqlen_k, needs_mask's boundary), against a query block cut short.
+    config = build["config"]
+    seqlen_q = rows_per_warpgroup(config) + 1
+    lengths = lengths_near_multiples(config, 1, 3 * config.block_n + SIDE)
+    q, k_all, v_all = random_qkv(1, seqlen_q, max(lengths), 1, 1, 64, torch.float16, seed=1, device="cpu")
+    failures = []
+    for seqlen_k in lengths:
+        k, v = k_all[:, :seqlen_k], v_all[:, :seqlen_k]
+        out, lse = attention_tiled(q, k, v, causal=False, config=config)
+        verdict = judge(q, k, v, out, lse, causal=False)
+        if not verdict.passed:
+            failures.append(f"({seqlen_q}, {seqlen_k}): {verdict}")
+    assert not failures, failures_message(failures, len(lengths))
