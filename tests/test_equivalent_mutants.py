@@ -21,7 +21,7 @@ from fa_kernel.reference import random_qkv  # noqa: E402
 
 
 def test_every_recorded_equivalent_is_a_generated_mutant():
-    generated = {mutant.key for mutant in generate()}
+    generated = {mutant.key for mutant in [*generate(), *generate(files=("emulator.py",))]}
     assert not set(EQUIVALENT) - generated, "stale entries: the kernel changed under them"
 
 
@@ -53,3 +53,32 @@ def test_masking_tiles_that_need_no_mask_changes_nothing(causal, tmp_path):
             actual = masking_every_tile(q, k, v, causal=causal, config=config)
             for got, want in zip(actual, expected, strict=True):
                 assert torch.equal(got, want), f"{config}, offset {offset}"
+
+
+def load_emulator(source: str, folder: Path, name: str):
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.attention_tiled
+
+
+def test_recorded_emulator_mutants_are_bitwise_the_same(tmp_path):
+    # Each recorded emulator mutant against the emulator, bitwise, at the causal and non-causal
+    # boundary offsets of every shipped config.
+    recorded = [m for m in generate(files=("emulator.py",)) if m.key in EQUIVALENT]
+    assert recorded
+    for index, mutant in enumerate(recorded):
+        mutated = load_emulator(mutant.mutated_source(), tmp_path, f"emulator_mutant_{index}")
+        for entry in shipped_entries():
+            config = entry.config
+            seqlen_q = sweep_seqlens_q(config)[-1]
+            for offset in boundary_offsets(config, sweep_limit(config), side=1)[::11]:
+                if seqlen_q + offset < 1:
+                    continue
+                q, k, v = random_qkv(1, seqlen_q, seqlen_q + offset, 1, 1, 64, torch.float16, device="cpu")
+                expected = attention_tiled(q, k, v, causal=entry.causal, config=config)
+                actual = mutated(q, k, v, causal=entry.causal, config=config)
+                for got, want in zip(actual, expected, strict=True):
+                    assert torch.equal(got, want), f"{mutant.id}: {config}, causal={entry.causal}, offset {offset}"

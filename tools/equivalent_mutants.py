@@ -27,7 +27,39 @@ MASKS_MORE_TILES = Reason(
     "tests/test_equivalent_mutants.py::test_masking_tiles_that_need_no_mask_changes_nothing",
 )
 
+EMULATOR_CHECK = "tests/test_equivalent_mutants.py::test_recorded_emulator_mutants_are_bitwise_the_same"
+EMULATOR_MASKS_MORE_TILES = Reason(
+    "the emulator's needs_mask holds for a superset of the tiles; the mask of a tile whose keys are all "
+    "visible is all zeros",
+    EMULATOR_CHECK,
+)
+ROW_COMPUTED_TWICE = Reason(
+    "each query block also computes the next block's first row, which the next block writes again, "
+    "and the last block's slice ends at seqlen_q",
+    EMULATOR_CHECK,
+)
+
 EQUIVALENT: dict[str, Reason] = {
+    # ---- the emulator's tile loop (tools/mutants.py --generated --target emulator)
+    "emulator.py:_attend_one_head:off_by_one:q[q_start:q_start + block_m]->q[q_start:q_start + block_m + 1]": (
+        ROW_COMPUTED_TWICE
+    ),
+    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n > seqlen_k->kv_start + block_n + 1 > seqlen_k": (
+        EMULATOR_MASKS_MORE_TILES
+    ),
+    "emulator.py:_attend_one_head:relational:kv_start + block_n > seqlen_k->kv_start + block_n >= seqlen_k": (
+        EMULATOR_MASKS_MORE_TILES
+    ),
+    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n > seqlen_k->kv_start + block_n > seqlen_k - 1": (
+        EMULATOR_MASKS_MORE_TILES
+    ),
+    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset->"
+    "kv_start + block_n - 1 + 1 > q_start + diagonal_offset": EMULATOR_MASKS_MORE_TILES,
+    "emulator.py:_attend_one_head:relational:kv_start + block_n - 1 > q_start + diagonal_offset->"
+    "kv_start + block_n - 1 >= q_start + diagonal_offset": EMULATOR_MASKS_MORE_TILES,
+    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset->"
+    "kv_start + block_n - 1 > q_start + diagonal_offset - 1": EMULATOR_MASKS_MORE_TILES,
+    # ---- the kernel
     # past the end: tiles ending one key earlier (or at seqlen_k) get the mask too
     "kernel.py:needs_mask:off_by_one:kv_start + block_n > seqlen_k->kv_start + block_n + 1 > seqlen_k": (
         MASKS_MORE_TILES

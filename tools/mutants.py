@@ -657,6 +657,8 @@ def main() -> int:
                 verdict = settled.get(mutant.id, ("to run", ""))[0]
                 print(f"{verdict:<10}  {mutant.line_for_list()}")
             return 0
+    if args.generated and args.target == "emulator":
+        settled.update(recorded_equivalents(mutants))
     to_run = [m for m in mutants if m.id not in settled]
     recorded: dict[str, tuple[str, str, float]] = {}
     tiers = f"{args.target} smoke_only={args.smoke_only} cpu_only={args.cpu_only} select={args.select}"
