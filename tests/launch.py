@@ -9,10 +9,9 @@ import math
 import torch
 
 from fa_kernel.configs import TileConfig
+from fa_kernel.interface import compile_arch, kernel_build
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
-
-DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def device_sm_count() -> int | None:
@@ -25,21 +24,13 @@ def device_sm_count() -> int | None:
 def device_arch() -> str:
     """The architecture flash_attn_func compiles for ('sm_90a' on Hopper): direct builds name it
     too, so that they and the dispatcher's share one compile (and tools/precompile.py's)."""
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}a"
+    return compile_arch(torch.device("cuda"))
 
 
 def kernel_for(q: torch.Tensor, causal: bool, config: TileConfig, sm_count: int | None = None):
     """The compiled kernel of `config` for q's dtype and head_dim; `sm_count` None: the device's."""
-    sm_count = sm_count or torch.cuda.get_device_properties(q.device).multi_processor_count
-    return compiled_forward(
-        head_dim=q.shape[-1],
-        causal=causal,
-        dtype=DTYPE_NAMES[q.dtype],
-        config=config,
-        arch=device_arch(),
-        sm_count=sm_count,
-    )
+    build = kernel_build(q.device, q.shape[-1], causal, q.dtype, config=config, sm_count=sm_count)
+    return compiled_forward(**build)
 
 
 def run_config(q, k, v, softmax_scale, causal, config, sm_count=None, kernel=None):

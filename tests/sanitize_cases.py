@@ -12,10 +12,9 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import arch_of, select_config
-from fa_kernel.kernel import compiled_forward
-from fa_kernel.numerics import LOG2E
+from fa_kernel.interface import tile_config_for
 from fa_kernel.reference import judge, random_qkv
+from launch import run_config
 
 SHAPES = [  # batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim
     (1, 1, 1, 2, 2, 64),
@@ -34,13 +33,8 @@ LONG_ENTRY_SHAPES = [(1, 200, 400, 2, 1, 64), (1, 200, 400, 2, 1, 128)]
 
 def long_entry_forward(q, k, v, causal):
     """The long-sequence table entry's kernel for this case, called directly."""
-    head_dim, dtype = q.shape[-1], str(q.dtype).removeprefix("torch.")
-    config = select_config(arch_of(torch.cuda.get_device_capability()), head_dim, causal)
-    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-    kernel = compiled_forward(head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count)
-    out = torch.empty_like(q)
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    kernel(q, k, v, out, lse, LOG2E / head_dim**0.5)
+    config = tile_config_for(q.device, q.shape[-1], causal, seqlen_k=None)
+    out, _ = run_config(q, k, v, q.shape[-1] ** -0.5, causal, config)
     return out
 
 

@@ -10,6 +10,8 @@ The emulator runs the causal boundaries on the CPU, one step either side of each
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -35,9 +37,23 @@ from strategies import Case
 BUILDS = sweep_builds()
 
 
-def failures_message(failures: list[str], cases: int) -> str:
+def assert_every_shape_passes(attend, shapes, inputs, causal, fail_fast=False):
+    """Each (seqlen_q, seqlen_k) of `shapes` on prefixes of `inputs` (q, k, v drawn once at the
+    longest lengths, so the sweep costs launches, not RNG), `attend(q, k, v) -> (out, lse)`
+    judged by `reference.judge`; fails listing the shapes that do not pass (the first only, with
+    `fail_fast`)."""
+    q_all, k_all, v_all = inputs
+    failures = []
+    for seqlen_q, seqlen_k in shapes:
+        q, k, v = q_all[:, :seqlen_q], k_all[:, :seqlen_k], v_all[:, :seqlen_k]
+        out, lse = attend(q, k, v)
+        verdict = judge(q, k, v, out, lse, causal)
+        if not verdict.passed:
+            failures.append(f"({seqlen_q}, {seqlen_k}): {verdict}")
+            if fail_fast:
+                break
     shown = "\n".join(failures[:10])
-    return f"{len(failures)} of {cases} shapes (seqlen_q, seqlen_k) fail:\n{shown}"
+    assert not failures, f"{len(failures)} of {len(shapes)} shapes (seqlen_q, seqlen_k) fail:\n{shown}"
 
 
 @pytest.mark.gpu
@@ -54,23 +70,15 @@ def test_boundary_sweep(build, query_length, part, request):
     kernel = compiled_forward(**build, arch=device_arch())
     fail_fast = request.config.getoption("maxfail") == 1  # under -x (the mutant runner) the first is enough
     config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
-    # One draw of the longest inputs; each shape takes a prefix, so the sweep costs launches, not RNG.
     seqlen_q = sweep_seqlens_q(config)[query_length]
     shapes = [shape for shape in sweep_shapes(config, part) if shape[0] == seqlen_q]
-    longest_q = max(q for q, _ in shapes)
     longest_k = max(k for _, k in shapes)
-    q_all, k_all, v_all = random_qkv(1, longest_q, longest_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16)
-    failures = []
-    for seqlen_q, seqlen_k in shapes:
-        q, k, v = q_all[:, :seqlen_q], k_all[:, :seqlen_k], v_all[:, :seqlen_k]
-        scale = head_dim**-0.5
-        out, lse = run_config(q, k, v, scale, causal, config, kernel=kernel)
-        verdict = judge(q, k, v, out, lse, causal, scale)
-        if not verdict.passed:
-            failures.append(f"({seqlen_q}, {seqlen_k}): {verdict}")
-            if fail_fast:
-                break
-    assert not failures, failures_message(failures, len(shapes))
+    inputs = random_qkv(1, seqlen_q, longest_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16)
+
+    def attend(q, k, v):
+        return run_config(q, k, v, head_dim**-0.5, causal, config, kernel=kernel)
+
+    assert_every_shape_passes(attend, shapes, inputs, causal, fail_fast)
 
 
 @pytest.mark.gpu
@@ -95,21 +103,15 @@ def test_sweep_builds_on_hard_scores(build, distribution):
 
 @pytest.mark.parametrize("build", [build for build in BUILDS if build["causal"]], ids=build_id)
 def test_boundary_sweep_emulator(build):
-    # Causal only, one step either side of each boundary: the CPU's share of the sweep (the
-    # non-causal tile logic turns on seqlen_k alone, which the property suite's boundary draws cover).
+    # Causal only, one step either side of each boundary: the CPU's share of the sweep (without
+    # the causal mask the tile logic turns on seqlen_k alone: the test below).
     config = build["config"]
     seqlen_q = sweep_seqlens_q(config)[-1]
     offsets = [o for o in boundary_offsets(config, sweep_limit(config), side=1) if seqlen_q + o >= 1]
     # head_dim plays no part in the tile logic; 64 keeps the CPU's work small.
-    q_all, k_all, v_all = random_qkv(1, seqlen_q, seqlen_q + max(offsets), 1, 1, 64, torch.float16, device="cpu")
-    failures = []
-    for offset in offsets:
-        q, k, v = q_all, k_all[:, : seqlen_q + offset], v_all[:, : seqlen_q + offset]
-        out, lse = attention_tiled(q, k, v, causal=True, config=config)
-        verdict = judge(q, k, v, out, lse, causal=True)
-        if not verdict.passed:
-            failures.append(f"({seqlen_q}, {seqlen_q + offset}): {verdict}")
-    assert not failures, failures_message(failures, len(offsets))
+    inputs = random_qkv(1, seqlen_q, seqlen_q + max(offsets), 1, 1, 64, torch.float16, device="cpu")
+    shapes = [(seqlen_q, seqlen_q + offset) for offset in offsets]
+    assert_every_shape_passes(functools.partial(attention_tiled, causal=True, config=config), shapes, inputs, True)
 
 
 @pytest.mark.parametrize("build", [build for build in BUILDS if not build["causal"]], ids=build_id)
@@ -120,12 +122,6 @@ def test_key_lengths_at_tile_boundaries_emulator(build):
     config = build["config"]
     seqlen_q = rows_per_warpgroup(config) + 1
     lengths = lengths_near_multiples(config, 1, 3 * config.block_n + SIDE)
-    q, k_all, v_all = random_qkv(1, seqlen_q, max(lengths), 1, 1, 64, torch.float16, seed=1, device="cpu")
-    failures = []
-    for seqlen_k in lengths:
-        k, v = k_all[:, :seqlen_k], v_all[:, :seqlen_k]
-        out, lse = attention_tiled(q, k, v, causal=False, config=config)
-        verdict = judge(q, k, v, out, lse, causal=False)
-        if not verdict.passed:
-            failures.append(f"({seqlen_q}, {seqlen_k}): {verdict}")
-    assert not failures, failures_message(failures, len(lengths))
+    inputs = random_qkv(1, seqlen_q, max(lengths), 1, 1, 64, torch.float16, seed=1, device="cpu")
+    shapes = [(seqlen_q, seqlen_k) for seqlen_k in lengths]
+    assert_every_shape_passes(functools.partial(attention_tiled, causal=False, config=config), shapes, inputs, False)

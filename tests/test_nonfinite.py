@@ -187,6 +187,12 @@ HIDDEN_IN_A_COMPUTED_TILE = Poison(128, True, 150, 200, row=70, head=1, key=150,
 IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS = Poison(64, True, 150, 65, row=10, head=0, key=10, column=63, seed=2)
 
 
+def rows_computing_the_key(target, case):
+    """(the config the target runs for the case, the rows whose scores include the poisoned key)."""
+    config = target.config(case.head_dim, case.causal, case.seqlen_k)
+    return config, rows_reached(case.key, config, case.seqlen_q, case.seqlen_k, case.causal, target.per_warpgroup)
+
+
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 @given(case=poisons())
 @example(case=HIDDEN_IN_A_COMPUTED_TILE)
@@ -210,8 +216,7 @@ def test_nan_in_q_reaches_its_row_only(target, case):
 @example(case=IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS)
 def test_nan_in_k_reaches_the_rows_whose_scores_include_its_key(target, case):
     target_ = TARGETS[target]
-    config = target_.config(case.head_dim, case.causal, case.seqlen_k)
-    reached = rows_reached(case.key, config, case.seqlen_q, case.seqlen_k, case.causal, target_.per_warpgroup)
+    config, reached = rows_computing_the_key(target_, case)
     (clean_out, clean_lse), (out, lse) = clean_and_poisoned(target_, case, "k")
     expected_out = torch.zeros_like(out, dtype=torch.bool)
     expected_lse = torch.zeros_like(lse, dtype=torch.bool)
@@ -231,8 +236,7 @@ def test_nan_in_v_reaches_its_column_of_the_rows_that_compute_its_key(target, ca
     # P.V multiplies the key's weight, 0 where it is hidden, by the NaN; a row that sees no key
     # is 0 whatever acc_o holds. The LSE does not read V.
     target_ = TARGETS[target]
-    config = target_.config(case.head_dim, case.causal, case.seqlen_k)
-    reached = rows_reached(case.key, config, case.seqlen_q, case.seqlen_k, case.causal, target_.per_warpgroup)
+    config, reached = rows_computing_the_key(target_, case)
     reached &= visible_keys(case.seqlen_q, case.seqlen_k, case.causal).any(dim=1)
     (clean_out, clean_lse), (out, lse) = clean_and_poisoned(target_, case, "v")
     expected_out = torch.zeros_like(out, dtype=torch.bool)

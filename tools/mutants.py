@@ -415,14 +415,11 @@ def triage_builds(sm_count: int) -> list[dict]:
     """The kernels triage compares: every config the tables ship at `sm_count` (as flash_attn_func
     builds them) and every build of the boundary sweep, fp16 (the dtype enters the kernel only as
     the element type, which no operator mutates)."""
-    from boundaries import shipped_entries, sweep_builds
+    from boundaries import sweep_builds
+    from fa_kernel.builds import shipped_builds, unique
 
-    builds = [
-        dict(head_dim=entry.head_dim, causal=entry.causal, dtype="float16", config=entry.config, sm_count=sm_count)
-        for entry in shipped_entries()
-    ]
-    builds += sweep_builds()
-    return [build for index, build in enumerate(builds) if build not in builds[:index]]
+    shipped = [build for build in shipped_builds(sm_count=sm_count) if build["dtype"] == "float16"]
+    return unique([*shipped, *sweep_builds()])
 
 
 def primfunc_digests(kernel_source: str, builds: list[dict], stop_unless: list[str] | None = None) -> list[str]:
@@ -441,7 +438,8 @@ def primfunc_digests(kernel_source: str, builds: list[dict], stop_unless: list[s
     try:
         spec.loader.exec_module(module)
         for index, build in enumerate(builds):
-            arguments = {name: value for name, value in build.items() if name != "dtype"}
+            # forward_program takes what compiled_forward does, but the target (arch).
+            arguments = {name: value for name, value in build.items() if name not in ("dtype", "arch")}
             try:
                 program = module.forward_program(dtype=build["dtype"], **arguments)
                 digests.append(hashlib.sha256(program.script(show_meta=True).encode()).hexdigest())

@@ -26,13 +26,10 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     tests' own schedules and the guard-region tests' grids."""
     import test_guard_regions
     import test_kernel
-    from boundaries import shipped_entries, sweep_builds
+    from boundaries import sweep_builds
+    from fa_kernel.builds import shipped_builds, unique
 
-    builds = [
-        dict(head_dim=e.head_dim, causal=e.causal, dtype=dtype, config=e.config, arch=arch, sm_count=sm_count)
-        for e in shipped_entries()
-        for dtype in ("float16", "bfloat16")
-    ]
+    builds = shipped_builds(arch.removesuffix("a"), sm_count=sm_count)  # the tables key "sm_90", nvcc "sm_90a"
     builds += [dict(build, arch=arch) for build in sweep_builds()]
     builds += test_kernel.schedule_builds(arch)
     builds += [
@@ -46,7 +43,7 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
         )
         for head_dim, causal, config in test_guard_regions.CASES
     ]
-    return [build for index, build in enumerate(builds) if build not in builds[:index]]
+    return unique(builds)
 
 
 def main() -> int:
@@ -56,9 +53,10 @@ def main() -> int:
     import torch
 
     from fa_kernel.builds import build_all
+    from fa_kernel.interface import compile_arch
 
-    major, minor = torch.cuda.get_device_capability(0)
-    builds = suite_builds(torch.cuda.get_device_properties(0).multi_processor_count, f"sm_{major}{minor}a")
+    device = torch.device("cuda")
+    builds = suite_builds(torch.cuda.get_device_properties(device).multi_processor_count, compile_arch(device))
     start = time.perf_counter()
     errors = build_all(builds, args.jobs)
     failed = [f"  {build}: {error!r}" for build, error in zip(builds, errors, strict=True) if error is not None]

@@ -18,16 +18,24 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from fa_kernel.configs import key_ranges
 
 
-def shipped_builds(arch: str = "sm_90", head_dims: Sequence[int] = (64, 128, 256)) -> list[dict]:
-    """Every config the tables ship for `arch`, in both dtypes, compiled for it without a GPU."""
-    builds = [
-        dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch=f"{arch}a")
+def shipped_builds(
+    arch: str = "sm_90", head_dims: Sequence[int] = (64, 128, 256), sm_count: int | None = None
+) -> list[dict]:
+    """Every config the tables ship for `arch`, in both dtypes, compiled for it (no GPU needed);
+    for a grid of `sm_count` thread blocks where given (compiled_forward's default otherwise)."""
+    grid = {} if sm_count is None else {"sm_count": sm_count}
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch=f"{arch}a", **grid)
         for head_dim in head_dims
         for causal in (False, True)
         for dtype in ("float16", "bfloat16")
         for config in dict.fromkeys(config for _, _, config in key_ranges(arch, head_dim, causal))
     ]
-    return builds
+
+
+def unique(builds: Sequence[dict]) -> list[dict]:
+    """The builds without repeats, in their order (a build is a dict, so not hashable)."""
+    return [build for index, build in enumerate(builds) if build not in builds[:index]]
 
 
 def quiet_tilelang(verbose: bool = False) -> None:
@@ -54,7 +62,7 @@ def build_all(
     """Build every kernel of `builds` (compiled_forward's arguments), `jobs` at a time (default:
     every core); `on_done(build, seconds, error)` as each finishes. Returns each build's error,
     None where it built: a build that fails is the caller's to report."""
-    builds = [build for index, build in enumerate(builds) if build not in builds[:index]]
+    builds = unique(builds)
     errors: list[BaseException | None] = [None] * len(builds)
     if not builds:
         return errors

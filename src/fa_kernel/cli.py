@@ -23,7 +23,7 @@ from rich.table import Table
 
 from fa_kernel import __version__, tune
 from fa_kernel.bench import Shape, measure, plot_seqlen_sweep
-from fa_kernel.builds import build_all, quiet_tilelang, shipped_builds
+from fa_kernel.builds import build_all, quiet_tilelang, shipped_builds, unique
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func, kernel_build
 from fa_kernel.reference import judge, random_qkv
@@ -170,7 +170,7 @@ def cmd_verify(args) -> int:
 def _build_all(console: Console, builds: list[dict], jobs: int, verbose: bool, quiet: bool = False) -> bool:
     """Build every kernel over `jobs` processes, with a progress bar and one line per build
     that fails; True if all built."""
-    builds = [build for index, build in enumerate(builds) if build not in builds[:index]]
+    builds = unique(builds)
     failures = []
     with Progress(console=console, transient=True, disable=quiet) as progress:
         task = progress.add_task(f"building {len(builds)} kernels on {jobs} processes", total=len(builds))

@@ -69,23 +69,39 @@ def flash_attn_func(
     return (out, lse) if return_lse else out
 
 
-def tile_config_for(device: torch.device, head_dim: int, causal: bool, seqlen_k: int) -> TileConfig:
-    """The tile configuration the kernel uses on this device for this case."""
+def tile_config_for(device: torch.device, head_dim: int, causal: bool, seqlen_k: int | None) -> TileConfig:
+    """The tile configuration the kernel uses on this device for this case (seqlen_k None: the
+    long-sequence entry)."""
     return select_config(arch_of(torch.cuda.get_device_capability(device)), head_dim, causal, seqlen_k)
 
 
-def kernel_build(device: torch.device, head_dim: int, causal: bool, dtype: torch.dtype, seqlen_k: int) -> dict:
-    """compiled_forward's arguments for this case on this device: the config the table gives
-    for seqlen_k, the device's architecture ('a' variant: wgmma, setmaxnreg) and its SM count
-    (the persistent grid's size). `fa_kernel.builds` builds the same ahead of use."""
+def compile_arch(device: torch.device) -> str:
+    """The nvcc architecture to compile for: the 'a' variant unlocks wgmma and setmaxnreg."""
     major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}a"
+
+
+def kernel_build(
+    device: torch.device,
+    head_dim: int,
+    causal: bool,
+    dtype: torch.dtype,
+    seqlen_k: int | None = None,
+    *,
+    config: TileConfig | None = None,
+    sm_count: int | None = None,
+) -> dict:
+    """compiled_forward's arguments for this case on this device: the config the table gives
+    for seqlen_k (or `config`), the device's architecture and its SM count (the persistent
+    grid's size; or `sm_count`). `fa_kernel.builds` builds the same ahead of use, and the tests
+    build other configs and grids through it."""
     return dict(
         head_dim=head_dim,
         causal=causal,
         dtype=_DTYPE_NAMES[dtype],
-        config=tile_config_for(device, head_dim, causal, seqlen_k),
-        arch=f"sm_{major}{minor}a",
-        sm_count=torch.cuda.get_device_properties(device).multi_processor_count,
+        config=config or tile_config_for(device, head_dim, causal, seqlen_k),
+        arch=compile_arch(device),
+        sm_count=sm_count or torch.cuda.get_device_properties(device).multi_processor_count,
     )
 
 
