@@ -69,11 +69,11 @@ def require_nvidia_driver(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """GPU verification: kernel tests, the boundary sweep and the property suite (hypothesis
     profile 'gpu'), sharded over every GPU of the host. `nox -s gpu -- --smoke`: the smoke tier
-    only (the boundary sweep). Other arguments go to pytest.
+    only (the sweep's offsets next to a boundary, and hard scores). Other arguments go to pytest.
 
-    First every kernel of the shipped configs and the sweep is built over all cores
-    (tools/precompile.py); then pytest-xdist runs GPU_WORKERS_PER_GPU workers per GPU (at most
-    one per core), each pinned to its GPU by tests/conftest.py.
+    First every kernel the suite needs is built over all cores (tools/precompile.py); then
+    pytest-xdist runs GPU_WORKERS_PER_GPU workers per GPU (at most one per core), each pinned
+    to its GPU by tests/conftest.py.
     """
     require_nvidia_driver(session)
     install(session, "test")

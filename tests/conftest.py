@@ -14,11 +14,14 @@ import os
 import shutil
 from pathlib import Path
 
-# Under pytest-xdist (`nox -s gpu`), worker gwN uses GPU N mod FA_KERNEL_GPUS alone: set before
-# torch first touches CUDA, which fixes the devices a process sees.
+# Under pytest-xdist (`nox -s gpu`), worker gwN uses the (N mod FA_KERNEL_GPUS)-th visible GPU
+# alone (of CUDA_VISIBLE_DEVICES where the runner set it): set before torch first touches CUDA,
+# which fixes the devices a process sees.
 if "PYTEST_XDIST_WORKER" in os.environ and int(os.environ.get("FA_KERNEL_GPUS", "0")) > 1:
+    _gpus = int(os.environ["FA_KERNEL_GPUS"])
+    _visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(_gpus)))).split(",")
     _worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(_worker % int(os.environ["FA_KERNEL_GPUS"]))
+    os.environ["CUDA_VISIBLE_DEVICES"] = _visible[_worker % _gpus]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
