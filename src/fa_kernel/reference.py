@@ -138,17 +138,23 @@ def error_report(out: torch.Tensor, ref: torch.Tensor, atol: float = 0.0, rtol: 
     must match exactly and count as zero error: the same infinity (-inf is the LSE of a row
     that sees no key), NaN for NaN (a NaN input that reaches the element). Anything else
     there, a finite value included, is a mismatch of infinite error."""
+    return _report(_error_figures(out, ref, atol, rtol).tolist(), ref.numel())
+
+
+def _error_figures(
+    out: torch.Tensor, ref: torch.Tensor, atol: float | torch.Tensor = 0.0, rtol: float = 0.0
+) -> torch.Tensor:
+    """error_report's figures as a float64 tensor on ref's device, not yet read back: each read
+    is a sync, and the judge runs once per launch in sweeps of thousands of small shapes, so it
+    reads all of its figures in one transfer."""
     out, ref = out.double(), ref.double()
+    if not ref.numel():
+        return torch.zeros(5, dtype=torch.float64, device=ref.device)
     same_nonfinite = (torch.isinf(ref) & (out == ref)) | (torch.isnan(ref) & torch.isnan(out))
     diff = torch.where(same_nonfinite, 0.0, (out - ref).abs())
     diff = torch.where(torch.isnan(diff), math.inf, diff)
     finite_ref = torch.where(torch.isfinite(ref), ref, 0.0)
-    numel = diff.numel()
-    if not numel:
-        return ErrorReport(0.0, 0.0, 0.0, 0, 0, 0)
-    # Every figure computed on the device, then read back in one transfer: each read is a sync,
-    # and the judge runs once per launch in sweeps of thousands of small shapes.
-    figures = torch.stack(
+    return torch.stack(
         [
             diff.max(),
             diff.mean(),
@@ -157,7 +163,10 @@ def error_report(out: torch.Tensor, ref: torch.Tensor, atol: float = 0.0, rtol: 
             (diff > atol + rtol * finite_ref.abs()).sum().double(),
             ((~torch.isfinite(out) | ~torch.isfinite(ref)) & ~same_nonfinite).sum().double(),
         ]
-    ).tolist()
+    )
+
+
+def _report(figures: list[float], numel: int) -> ErrorReport:
     max_abs, mean_abs, rel_l2, mismatches, nonfinite = figures
     return ErrorReport(max_abs, mean_abs, rel_l2, int(mismatches), int(nonfinite), numel)
 
@@ -209,16 +218,20 @@ def output_bound(
     each with weight <= 1, so flushing moves it by at most (seqlen_k + 1)·FLT_MIN: about
     5e-35 at 4k keys, visible only for inputs near FLT_MIN, like bf16 subnormals.
     """
-    baseline_err = error_report(baseline, ref).max_abs
+    baseline_err, rounding_err, atol = _output_bound_terms(ref, baseline, dtype, seqlen_k, dominant_term).tolist()
+    return Bound(baseline_max_abs=baseline_err, rounding_max_abs=rounding_err, atol=atol, rtol=2 * unit_roundoff(dtype))
+
+
+def _output_bound_terms(
+    ref: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype, seqlen_k: int, dominant_term: float | torch.Tensor
+) -> torch.Tensor:
+    """[baseline error, rounding error, atol] of output_bound, float64 on ref's device."""
+    baseline_err = _error_figures(baseline, ref)[0]
     largest_output = _largest_finite_abs(ref)
-    rounding_err = max(error_report(ref.to(dtype), ref).max_abs, unit_roundoff(dtype) * largest_output)
+    rounding_err = torch.maximum(_error_figures(ref.to(dtype), ref)[0], unit_roundoff(dtype) * largest_output)
     flush_to_zero = (seqlen_k + 1) * torch.finfo(torch.float32).tiny
-    return Bound(
-        baseline_max_abs=baseline_err,
-        rounding_max_abs=rounding_err,
-        atol=2 * baseline_err + rounding_err + unit_roundoff(dtype) * dominant_term + flush_to_zero,
-        rtol=2 * unit_roundoff(dtype),
-    )
+    atol = 2 * baseline_err + rounding_err + unit_roundoff(dtype) * dominant_term + flush_to_zero
+    return torch.stack([baseline_err, rounding_err, atol])
 
 
 def lse_bound(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> Bound:
@@ -233,19 +246,25 @@ def lse_bound(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> Bound:
     here: it computes the same fp32 scores.
     A wrong scale, a missing max or a mask error moves LSE by O(1).
     """
+    return Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=_lse_atol(q, k, softmax_scale).item(), rtol=0.0)
+
+
+def _lse_atol(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """lse_bound's atol, float64 on q's device."""
     u = torch.finfo(torch.float32).eps / 2
     head_dim, seqlen_k = q.shape[-1], k.shape[1]
     abs_dots = torch.einsum("bqhd,bkhd->bhqk", q.float().abs(), _repeat_kv(k, q.shape[2]).float().abs())
     score_err = head_dim * u * _largest_finite_abs(abs_dots) * softmax_scale
-    atol = score_err + seqlen_k * u + 2 * 2.0**-22
-    return Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=atol, rtol=0.0)
+    return score_err + seqlen_k * u + 2 * 2.0**-22
 
 
-def _largest_finite_abs(t: torch.Tensor) -> float:
-    """max |t| over its finite elements, 0 if none: the scale of a bound. Where a NaN or Inf
-    input reaches the reference, that element is judged exactly (error_report); the error of
-    every other element comes from finite values."""
-    return t.abs().nan_to_num(0.0, posinf=0.0).max().item() if t.numel() else 0.0
+def _largest_finite_abs(t: torch.Tensor) -> torch.Tensor:
+    """max |t| over its finite elements, 0 if none, float64 on t's device: the scale of a bound.
+    Where a NaN or Inf input reaches the reference, that element is judged exactly
+    (error_report); the error of every other element comes from finite values."""
+    if not t.numel():
+        return torch.zeros((), dtype=torch.float64, device=t.device)
+    return t.abs().nan_to_num(0.0, posinf=0.0).max().double()
 
 
 def _repeat_kv(k: torch.Tensor, nheads: int) -> torch.Tensor:
@@ -287,26 +306,26 @@ def judge(
     baseline, _ = attention_ref(q, k, v, causal, scale, upcast=False)
     # Largest attention weight in any row is exp(max score - lse); times max|v| it is the
     # largest single term of any output.
-    peak_weight = (
-        torch.exp(masked_scores(q.float(), k.float(), causal, scale).amax(dim=-1) - ref_lse)
-        .nan_to_num(0.0)
-        .max()
-        .item()
+    peak_weight = _largest_finite_abs(
+        torch.exp(masked_scores(q.float(), k.float(), causal, scale).amax(dim=-1) - ref_lse).nan_to_num(0.0)
         if q.numel() and k.numel()
-        else 0.0
+        else q.new_zeros(0)
     )
-    bound = output_bound(
-        ref,
-        baseline,
-        q.dtype,
-        seqlen_k=k.shape[1],
-        dominant_term=peak_weight * _largest_finite_abs(v),
-    )
-    report = error_report(out, ref, bound.atol, bound.rtol)
+    bound_terms = _output_bound_terms(ref, baseline, q.dtype, k.shape[1], peak_weight * _largest_finite_abs(v))
+    rtol = 2 * unit_roundoff(q.dtype)
+    # Everything on the device, read back in one transfer (one sync per judged launch).
+    parts = [bound_terms, _error_figures(out, ref, bound_terms[2], rtol)]
+    if lse is not None:
+        lse_atol = _lse_atol(q, k, scale)
+        parts += [lse_atol[None], _error_figures(lse, ref_lse, lse_atol)]
+    figures = torch.cat(parts).tolist()
+    baseline_err, rounding_err, atol = figures[:3]
+    bound = Bound(baseline_max_abs=baseline_err, rounding_max_abs=rounding_err, atol=atol, rtol=rtol)
+    report = _report(figures[3:8], ref.numel())
     if lse is None:
         return Verdict(report, bound, None, None)
-    lse_tol = lse_bound(q, k, scale)
-    return Verdict(report, bound, error_report(lse, ref_lse, lse_tol.atol), lse_tol)
+    lse_tol = Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=figures[8], rtol=0.0)
+    return Verdict(report, bound, _report(figures[9:14], ref_lse.numel()), lse_tol)
 
 
 def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
