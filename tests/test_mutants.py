@@ -58,3 +58,22 @@ def test_a_fragment_found_twice_or_never_is_an_error():
         apply_patch("x = a + 1\n", "a + 2", "a")
     # `within` narrows the search to one function
     assert "y = a\n" in apply_patch("def f():\n    x = a + 1\ndef g():\n    y = a + 1\n", "a + 1", "a", "g")
+
+
+def test_a_triaged_mutant_runs_the_smoke_tests_of_the_builds_it_changes_first():
+    nodes = mutants.smoke_nodes_by_build()
+    first, second = list(nodes)[:2]
+    assert all(f"[{first}-" in node for node in nodes[first])
+    mutant = mutants.KERNEL_MUTANTS[0]
+    tiers = mutants.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=False, cpu_only=False)
+    names = [name for name, _ in tiers]
+    assert names == ["own tests", f"smoke on {first}", "smoke on 1 more changed builds", "suite"]
+    assert tiers[1][1] == ["-x", *nodes[first]] and tiers[2][1] == ["-x", *nodes[second]]
+    # A mutant that changes no sweep build goes to the suite after its own tests; untriaged, to the
+    # whole smoke tier.
+    assert [name for name, _ in mutants.mutant_tiers(mutant, "kernel", [], nodes, False, False)] == [
+        "own tests",
+        "suite",
+    ]
+    untriaged = mutants.mutant_tiers(mutant, "kernel", None, nodes, smoke_only=True, cpu_only=False)
+    assert untriaged == [("own tests", ["-x", *mutant.first]), ("smoke", ["-x", *mutants.SMOKE_ARGS])]

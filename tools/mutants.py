@@ -394,6 +394,10 @@ EMULATOR_MUTANTS = [
     ),
 ]
 
+# Seconds after which a mutant's one-build smoke tier is stopped and counted as a hang (a kill):
+# unmutated, that tier takes under a minute on the H200 with 16 mutants at once (docs/testing.md).
+HANG_SECONDS = 300
+
 # Which tests judge a mutant: the smoke tier first (the boundary sweep), then the GPU suite, for
 # the kernel; the property suite and the boundary sweep on the emulator for the emulator.
 SMOKE_ARGS = ["tests/test_boundary_sweep.py", "-m", "smoke"]
@@ -412,20 +416,23 @@ PYTEST_ARGS = {
 
 
 def triage_builds(sm_count: int) -> list[dict]:
-    """The kernels triage compares: every config the tables ship at `sm_count` (as flash_attn_func
-    builds them) and every build of the boundary sweep, fp16 (the dtype enters the kernel only as
-    the element type, which no operator mutates)."""
+    """The kernels triage compares: every build of the boundary sweep, then every config the
+    tables ship at `sm_count` (as flash_attn_func builds them), fp16 (the dtype enters the kernel
+    only as the element type, which no operator mutates)."""
     from boundaries import sweep_builds
     from fa_kernel.builds import shipped_builds, unique
 
     shipped = [build for build in shipped_builds(sm_count=sm_count) if build["dtype"] == "float16"]
-    return unique([*shipped, *sweep_builds()])
+    return unique([*sweep_builds(), *shipped])
 
 
-def primfunc_digests(kernel_source: str, builds: list[dict], stop_unless: list[str] | None = None) -> list[str]:
-    """sha256 of the PrimFunc script (TileLang's cache key) of each build, with kernel.py's text
-    replaced by `kernel_source`; 'error: ...' where building the program raises. With
-    `stop_unless`, it stops at the first build whose digest differs from that list's."""
+def primfunc_digests(
+    kernel_source: str, builds: list[dict], original: list[str] | None = None, always: int = 0
+) -> list[str]:
+    """sha256 of the PrimFunc script and pass configs (TileLang's cache key) of each build, with kernel.py's text
+    replaced by `kernel_source`; 'error: ...' where building the program raises. Given the
+    unmutated `original` digests, it stops at the first build past the first `always` whose
+    digest differs (the mutant is then known to change the kernel)."""
     import hashlib
     import importlib.util
 
@@ -442,10 +449,12 @@ def primfunc_digests(kernel_source: str, builds: list[dict], stop_unless: list[s
             arguments = {name: value for name, value in build.items() if name not in ("dtype", "arch")}
             try:
                 program = module.forward_program(dtype=build["dtype"], **arguments)
-                digests.append(hashlib.sha256(program.script(show_meta=True).encode()).hexdigest())
+                # The pass configs enter TileLang's cache key too (a mutant may switch a pass off).
+                compiled = program.script(show_meta=True) + repr(getattr(module, "PASS_CONFIGS", None))
+                digests.append(hashlib.sha256(compiled.encode()).hexdigest())
             except Exception as error:  # a mutant may break the Python that builds the kernel
                 digests.append(f"error: {type(error).__name__}: {error}")
-            if stop_unless is not None and digests[-1] != stop_unless[index]:
+            if original is not None and index >= always and digests[-1] != original[index]:
                 break
     except Exception as error:
         digests = [f"error: {type(error).__name__}: {error}"]
@@ -454,24 +463,71 @@ def primfunc_digests(kernel_source: str, builds: list[dict], stop_unless: list[s
     return digests
 
 
-def triage(mutants: list[GeneratedMutant], jobs: int, sm_count: int) -> dict[str, tuple[str, str]]:
-    """{mutant id: (verdict, reason)} for the kernel.py mutants settled on the CPU: 'equivalent'
-    where every triage build has the unmutated PrimFunc (so the compiled kernels are the same),
-    'killed' where building the kernel raises (every test that launches it fails there)."""
+@dataclass
+class Triage:
+    """What triage settled on the CPU, and for the rest, which of the boundary sweep's builds
+    each mutant changes: only those can fail on it, so its smoke tier runs those alone."""
+
+    verdicts: dict[str, tuple[str, str]]
+    changed_sweep_builds: dict[str, list[dict]]
+
+
+def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None) -> Triage:
+    """For the kernel.py mutants: 'equivalent' where every triage build has the unmutated
+    PrimFunc (so the compiled kernels are the same), 'killed' where building the kernel raises
+    (every test that launches it fails there); for the others, the sweep builds whose PrimFunc
+    the mutant changes. `cache` (JSON) keeps each mutated source's digests, so that a run on
+    the GPU host reuses a triage made on another machine."""
+    import hashlib
+
+    from boundaries import sweep_builds
+
+    sweep = sweep_builds()
     builds = triage_builds(sm_count)
+    assert builds[: len(sweep)] == sweep  # the sweep's builds first: each mutant's are all computed
     kernel_mutants = [m for m in mutants if m.file == "kernel.py"]
-    original = primfunc_digests((PACKAGE / "kernel.py").read_text(), builds)
+    context = hashlib.sha256(repr(builds).encode()).hexdigest()
+
+    def key(source: str) -> str:
+        return hashlib.sha256(f"{context}\n{source}".encode()).hexdigest()
+
+    try:
+        stored = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
+    except json.JSONDecodeError:  # a copy taken mid-write: computed again
+        stored = {}
+    original_source = (PACKAGE / "kernel.py").read_text()
+    original = stored.get(key(original_source)) or primfunc_digests(original_source, builds)
+    stored[key(original_source)] = original
     sources = [m.mutated_source() for m in kernel_mutants]
-    with ProcessPoolExecutor(jobs) as pool:
-        digests = list(pool.map(primfunc_digests, sources, itertools.repeat(builds), itertools.repeat(original)))
-    verdicts = {}
-    for mutant, mutated in zip(kernel_mutants, digests, strict=True):
+    missing = [source for source in dict.fromkeys(sources) if key(source) not in stored]
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        computed = pool.map(
+            primfunc_digests,
+            missing,
+            itertools.repeat(builds),
+            itertools.repeat(original),
+            itertools.repeat(len(sweep)),
+        )
+        for source, digests in zip(missing, computed, strict=True):
+            stored[key(source)] = digests
+            if cache is not None:  # as each comes: a triage cut short keeps what it did
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.with_suffix(".tmp").write_text(json.dumps(stored))
+                cache.with_suffix(".tmp").replace(cache)
+    result = Triage({}, {})
+    for mutant, source in zip(kernel_mutants, sources, strict=True):
+        mutated = stored[key(source)]
         if mutated == original:
-            verdicts[mutant.id] = ("equivalent", f"identical PrimFunc for all {len(builds)} shipped and swept kernels")
-        elif mutated[-1].startswith("error: "):
-            # Building the kernel raises: every test that launches it fails at its first compile.
-            verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({mutated[-1][7:80]})")
-    return verdicts
+            reason = f"identical PrimFunc for all {len(builds)} shipped and swept kernels"
+            result.verdicts[mutant.id] = ("equivalent", reason)
+        elif any(digest.startswith("error: ") for digest in mutated):
+            error = next(digest for digest in mutated if digest.startswith("error: "))
+            result.verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({error[7:80]})")
+        else:
+            result.changed_sweep_builds[mutant.id] = [
+                build for build, before, after in zip(sweep, original, mutated, strict=False) if before != after
+            ]
+    return result
 
 
 def recorded_equivalents(mutants: list[GeneratedMutant]) -> dict[str, tuple[str, str]]:
@@ -499,21 +555,63 @@ def gpu_count() -> int:
     return int(result.stdout.strip() or 0)
 
 
+def smoke_nodes_by_build() -> dict[str, list[str]]:
+    """{sweep build id: the smoke tier's test node ids on that build}, from pytest's collection
+    (no GPU needed)."""
+    from boundaries import build_id, sweep_builds
+
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *SMOKE_ARGS]
+    listed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    nodes = [line.strip() for line in listed if "::" in line]
+    by_build = {build_id(build): [node for node in nodes if f"[{build_id(build)}-" in node] for build in sweep_builds()}
+    if not all(by_build.values()):
+        raise RuntimeError(f"no smoke test found for the sweep builds {[b for b, n in by_build.items() if not n]}")
+    return by_build
+
+
+def mutant_tiers(
+    mutant, target: str, changed: list[str] | None, smoke_nodes: dict[str, list[str]], smoke_only: bool, cpu_only: bool
+) -> list[tuple[str, list[str]]]:
+    """(name, pytest arguments) of the tiers that judge `mutant`, the cheapest first; each runs
+    only if the ones before it passed. `changed`: the sweep builds (ids) whose kernel the mutant
+    changes, where triage knows them: the smoke tier then runs on those alone, the first one
+    before the rest (one compile settles most mutants)."""
+    if target == "emulator":
+        return [("suite", ["-x", *PYTEST_ARGS[target]])]
+    tiers = []
+    if mutant.file != "kernel.py":
+        tiers.append(("cpu", ["-x", *CPU_ARGS]))
+    if getattr(mutant, "first", ()):
+        tiers.append(("own tests", ["-x", *mutant.first]))
+    if changed is None:
+        tiers.append(("smoke", ["-x", *SMOKE_ARGS]))
+    elif changed:
+        tiers.append((f"smoke on {changed[0]}", ["-x", *smoke_nodes[changed[0]]]))
+        if len(changed) > 1:
+            rest = [node for build in changed[1:] for node in smoke_nodes[build]]
+            tiers.append((f"smoke on {len(changed) - 1} more changed builds", ["-x", *rest]))
+    if cpu_only:
+        return [tier for tier in tiers if tier[0] == "cpu"]
+    if not smoke_only:
+        tiers.append(("suite", ["-x", *PYTEST_ARGS[target]]))
+    return tiers
+
+
 def run_mutant(
     mutant,
     target: str,
     workdir: Path,
-    select: list[str] | None = None,
+    tiers: list[tuple[str, list[str]]],
     timeout: float | None = None,
     gpu: int | None = None,
     seed_cache: Path | None = None,
-    smoke_only: bool = False,
-    cpu_only: bool = False,
+    selected: bool = False,
 ) -> tuple[str, str, float]:
-    """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds). With `select`, only those
-    tests run, all of their cases (no -x), and the detail lists the cases that failed. A run
-    past `timeout` seconds in all is stopped: a mutant that hangs the kernel is reported, not
-    waited for."""
+    """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds), running `tiers` in turn
+    until one fails. `selected`: the tiers are tests the caller chose, run whole (no -x), and the
+    detail lists every case that failed. A run past `timeout` seconds in all is stopped: a
+    mutant that hangs the kernel is reported, not waited for. Before the whole suite, every
+    kernel it needs is built over all cores (tools/precompile.py), as `nox -s gpu` does."""
     start = time.perf_counter()
     try:
         text = mutant.mutated_source()
@@ -530,31 +628,21 @@ def run_mutant(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
         TILELANG_CACHE_DIR=str(cache),
-        HYPOTHESIS_PROFILE="ci",
+        HYPOTHESIS_PROFILE="mutants",
         FA_KERNEL_REQUIRE_GPU="1" if target == "kernel" else "0",
         FA_KERNEL_EXPECT_SRC=str(tree / "src"),
     )
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    if select:
-        runs = [("selected", ["-rf", *select])]
-    else:  # the mutant's own tests first, where it names them; the smoke tier; the suite
-        first = getattr(mutant, "first", ())
-        runs = [("cpu", ["-x", *CPU_ARGS])] if target == "kernel" and mutant.file != "kernel.py" else []
-        if first and target == "kernel":
-            runs.append(("own tests", ["-x", *first]))
-        if target == "kernel":
-            runs.append(("smoke", ["-x", *SMOKE_ARGS]))
-        if not (smoke_only and target == "kernel"):
-            runs.append(("suite", ["-x", *PYTEST_ARGS[target]]))
-        if cpu_only:
-            runs = [run for run in runs if run[0] == "cpu"]
     log = ""
-    for tier, pytest_args in runs:
+    for tier, pytest_args in tiers:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args]
+        if tier == "suite" and target == "kernel":
+            command = ["sh", "-c", '"$0" tools/precompile.py && exec "$0" "$@"', *command]
         # A session of its own: on a time-out the whole group goes (pytest and its compilers),
         # or their open pipes would keep this call waiting.
         process = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args],
+            command,
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -562,15 +650,21 @@ def run_mutant(
             text=True,
             start_new_session=True,
         )
+        # One build's smoke tests compile one kernel and launch it in well under a minute: past
+        # HANG_SECONDS the kernel (or its build) never finishes, which fails any suite that runs it.
+        one_build = tier.startswith("smoke on ") and "more changed builds" not in tier
+        left = None if timeout is None else max(1.0, timeout - (time.perf_counter() - start))
+        limit = min(HANG_SECONDS, left or HANG_SECONDS) if one_build else left
         try:
-            left = None if timeout is None else max(1.0, timeout - (time.perf_counter() - start))
-            stdout, stderr = process.communicate(timeout=left)
+            stdout, stderr = process.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
             shutil.rmtree(tree, ignore_errors=True)
             seconds = time.perf_counter() - start
-            return "TIMEOUT", f"the {tier} tier ran past {timeout:.0f} s and was stopped (a hang?)", seconds
+            if one_build and limit == HANG_SECONDS:
+                return "killed", f"hang: {tier} ran past {HANG_SECONDS} s and was stopped", seconds
+            return "TIMEOUT", f"the {tier} tier ran past the {timeout:.0f} s limit and was stopped", seconds
         result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         log += f"==== {tier}\n{result.stdout}{result.stderr}"
         if result.returncode != 0:
@@ -586,7 +680,9 @@ def run_mutant(
         last = log.strip().splitlines()[-1] if log.strip() else ""
         return "ERROR", f"pytest exited {result.returncode} in the {tier} tier: {last}", seconds
     failed = re.findall(r"^FAILED (\S+)", log, re.MULTILINE)
-    if select:
+    if tier == "suite" and not failed and re.search(r"^precompile: .*\n  \{", result.stdout, re.MULTILINE):
+        return "killed", "suite: a kernel fails to build (tools/precompile.py)", seconds
+    if selected:
         return "killed", f"{len(failed)} failed: " + " ".join(failed), seconds
     return "killed", f"{tier}: {failed[0] if failed else 'a test failed'}", seconds
 
@@ -616,6 +712,12 @@ def main() -> int:
         "(a run cut short resumes where it stopped)",
     )
     parser.add_argument(
+        "--triage-cache",
+        type=Path,
+        default=Path("~/.cache/fa-kernel/mutant-triage.json").expanduser(),
+        help="each mutated kernel's PrimFunc digests, kept between runs (and machines: copy it along)",
+    )
+    parser.add_argument(
         "--seed-cache",
         type=Path,
         default=_tilelang_cache(),
@@ -639,27 +741,46 @@ def main() -> int:
         return 0
 
     settled: dict[str, tuple[str, str]] = {}
-    if args.generated and args.target == "kernel":
+    changed: dict[str, list[str]] = {}  # mutant id: the sweep builds (ids) its kernel differs on
+    if args.target == "kernel" and not args.select:
+        from boundaries import build_id
+
         start = time.perf_counter()
-        settled = triage(mutants, os.cpu_count() or 1, args.sm_count)
-        settled.update(recorded_equivalents([m for m in mutants if m.id not in settled]))
-        counts = {v: sum(verdict == v for verdict, _ in settled.values()) for v in ("equivalent", "killed")}
+        found = triage(mutants, os.cpu_count() or 1, args.sm_count, args.triage_cache)
+        changed = {key: [build_id(build) for build in builds] for key, builds in found.changed_sweep_builds.items()}
+        if args.generated:
+            settled = found.verdicts
+            settled.update(recorded_equivalents([m for m in mutants if m.id not in settled]))
+        else:  # a hand-written bug that changes no kernel is a defect of the list, not a verdict
+            settled = {
+                key: ("ERROR", "changes no kernel: " + reason) if verdict == "equivalent" else (verdict, reason)
+                for key, (verdict, reason) in found.verdicts.items()
+            }
+        counts = Counter(verdict for verdict, _ in settled.values())
         print(
             f"triage: {counts['equivalent']} equivalent (identical kernels, or recorded and checked),"
-            f" {counts['killed']} killed at build, of {len(mutants)}"
-            f" ({time.perf_counter() - start:.0f} s)",
+            f" {counts['killed']} killed at build, of {len(mutants)}; {len(changed)} to run, on"
+            f" {sum(map(len, changed.values()))} changed sweep builds ({time.perf_counter() - start:.0f} s)",
             flush=True,
         )
         if args.triage_only:
             for mutant in mutants:
                 verdict = settled.get(mutant.id, ("to run", ""))[0]
-                print(f"{verdict:<10}  {mutant.line_for_list()}")
+                builds = f"  [{len(changed[mutant.id])} sweep builds]" if mutant.id in changed else ""
+                line = mutant.line_for_list() if args.generated else f"{mutant.name}  {mutant.file}"
+                print(f"{verdict:<10}  {line}{builds}")
             return 0
     if args.generated and args.target == "emulator":
         settled.update(recorded_equivalents(mutants))
     to_run = [m for m in mutants if m.id not in settled]
+    smoke_nodes = smoke_nodes_by_build() if args.target == "kernel" and not args.select else {}
+    tiers = {
+        m.id: [("selected", ["-rf", *args.select])]
+        if args.select
+        else mutant_tiers(m, args.target, changed.get(m.id), smoke_nodes, args.smoke_only, args.cpu_only)
+        for m in to_run
+    }
     recorded: dict[str, tuple[str, str, float]] = {}
-    tiers = f"{args.target} smoke_only={args.smoke_only} cpu_only={args.cpu_only} select={args.select}"
     if args.record is not None:
         recorded = load_record(args.record, to_run, tiers)
         to_run = [m for m in to_run if m.id not in recorded]
@@ -673,7 +794,8 @@ def main() -> int:
         # Seed the mutants' caches with every kernel of the unmutated suite: a kernel a mutant
         # leaves alone then loads instead of compiling in each mutant's own cache.
         subprocess.run([sys.executable, str(ROOT / "tools" / "precompile.py")], cwd=ROOT, check=True)
-    jobs = args.jobs or max(4, 2 * gpus)
+    # A mutant's smoke tier is mostly one kernel's compile, on one core: one mutant per core.
+    jobs = args.jobs or max(4, os.cpu_count() or 1)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
     width = max([len(m.id) for m in mutants] + [6])
@@ -687,20 +809,20 @@ def main() -> int:
                 mutant,
                 args.target,
                 workdir,
-                args.select,
+                tiers[mutant.id],
                 args.timeout,
                 index % gpus if gpus else None,
                 args.seed_cache,
-                args.smoke_only,
-                args.cpu_only,
+                bool(args.select),
             ): mutant
             for index, mutant in enumerate(to_run)
         }
         for done in as_completed(futures):
             status, detail, seconds = done.result()
-            print(f"{futures[done].id:<{width}}  {status:<10}  {seconds:7.1f}  {detail}", flush=True)
+            mutant = futures[done]
+            print(f"{mutant.id:<{width}}  {status:<10}  {seconds:7.1f}  {detail}", flush=True)
             if args.record is not None:
-                append_record(args.record, futures[done], tiers, (status, detail, seconds))
+                append_record(args.record, mutant, tiers[mutant.id], (status, detail, seconds))
     outcomes = {futures_mutant.id: future.result() for future, futures_mutant in futures.items()}
     outcomes.update(recorded)
     outcomes.update({mutant_id: (verdict, reason, 0.0) for mutant_id, (verdict, reason) in settled.items()})
@@ -711,6 +833,13 @@ def main() -> int:
     counts = Counter(status for status, _, _ in outcomes.values())
     survived = len(mutants) - counts["killed"] - counts["equivalent"]
     print(f"logs in {workdir}")
+    # Which tier killed each: the smoke tier's share is what a mutant costs without the suite.
+    tier_of = Counter(
+        re.sub(r"^smoke on .*", "smoke", detail.split(":")[0])
+        for status, detail, _ in outcomes.values()
+        if status == "killed"
+    )
+    print("killed by: " + ", ".join(f"{tier} {count}" for tier, count in tier_of.most_common()))
     others = ", ".join(f"{status} {count}" for status, count in sorted(counts.items()) if status not in VERDICTS)
     print(
         f"\nkilled / equivalent / survived: {counts['killed']} / {counts['equivalent']} / {counts['SURVIVED']}"
@@ -724,18 +853,18 @@ def main() -> int:
 VERDICTS = ("killed", "equivalent", "SURVIVED")
 
 
-def _fingerprint(mutant, tiers: str) -> str:
+def _fingerprint(mutant, tiers: list[tuple[str, list[str]]]) -> str:
     """What a verdict depends on: the mutated file, the tests (tests/ and tools/), the tiers run."""
     import hashlib
 
-    digest = hashlib.sha256(f"{tiers} {mutant.id}\n".encode())
+    digest = hashlib.sha256(f"{json.dumps(tiers)} {mutant.id}\n".encode())
     digest.update(mutant.mutated_source().encode())
     for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "tools").glob("*.py")]):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def load_record(path: Path, mutants: list, tiers: str) -> dict[str, tuple[str, str, float]]:
+def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, tuple[str, str, float]]:
     """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint."""
     if not path.exists():
         return {}
@@ -743,13 +872,13 @@ def load_record(path: Path, mutants: list, tiers: str) -> dict[str, tuple[str, s
     by_fingerprint = {entry["fingerprint"]: entry for entry in entries if entry["status"] in VERDICTS}
     found = {}
     for mutant in mutants:
-        entry = by_fingerprint.get(_fingerprint(mutant, tiers))
+        entry = by_fingerprint.get(_fingerprint(mutant, tiers[mutant.id]))
         if entry is not None:
             found[mutant.id] = (entry["status"], entry["detail"], entry["seconds"])
     return found
 
 
-def append_record(path: Path, mutant, tiers: str, outcome: tuple[str, str, float]) -> None:
+def append_record(path: Path, mutant, tiers: list, outcome: tuple[str, str, float]) -> None:
     status, detail, seconds = outcome
     entry = dict(id=mutant.id, fingerprint=_fingerprint(mutant, tiers), status=status)
     with path.open("a") as record:
