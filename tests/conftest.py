@@ -4,8 +4,9 @@
   unless FA_KERNEL_REQUIRE_GPU=1 (set by `nox -s gpu`), which turns the skip into a failure.
 - `@pytest.mark.compile` tests need nvcc to compile for sm_90a; they run without a GPU.
 - Under pytest-xdist with FA_KERNEL_GPUS=n (`nox -s gpu`), each worker is pinned to one GPU.
-- HYPOTHESIS_PROFILE picks `ci` (default: derandomized, few examples), `gpu` (hundreds)
-  or `thorough` (thousands, nightly). Deadlines are off everywhere: a first call compiles.
+- HYPOTHESIS_PROFILE picks `ci` (default: derandomized, few examples), `gpu` (hundreds),
+  `thorough` (thousands, nightly) or `mutants` (ci without shrinking: tools/mutants.py).
+  Deadlines are off everywhere: a first call compiles.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if "PYTEST_XDIST_WORKER" in os.environ and int(os.environ.get("FA_KERNEL_GPUS", 
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(
@@ -36,6 +37,13 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=_slow_ok,
     print_blob=True,
+)
+# The mutant runner's: a failing example is enough, shrinking it (hundreds of launches) is not needed.
+settings.register_profile(
+    "mutants",
+    settings.get_profile("ci"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    report_multiple_bugs=False,
 )
 settings.register_profile("gpu", max_examples=300, deadline=None, suppress_health_check=_slow_ok, print_blob=True)
 settings.register_profile("thorough", max_examples=3000, deadline=None, suppress_health_check=_slow_ok, print_blob=True)
@@ -57,6 +65,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Property tests (hundreds of examples each) first: pytest-xdist hands tests out in this
+    # order, and a long test handed out last is the run's tail.
+    def runs_examples(item) -> bool:
+        return "examples" in item.keywords or getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+
+    items.sort(key=lambda item: not runs_examples(item))
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA and not REQUIRE_GPU:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)"))

@@ -7,8 +7,7 @@ import functools
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, settings
 
 from fa_kernel import flash_attn_func
 from fa_kernel.emulator import attention_tiled
@@ -28,18 +27,29 @@ def kernel(q, k, v, softmax_scale, causal, config=None):
     return run_config(q, k, v, softmax_scale, causal, config)
 
 
-# (attend, device, strategy): the emulator runs smaller problems, since it is plain torch on a
-# CPU. The kernel's lengths reach twice the furthest short entry's reach, so that cases draw
-# both of their tile configs (the short-sequence one up to its reach, the long one past it).
+# (attend, device, strategy for these head dims): the emulator runs smaller problems, since it
+# is plain torch on a CPU. The kernel's lengths reach twice the furthest short entry's reach, so
+# that cases draw both of their tile configs (the short-sequence one up to its reach, the long
+# one past it).
 LONGEST = 2 * max(REACHES)
 TARGETS = {
-    "emulator": (emulator, "cpu", cases(head_dims=(64, 128), max_len=600, max_score_elements=400_000)),
+    "emulator": (
+        emulator,
+        "cpu",
+        lambda head_dims: cases(head_dims=head_dims, max_len=600, max_score_elements=400_000),
+    ),
     "kernel": (
         kernel,
         "cuda",
-        cases(head_dims=(64, 128, 256), max_len=LONGEST, max_score_elements=40_000_000, sm_count=device_sm_count()),
+        lambda head_dims: cases(
+            head_dims=head_dims, max_len=LONGEST, max_score_elements=40_000_000, sm_count=device_sm_count()
+        ),
     ),
 }
+# The kernel's property runs are one per head dim, each with that share of the profile's
+# examples: the same cases in all, in tests that pytest-xdist spreads over its workers (a whole
+# property on one worker was the GPU suite's longest test).
+SHARDS = {"emulator": [(64, 128)], "kernel": [(64,), (128,), (256,)]}
 
 
 TARGET_PARAMS = [pytest.param("emulator"), pytest.param("kernel", marks=pytest.mark.gpu)]
@@ -63,11 +73,24 @@ def test_named_case(target, check, case):
         check(functools.partial(attend, config=case.config), case, device)
 
 
-@pytest.mark.parametrize("target", TARGET_PARAMS)
+SHARD_PARAMS = [
+    pytest.param(target, head_dims, id=f"{target}-d{'-'.join(map(str, head_dims))}", marks=marks)
+    for target, marks in (("emulator", ()), ("kernel", pytest.mark.gpu))
+    for head_dims in SHARDS[target]
+]
+
+
+@pytest.mark.examples
+@pytest.mark.parametrize(("target", "head_dims"), SHARD_PARAMS)
 @pytest.mark.parametrize("check", PROPERTIES, ids=lambda check: check.__name__.removeprefix("check_"))
-@given(data=st.data())
-def test_property(target, check, data):
+def test_property(target, head_dims, check):
     attend, device, strategy = TARGETS[target]
-    case = data.draw(strategy, label="case")
-    with torch.no_grad():
-        check(functools.partial(attend, config=case.config), case, device)
+    examples = max(1, settings.default.max_examples // len(SHARDS[target]))
+
+    @settings(max_examples=examples)
+    @given(case=strategy(head_dims))
+    def holds(case):
+        with torch.no_grad():
+            check(functools.partial(attend, config=case.config), case, device)
+
+    holds()
