@@ -97,7 +97,7 @@ def test_known_mutants_exist(mutants):
     )
     _find(
         mutants,
-        "flash_attention_forward",
+        "epilogue",
         "off_by_one",
         "LSE[b, head, q_start + i]",
         "LSE[b, head, (q_start + i + 1)]",

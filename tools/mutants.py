@@ -98,7 +98,7 @@ KERNEL_MUTANTS = [
         # The tile that replaced its max leaves acc_o at the old one.
         "new_max_without_rescale",
         "kernel.py",
-        "rescale_output(acc_o, alpha)",
+        "rescale_output(acc_o, rows.alpha)",
         "",
         first=JUMPS,
     ),
@@ -107,13 +107,13 @@ KERNEL_MUTANTS = [
         # (and, on tiles that kept their max, by the alpha of the last tile that did not).
         "rescale_after_gemm",
         "kernel.py",
-        "rescale_output(acc_o, alpha)",
+        "rescale_output(acc_o, rows.alpha)",
         "",
         more=(
             (
-                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nT.mbarrier_arrive(v_empty[prev_stage])",
-                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nrescale_output(acc_o, alpha)\n"
-                "T.mbarrier_arrive(v_empty[prev_stage])",
+                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nT.mbarrier_arrive(pipe.v_empty[prev_stage])",
+                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nrescale_output(acc_o, rows.alpha)\n"
+                "T.mbarrier_arrive(pipe.v_empty[prev_stage])",
             ),
         ),
         first=JUMPS,
@@ -139,7 +139,7 @@ KERNEL_MUTANTS = [
         # (P~, not S): the recomputation of S forgotten.
         "new_max_from_stale_exponentials",
         "kernel.py",
-        "issue_scores(Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
+        "issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
         "T.wait_wgmma(0)",
         "T.wait_wgmma(0)",
         first=JUMPS,
@@ -148,8 +148,8 @@ KERNEL_MUTANTS = [
         # A tile that kept its max replaces the running sum instead of adding to it.
         "kept_max_sum_replaced",
         "kernel.py",
-        "row_sum[i] += tile_sum[i]",
-        "row_sum[i] = tile_sum[i]",
+        "rows.row_sum[i] += rows.tile_sum[i]",
+        "rows.row_sum[i] = rows.tile_sum[i]",
     ),
     Mutant(
         # A tile that replaced its max divides by its own sum only.
@@ -274,10 +274,10 @@ KERNEL_MUTANTS = [
     Mutant(
         "normalise_inside_loop",
         "kernel.py",
-        "T.mbarrier_arrive(v_empty[prev_stage])",
-        "T.mbarrier_arrive(v_empty[prev_stage])\n"
+        "T.mbarrier_arrive(pipe.v_empty[prev_stage])",
+        "T.mbarrier_arrive(pipe.v_empty[prev_stage])\n"
         "for i, d in T.Parallel(block_m, head_dim):\n"
-        "    acc_o[i, d] /= row_sum[i]",
+        "    acc_o[i, d] /= rows.row_sum[i]",
     ),
     Mutant("scale_without_log2e", "interface.py", "softmax_scale * LOG2E", "softmax_scale"),
     Mutant(

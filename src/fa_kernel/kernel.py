@@ -51,6 +51,16 @@ The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
   another at the end of a work tile; else from the V ring, once every consumer's last P.V
   has read it.
 
+`forward_program` reads top to bottom in named parts: the mask, the online softmax, the
+pipeline's helpers (turns, the K/V ring with `ring_slot` for each stage and phase, O's TMA
+store), the tile scheduler (`work_tile`, `place_in_round`, `warpgroup_kv_blocks`), the
+`producer`, then the consumer's steps in the loop's order (`start_work_tile`, `first_kv_tile`,
+`kv_step`, `last_kv_tile`, `release_unread_tiles`, `epilogue`), and the kernel, which
+allocates and calls them. The kernel's T.alloc_var registers reach the macros as buffers
+(`WorkTile`, `ConsumerRegisters`) or `T.Ref` parameters, so that a macro's assignment to one
+is a store, as it is in the kernel's own body; the parts leave every build's PrimFunc as it
+was when the kernel was one function (docs/design.md).
+
 Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
 softmax scale is a runtime argument: one compiled kernel serves every shape with the same
 head_dim, so a compile happens once per (dtype, head_dim, causal, tile config, target).
@@ -59,6 +69,7 @@ head_dim, so a compile happens once per (dtype, head_dim, causal, tile config, t
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
 import functools
+from dataclasses import dataclass
 
 import tilelang
 import tilelang.language as T
@@ -112,6 +123,65 @@ SM_SHARED_BYTES = 233472
 # Streaming multiprocessors of an H100/H200 SXM: the persistent grid's size when compiling
 # without a GPU (`fa_kernel.interface` passes the device's own count).
 H100_SM_COUNT = 132
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Shared memory and its mbarriers: Q's tile, the rings of `num_stages` K and V tiles, O's
+    own buffer (None: O leaves through the V ring), and the barriers that hand each over
+    between the producer and the consumers (forward_program's allocations say which does what)."""
+
+    Q: object
+    K: object
+    V: object
+    O: object
+    q_full: object
+    q_empty: object
+    o_stored: object
+    k_full: object
+    k_empty: object
+    v_full: object
+    v_empty: object
+
+
+@dataclass(frozen=True)
+class RowState:
+    """The online softmax's fp32 state of each query row (fragments): the running max, the max
+    before the tile, the max times scale_log2 (0 for a row that has seen only masked keys),
+    the rescale factor for acc_o, the tile's row sums and the running sum."""
+
+    row_max: object
+    row_max_prev: object
+    row_max_scaled: object
+    alpha: object
+    tile_sum: object
+    row_sum: object
+
+
+@dataclass(frozen=True)
+class WorkTile:
+    """A work tile, in T.alloc_var registers: its batch, query head, K/V head, first query row
+    and the K/V tiles its block visits."""
+
+    b: object
+    head: object
+    kv_head: object
+    q_start: object
+    num_kv_blocks: object
+
+
+@dataclass(frozen=True)
+class ConsumerRegisters:
+    """A consumer thread's share of the tile: the score, P~ and output accumulators, the row
+    state, the stale-max vote (a row of this thread over STALE_SUM_LIMIT) and the K/V tiles its
+    warpgroup's rows see."""
+
+    acc_s: object
+    acc_p: object
+    acc_o: object
+    rows: RowState
+    row_over: object
+    own_kv_blocks: object
 
 
 def consumer_registers(consumer_threads: int, blocks_per_sm: int = 1) -> int:
@@ -172,6 +242,8 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
+    # ---- the mask: written into the score accumulator, only where a tile needs one ----
+
     def needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):
         """Whether the K tile at kv_start holds a key past seqlen_k or, causal, a key right of
         the diagonal for the block's first row (later rows see more). Uniform over the block,
@@ -204,6 +276,8 @@ def forward_program(
         else:
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
 
+    # ---- the online softmax (fp32 row state; exp2 with the scale folded in) ----
+
     @T.macro
     def exponentials(acc_s, row_max_scaled, tile_sum, scale_log2):
         """P~ = 2^(S * scale_log2 - the row's reference max), in place, and its row sums."""
@@ -212,12 +286,12 @@ def forward_program(
         T.reduce_sum(acc_s, tile_sum, dim=1)
 
     @T.macro
-    def online_softmax(
-        acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2, stale_sum=None
-    ):
+    def online_softmax(acc_s, rows, scale_log2, stale_sum=None):
         """Fold tile S into the row state; leaves P~ (fp32) in acc_s and alpha for acc_o. With
         `stale_sum` (the row sums of P~ against the max before the tile), a row whose sum is
         within STALE_SUM_LIMIT keeps that max, and gets bitwise what that pass gave it."""
+        row_max, row_max_prev, row_max_scaled = rows.row_max, rows.row_max_prev, rows.row_max_scaled
+        alpha, tile_sum, row_sum = rows.alpha, rows.tile_sum, rows.row_sum
         T.copy(row_max, row_max_prev)
         T.reduce_max(acc_s, row_max, dim=1, clear=False)
         for i in T.Parallel(block_m):
@@ -233,6 +307,8 @@ def forward_program(
         exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
         for i in T.Parallel(block_m):
             row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
+
+    # ---- the pipeline: taking turns on the tensor cores, the K/V ring, O's way out ----
 
     @T.macro
     def wait_turn(thread):
@@ -291,6 +367,8 @@ def forward_program(
     def rescale_output(acc_o, alpha):
         for i, d in T.Parallel(block_m, head_dim):
             acc_o[i, d] *= alpha[i]
+
+    # ---- the tile scheduler: which work tiles a thread block runs, and which K/V tiles ----
 
     # Bottom-right causal alignment (flash-attn >= 2.1): query i sees key j <= i + offset.
     diagonal_offset = seqlen_k - seqlen_q
@@ -352,6 +430,250 @@ def forward_program(
             visible = T.min(num_kv_blocks, T.ceildiv(last_visible, block_n))
         return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)
 
+    # ---- the producer warpgroup ----
+
+    @T.macro
+    def producer(pipe, tile, kv_before: T.Ref, Q, K, V, block, rounds):
+        """TMA loads of each work tile's Q and K/V tiles, never more than `stages` tiles ahead."""
+        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
+        T.set_max_nreg(PRODUCER_REGISTERS, 0)
+        for tile_round in T.serial(rounds):
+            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            T.mbarrier_wait_parity(pipe.q_empty, (tile_round & 1) ^ 1)
+            T.tma_copy(Q[b, q_start : q_start + block_m, head, :], pipe.Q, barrier=pipe.q_full)
+            T.mbarrier_arrive(pipe.q_full)
+            for kv_block in T.serial(num_kv_blocks):
+                stage, phase = ring_slot(kv_before + kv_block)
+                kv_start = kv_block * block_n
+                load_tile(K, b, kv_start, kv_head, pipe.K, pipe.k_empty, pipe.k_full, stage, phase)
+                if not o_buffer and kv_block == 0:
+                    T.mbarrier_wait_parity(pipe.o_stored, (tile_round & 1) ^ 1)  # last tile's O
+                load_tile(V, b, kv_start, kv_head, pipe.V, pipe.v_empty, pipe.v_full, stage, phase)
+            kv_before = kv_before + num_kv_blocks
+
+    # ---- the consumer warpgroups: one step per part of the loop, in its order ----
+
+    @T.macro
+    def first_scores_of_the_block(pipe, regs, tile, block):
+        """overlap_epilogue: the first work tile's S_0; every later one is issued under the
+        epilogue of the tile before it."""
+        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
+        b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
+        T.mbarrier_wait_parity(pipe.q_full, 0)
+        T.mbarrier_wait_parity(pipe.k_full[0], 0)
+        issue_scores(pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, 0, q_start, diagonal_offset, seqlen_k)
+
+    @T.macro
+    def start_work_tile(pipe, regs, tile, block, thread, tile_round):
+        """The work tile's row state and Q, and (take_turns) warpgroup 0's first turn."""
+        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
+        own_kv_blocks = regs.own_kv_blocks
+        if not overlap_epilogue:
+            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            T.fill(regs.acc_o, 0)
+        own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128)  # noqa: F841 (a register store)
+        T.fill(regs.rows.row_sum, 0)
+        T.fill(regs.rows.row_max, neg_inf)
+        if not overlap_epilogue:
+            T.mbarrier_wait_parity(pipe.q_full, tile_round & 1)
+        if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
+            # The last warpgroup lets warpgroup 0 issue first. Each arrive has a matching
+            # sync, by the next warpgroup in the ring (256 = the two warpgroups).
+            if thread >= consumers - 128 and num_kv_blocks > 1:
+                T.named_barrier_arrive(TURN_BARRIERS[0], 256)
+
+    @T.macro
+    def first_kv_tile(pipe, regs, tile, kv_before: T.Ref, scale_log2):
+        """Tile 0: its scores and softmax; P~_0 waits in acc_p for the first P.V."""
+        acc_s, acc_p, acc_o, q_start, own_kv_blocks = (
+            regs.acc_s,
+            regs.acc_p,
+            regs.acc_o,
+            tile.q_start,
+            regs.own_kv_blocks,
+        )
+        first_stage = ring_slot(kv_before)[0]
+        if not overlap_epilogue:
+            T.mbarrier_wait_parity(pipe.k_full[first_stage], ring_slot(kv_before)[1])
+            issue_scores(pipe.Q, ring_stage(pipe.K, first_stage), acc_s, 0, q_start, diagonal_offset, seqlen_k)
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+        if overlap_epilogue:
+            # Only now: while a wgmma is in flight (S_0, issued in the last round), ptxas
+            # keeps it asynchronous only if no other instruction writes an accumulator.
+            T.fill(acc_o, 0)
+        T.mbarrier_arrive(pipe.k_empty[first_stage])
+        if own_kv_blocks == 1:
+            T.mbarrier_arrive(pipe.q_empty)  # (as in kv_step)
+        online_softmax(acc_s, regs.rows, scale_log2)
+        T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
+
+    @T.macro
+    def kv_step(pipe, regs, tile, kv_before: T.Ref, thread, scale_log2, kv_block):
+        """K/V tile j >= 1: S_j = Q.K_j^T issued, then P~_{j-1}.V_{j-1}; tile j's softmax
+        against the max before it while that GEMM runs, and S_j again where a row's sum says
+        the max moved too far."""
+        acc_s, acc_p, acc_o, rows, row_over = regs.acc_s, regs.acc_p, regs.acc_o, regs.rows, regs.row_over
+        q_start, num_kv_blocks, own_kv_blocks = tile.q_start, tile.num_kv_blocks, regs.own_kv_blocks
+        stage, phase = ring_slot(kv_before + kv_block)
+        prev_stage, prev_phase = ring_slot(kv_before + kv_block - 1)
+        kv_start = kv_block * block_n
+        T.mbarrier_wait_parity(pipe.k_full[stage], phase)
+        if take_turns:
+            wait_turn(thread)
+        issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
+        T.mbarrier_wait_parity(pipe.v_full[prev_stage], prev_phase)
+        T.wgmma_gemm(acc_p, ring_stage(pipe.V, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
+        if take_turns:
+            pass_turn(thread, kv_block, num_kv_blocks)
+        T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
+        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+        # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
+        exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
+        row_over = 0
+        for i in T.Parallel(block_m):
+            if rows.tile_sum[i] > STALE_SUM_LIMIT:
+                row_over = 1
+        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p and acc_o may be overwritten
+        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+        T.mbarrier_arrive(pipe.v_empty[prev_stage])
+        # wgmma is warpgroup-wide: the warpgroup decides as one.
+        if T.call_extern("int32", "warpgroup_any", VOTE_BARRIERS[0] + thread // 128, row_over) != 0:
+            # A row's max moved too far: S_j again (Q and K_j are still in shared memory; the
+            # same wgmma gives the same S), the online softmax for the rows over the limit,
+            # and acc_o rescaled to their new max (P~_{j-1}.V_{j-1}, the last to add to it at
+            # the old one, is done).
+            issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+            online_softmax(acc_s, rows, scale_log2, stale_sum=rows.tile_sum)
+            rescale_output(acc_o, rows.alpha)
+        else:
+            for i in T.Parallel(block_m):
+                rows.row_sum[i] += rows.tile_sum[i]
+        T.mbarrier_arrive(pipe.k_empty[stage])
+        if kv_block == own_kv_blocks - 1:
+            # This warpgroup's last read of Q: the next work tile's Q loads under the tile's
+            # last P.V and epilogue (persistent grid).
+            T.mbarrier_arrive(pipe.q_empty)
+        T.copy(acc_s, acc_p)
+
+    @T.macro
+    def last_kv_tile(pipe, regs, tile, next_tile, kv_before: T.Ref, block, rounds, tile_round):
+        """The last tile's P~.V (acc_o is already at the last tile's reference max); under the
+        overlapped epilogue, the next work tile's mask and S_0 with it."""
+        acc_s, acc_p, acc_o, num_kv_blocks, own_kv_blocks = (
+            regs.acc_s, regs.acc_p, regs.acc_o, tile.num_kv_blocks, regs.own_kv_blocks
+        )  # fmt: skip
+        next_b, next_head, next_kv_head = next_tile.b, next_tile.head, next_tile.kv_head
+        next_q_start, next_num_kv_blocks = next_tile.q_start, next_tile.num_kv_blocks
+        last = kv_before + own_kv_blocks - 1  # counted over this thread block's life
+        last_stage = ring_slot(last)[0]
+        if overlap_epilogue:
+            # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
+            # nothing but its GEMM may write acc_s once that is in flight.
+            next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(block, tile_round + 1)
+            if needs_mask(0, next_q_start, diagonal_offset, seqlen_k):
+                write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)
+        T.mbarrier_wait_parity(pipe.v_full[last_stage], ring_slot(last)[1])
+        T.wgmma_gemm(acc_p, ring_stage(pipe.V, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
+        if overlap_epilogue:
+            # The next work tile's S_0, so this tile's epilogue runs under it. The last round
+            # issues it too, on whatever Q and K are in shared memory (no more loads come), and
+            # drops it: a guarded issue makes ptxas serialise the wgmmas of the whole loop.
+            next_first = kv_before + num_kv_blocks
+            if tile_round + 1 < rounds:
+                T.mbarrier_wait_parity(pipe.q_full, (tile_round + 1) & 1)
+                T.mbarrier_wait_parity(pipe.k_full[ring_slot(next_first)[0]], ring_slot(next_first)[1])
+            issue_scores(
+                pipe.Q,
+                ring_stage(pipe.K, ring_slot(next_first)[0]),
+                acc_s,
+                0,
+                next_q_start,
+                diagonal_offset,
+                seqlen_k,
+                mask_written=True,
+            )
+            T.wait_wgmma(1)
+        else:
+            T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+        T.mbarrier_arrive(pipe.v_empty[last_stage])
+
+    @T.macro
+    def release_unread_tiles(pipe, regs, tile, kv_before: T.Ref, thread):
+        """The tiles past this warpgroup's rows, which the block's later rows visit: released
+        unread, each once it has landed (an arrive before would count toward the stage's
+        previous phase), with the turn passed on, so that the ring of stages and the turn
+        order run on as if it had visited them. Only after its last P.V has released V: the
+        producer loads one of them into that stage."""
+        num_kv_blocks, own_kv_blocks = tile.num_kv_blocks, regs.own_kv_blocks
+        for kv_block in T.serial(own_kv_blocks, num_kv_blocks):
+            stage, phase = ring_slot(kv_before + kv_block)
+            T.mbarrier_wait_parity(pipe.k_full[stage], phase)
+            if take_turns:
+                wait_turn(thread)
+                pass_turn(thread, kv_block, num_kv_blocks)
+            T.mbarrier_arrive(pipe.k_empty[stage])
+            T.mbarrier_wait_parity(pipe.v_full[stage], phase)
+            T.mbarrier_arrive(pipe.v_empty[stage])
+
+    @T.macro
+    def epilogue(pipe, regs, tile, LSE, Output, thread):
+        """One normalisation after the loop, the LSE, and O's TMA store. The normalisation runs
+        on O's way into shared memory, except for the V ring without the overlapped epilogue,
+        where it runs in place before the sync (while the other warpgroups finish). Under the
+        overlapped epilogue S_0 is in flight, and nothing but wgmma may write an accumulator."""
+        acc_o, row_sum, row_max_scaled = regs.acc_o, regs.rows.row_sum, regs.rows.row_max_scaled
+        b, head, q_start = tile.b, tile.head, tile.q_start
+        if not (overlap_epilogue or o_buffer):
+            for i, d in T.Parallel(block_m, head_dim):
+                acc_o[i, d] = normalised(acc_o, row_sum, i, d)
+        for i in T.Parallel(block_m):
+            if q_start + i < seqlen_q:
+                LSE[b, head, q_start + i] = T.if_then_else(
+                    row_sum[i] == 0, neg_inf, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2
+                )
+        # The TMA store reads by the async proxy what the threads wrote by the generic one:
+        # each thread fences its writes before the sync that lets the store go.
+        if o_buffer:
+            # Each warpgroup writes and stores its own rows, so none waits for another at a
+            # tile's end; it waits only for its own last store to have read the buffer.
+            first_row = thread // 128 * rows_per_warpgroup
+            T.tma_store_wait(0)
+            T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
+            for i, d in T.Parallel(block_m, head_dim):
+                pipe.O[i, d] = normalised(acc_o, row_sum, i, d)
+            T.fence_proxy_async()
+            T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
+            store_output(pipe.O, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
+        else:
+            # In the V ring: the other warpgroups' last P.V may still be reading it.
+            T.sync_threads(OUTPUT_BARRIERS[0], consumers)
+            if overlap_epilogue:
+                for i, d in T.Parallel(block_m, head_dim):
+                    pipe.V[i, d] = normalised(acc_o, row_sum, i, d)
+            else:
+                T.copy(acc_o, pipe.V[0:block_m, :])
+            T.fence_proxy_async()
+            T.sync_threads(OUTPUT_BARRIERS[0], consumers)
+            store_output(pipe.V, Output, b, head, q_start, 0, block_m, consumers)
+            T.tma_store_wait(0)
+            # The next V lands by TMA (the async proxy) where O was written and read.
+            T.fence_proxy_async()
+            T.mbarrier_arrive(pipe.o_stored)
+
+    @T.macro
+    def advance(tile, next_tile):
+        """overlap_epilogue: the next work tile, computed under this one's last P.V, becomes current."""
+        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
+        next_b, next_head, next_kv_head = next_tile.b, next_tile.head, next_tile.kv_head
+        next_q_start, next_num_kv_blocks = next_tile.q_start, next_tile.num_kv_blocks
+        b, head, kv_head, q_start, num_kv_blocks = (next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks)  # noqa: F841
+
+    # ---- the kernel: shared memory, registers, and who runs which part ----
+
     @T.prim_func
     def flash_attention_forward(
         Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
@@ -377,8 +699,7 @@ def forward_program(
             # does the same; at head_dim 128 the 128x176 tiles leave no room): Q's buffer already
             # holds the next work tile's Q by then. The producer then loads no V of the next work
             # tile until O has left (o_stored).
-            if o_buffer:
-                O_shared = T.alloc_shared([block_m, head_dim], dtype)
+            O_shared = T.alloc_shared([block_m, head_dim], dtype) if o_buffer else None
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
@@ -395,8 +716,7 @@ def forward_program(
             # o_stored (O staged in the V ring): O has been read out to global memory.
             q_full = T.alloc_barrier(PRODUCER_THREADS)
             q_empty = T.alloc_barrier(consumers)
-            if not o_buffer:
-                o_stored = T.alloc_barrier(consumers)
+            o_stored = T.alloc_barrier(consumers) if not o_buffer else None
             k_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
             k_empty = T.alloc_barrier([consumers] * stages)
             v_full = T.alloc_barrier([PRODUCER_THREADS] * stages)
@@ -428,233 +748,35 @@ def forward_program(
                 place_in_last = place_in_round(block[0], num_tiles // workers)
                 rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
 
+            pipe = Pipeline(
+                Q_shared, K_shared, V_shared, O_shared, q_full, q_empty, o_stored, k_full, k_empty, v_full, v_empty
+            )
+            # The macros take T.alloc_var registers as their buffers (.buffer), to write them.
+            tile = WorkTile(b.buffer, head.buffer, kv_head.buffer, q_start.buffer, num_kv_blocks.buffer)
+            next_tile = WorkTile(
+                next_b.buffer, next_head.buffer, next_kv_head.buffer, next_q_start.buffer, next_num_kv_blocks.buffer
+            )
+            rows = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
+            regs = ConsumerRegisters(acc_s, acc_p, acc_o, rows, row_over.buffer, own_kv_blocks.buffer)
             if thread >= consumers:
-                # ---- producer warpgroup: TMA loads, never more than `stages` tiles ahead ----
-                T.set_max_nreg(PRODUCER_REGISTERS, 0)
-                for tile_round in T.serial(rounds):
-                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
-                    T.mbarrier_wait_parity(q_empty, (tile_round & 1) ^ 1)
-                    T.tma_copy(Q[b, q_start : q_start + block_m, head, :], Q_shared, barrier=q_full)
-                    T.mbarrier_arrive(q_full)
-                    for kv_block in T.serial(num_kv_blocks):
-                        stage, phase = ring_slot(kv_before + kv_block)
-                        kv_start = kv_block * block_n
-                        load_tile(K, b, kv_start, kv_head, K_shared, k_empty, k_full, stage, phase)
-                        if not o_buffer and kv_block == 0:
-                            T.mbarrier_wait_parity(o_stored, (tile_round & 1) ^ 1)  # last tile's O
-                        load_tile(V, b, kv_start, kv_head, V_shared, v_empty, v_full, stage, phase)
-                    kv_before = kv_before + num_kv_blocks
+                producer(pipe, tile, kv_before, Q, K, V, block, rounds)
             else:
-                # ---- consumer warpgroups: the FlashAttention loop ----
+                # The FlashAttention loop, over each work tile of this thread block.
                 T.set_max_nreg(consumer_registers(consumers, config.blocks_per_sm), 1)
                 if overlap_epilogue:
-                    # The first work tile's S_0; every later one is issued under the epilogue of
-                    # the tile before it.
-                    b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
-                    T.mbarrier_wait_parity(q_full, 0)
-                    T.mbarrier_wait_parity(k_full[0], 0)
-                    issue_scores(Q_shared, ring_stage(K_shared, 0), acc_s, 0, q_start, diagonal_offset, seqlen_k)
+                    first_scores_of_the_block(pipe, regs, tile, block)
                 for tile_round in T.serial(rounds):
-                    if not overlap_epilogue:
-                        b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
-                        T.fill(acc_o, 0)
-                    own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128)
-                    T.fill(row_sum, 0)
-                    T.fill(row_max, neg_inf)
-                    if not overlap_epilogue:
-                        T.mbarrier_wait_parity(q_full, tile_round & 1)
-                    if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
-                        # The last warpgroup lets warpgroup 0 issue first. Each arrive has a matching
-                        # sync, by the next warpgroup in the ring (256 = the two warpgroups).
-                        if thread >= consumers - 128 and num_kv_blocks > 1:
-                            T.named_barrier_arrive(TURN_BARRIERS[0], 256)
-
-                    # Tile 0: its scores and softmax; P~_0 waits in acc_p for the first P.V.
-                    first_stage = ring_slot(kv_before)[0]
-                    if not overlap_epilogue:
-                        T.mbarrier_wait_parity(k_full[first_stage], ring_slot(kv_before)[1])
-                        issue_scores(
-                            Q_shared, ring_stage(K_shared, first_stage), acc_s, 0, q_start, diagonal_offset, seqlen_k
-                        )
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                    if overlap_epilogue:
-                        # Only now: while a wgmma is in flight (S_0, issued in the last round), ptxas
-                        # keeps it asynchronous only if no other instruction writes an accumulator.
-                        T.fill(acc_o, 0)
-                    T.mbarrier_arrive(k_empty[first_stage])
-                    if own_kv_blocks == 1:
-                        T.mbarrier_arrive(q_empty)  # (as in the loop below)
-                    online_softmax(acc_s, row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum, scale_log2)
-                    T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
-
+                    start_work_tile(pipe, regs, tile, block, thread, tile_round)
+                    first_kv_tile(pipe, regs, tile, kv_before, scale_log2)
                     for kv_block in T.serial(1, own_kv_blocks):
-                        stage, phase = ring_slot(kv_before + kv_block)
-                        prev_stage, prev_phase = ring_slot(kv_before + kv_block - 1)
-                        kv_start = kv_block * block_n
-                        T.mbarrier_wait_parity(k_full[stage], phase)
-                        if take_turns:
-                            wait_turn(thread)
-                        issue_scores(
-                            Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k
-                        )
-                        T.mbarrier_wait_parity(v_full[prev_stage], prev_phase)
-                        T.wgmma_gemm(acc_p, ring_stage(V_shared, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
-                        if take_turns:
-                            pass_turn(thread, kv_block, num_kv_blocks)
-                        T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
-                        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                        # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
-                        exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
-                        row_over = 0
-                        for i in T.Parallel(block_m):
-                            if tile_sum[i] > STALE_SUM_LIMIT:
-                                row_over = 1
-                        T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p and acc_o may be overwritten
-                        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                        T.mbarrier_arrive(v_empty[prev_stage])
-                        # wgmma is warpgroup-wide: the warpgroup decides as one.
-                        if T.call_extern("int32", "warpgroup_any", VOTE_BARRIERS[0] + thread // 128, row_over) != 0:
-                            # A row's max moved too far: S_j again (Q and K_j are still in shared
-                            # memory; the same wgmma gives the same S), the online softmax for the
-                            # rows over the limit, and acc_o rescaled to their new max
-                            # (P~_{j-1}.V_{j-1}, the last to add to it at the old one, is done).
-                            issue_scores(
-                                Q_shared,
-                                ring_stage(K_shared, stage),
-                                acc_s,
-                                kv_start,
-                                q_start,
-                                diagonal_offset,
-                                seqlen_k,
-                            )
-                            T.wait_wgmma(0)
-                            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                            online_softmax(
-                                acc_s,
-                                row_max,
-                                row_max_prev,
-                                row_max_scaled,
-                                alpha,
-                                tile_sum,
-                                row_sum,
-                                scale_log2,
-                                stale_sum=tile_sum,
-                            )
-                            rescale_output(acc_o, alpha)
-                        else:
-                            for i in T.Parallel(block_m):
-                                row_sum[i] += tile_sum[i]
-                        T.mbarrier_arrive(k_empty[stage])
-                        if kv_block == own_kv_blocks - 1:
-                            # This warpgroup's last read of Q: the next work tile's Q loads under the
-                            # tile's last P.V and epilogue (persistent grid).
-                            T.mbarrier_arrive(q_empty)
-                        T.copy(acc_s, acc_p)
-
-                    # The last tile's P~.V (acc_o is already at the last tile's reference max).
-                    last = kv_before + own_kv_blocks - 1  # counted over this thread block's life
-                    last_stage = ring_slot(last)[0]
-                    if overlap_epilogue:
-                        # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
-                        # nothing but its GEMM may write acc_s once that is in flight.
-                        next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(
-                            block, tile_round + 1
-                        )
-                        if needs_mask(0, next_q_start, diagonal_offset, seqlen_k):
-                            write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)
-                    T.mbarrier_wait_parity(v_full[last_stage], ring_slot(last)[1])
-                    T.wgmma_gemm(acc_p, ring_stage(V_shared, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    if overlap_epilogue:
-                        # The next work tile's S_0, so this tile's epilogue runs under it. The last
-                        # round issues it too, on whatever Q and K are in shared memory (no more
-                        # loads come), and drops it: a guarded issue makes ptxas serialise the
-                        # wgmmas of the whole loop.
-                        next_first = kv_before + num_kv_blocks
-                        if tile_round + 1 < rounds:
-                            T.mbarrier_wait_parity(q_full, (tile_round + 1) & 1)
-                            T.mbarrier_wait_parity(k_full[ring_slot(next_first)[0]], ring_slot(next_first)[1])
-                        issue_scores(
-                            Q_shared,
-                            ring_stage(K_shared, ring_slot(next_first)[0]),
-                            acc_s,
-                            0,
-                            next_q_start,
-                            diagonal_offset,
-                            seqlen_k,
-                            mask_written=True,
-                        )
-                        T.wait_wgmma(1)
-                    else:
-                        T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                    T.mbarrier_arrive(v_empty[last_stage])
+                        kv_step(pipe, regs, tile, kv_before, thread, scale_log2, kv_block)
+                    last_kv_tile(pipe, regs, tile, next_tile, kv_before, block, rounds, tile_round)
                     if not overlap_epilogue:
-                        # The tiles past this warpgroup's rows, which the block's later rows visit:
-                        # released unread, each once it has landed (an arrive before would count
-                        # toward the stage's previous phase), with the turn passed on, so that the
-                        # ring of stages and the turn order run on as if it had visited them. Only
-                        # after its last P.V has released V: the producer loads one of them into
-                        # that stage.
-                        for kv_block in T.serial(own_kv_blocks, num_kv_blocks):
-                            stage, phase = ring_slot(kv_before + kv_block)
-                            T.mbarrier_wait_parity(k_full[stage], phase)
-                            if take_turns:
-                                wait_turn(thread)
-                                pass_turn(thread, kv_block, num_kv_blocks)
-                            T.mbarrier_arrive(k_empty[stage])
-                            T.mbarrier_wait_parity(v_full[stage], phase)
-                            T.mbarrier_arrive(v_empty[stage])
-
-                    # One normalisation after the loop: on O's way into shared memory, except for
-                    # the V ring without the overlapped epilogue, where it runs in place before the
-                    # sync (while the other warpgroups finish). Under the overlapped epilogue S_0 is
-                    # in flight, and nothing but wgmma may write an accumulator.
-                    if not (overlap_epilogue or o_buffer):
-                        for i, d in T.Parallel(block_m, head_dim):
-                            acc_o[i, d] = normalised(acc_o, row_sum, i, d)
-                    for i in T.Parallel(block_m):
-                        if q_start + i < seqlen_q:
-                            LSE[b, head, q_start + i] = T.if_then_else(
-                                row_sum[i] == 0, neg_inf, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2
-                            )
-                    # The TMA store reads by the async proxy what the threads wrote by the generic
-                    # one: each thread fences its writes before the sync that lets the store go.
-                    if o_buffer:
-                        # Each warpgroup writes and stores its own rows, so none waits for another at
-                        # a tile's end; it waits only for its own last store to have read the buffer.
-                        first_row = thread // 128 * rows_per_warpgroup
-                        T.tma_store_wait(0)
-                        T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
-                        for i, d in T.Parallel(block_m, head_dim):
-                            O_shared[i, d] = normalised(acc_o, row_sum, i, d)
-                        T.fence_proxy_async()
-                        T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
-                        store_output(O_shared, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
-                    else:
-                        # In the V ring: the other warpgroups' last P.V may still be reading it.
-                        T.sync_threads(OUTPUT_BARRIERS[0], consumers)
-                        if overlap_epilogue:
-                            for i, d in T.Parallel(block_m, head_dim):
-                                V_shared[i, d] = normalised(acc_o, row_sum, i, d)
-                        else:
-                            T.copy(acc_o, V_shared[0:block_m, :])
-                        T.fence_proxy_async()
-                        T.sync_threads(OUTPUT_BARRIERS[0], consumers)
-                        store_output(V_shared, Output, b, head, q_start, 0, block_m, consumers)
-                        T.tma_store_wait(0)
-                        # The next V lands by TMA (the async proxy) where O was written and read.
-                        T.fence_proxy_async()
-                        T.mbarrier_arrive(o_stored)
+                        release_unread_tiles(pipe, regs, tile, kv_before, thread)
+                    epilogue(pipe, regs, tile, LSE, Output, thread)
                     kv_before = kv_before + num_kv_blocks
                     if overlap_epilogue:
-                        b, head, kv_head, q_start, num_kv_blocks = (
-                            next_b,
-                            next_head,
-                            next_kv_head,
-                            next_q_start,
-                            next_num_kv_blocks,
-                        )
+                        advance(tile, next_tile)
                 if overlap_epilogue:
                     T.wait_wgmma(0)  # the last round's S_0, dropped
                 if o_buffer:
