@@ -86,10 +86,10 @@ from fa_kernel.kernel import PASS_CONFIGS, forward_program
 # the variants building; tests/test_perf_tools.py fails when one no longer applies.
 
 # The steady-state loop's softmax against the stale max: the statements gemm_only replaces.
-_STALE_SOFTMAX = """exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
+_STALE_SOFTMAX = """exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
 row_over = 0
 for i in T.Parallel(block_m):
-    if tile_sum[i] > STALE_SUM_LIMIT:
+    if rows.tile_sum[i] > STALE_SUM_LIMIT:
         row_over = 1"""
 _EXP = "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])"
 
@@ -131,10 +131,10 @@ def _exp2_on_fma_patch(every: int, of: int):
 # The mask written before the ping-pong / ring wait instead of after it: the wait orders the
 # warpgroups' GEMM issues, and the mask fill (block_m x block_n selects) between the wait and
 # the GEMM delays every warpgroup behind this one.
-_WAIT_TURN_THEN_SCORES = """T.mbarrier_wait_parity(k_full[stage], phase)
+_WAIT_TURN_THEN_SCORES = """T.mbarrier_wait_parity(pipe.k_full[stage], phase)
 if take_turns:
     wait_turn(thread)
-issue_scores(Q_shared, ring_stage(K_shared, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)"""
+issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)"""
 _MASK_FIRST = (
     (
         _WAIT_TURN_THEN_SCORES,
