@@ -77,3 +77,13 @@ def test_a_triaged_mutant_runs_the_smoke_tests_of_the_builds_it_changes_first():
     ]
     untriaged = mutants.mutant_tiers(mutant, "kernel", None, nodes, smoke_only=True, cpu_only=False)
     assert untriaged == [("own tests", ["-x", *mutant.first]), ("smoke", ["-x", *mutants.SMOKE_ARGS])]
+
+
+def test_same_kernels_tells_a_refactor_from_a_change():
+    import same_kernels
+
+    source = (mutants.PACKAGE / "kernel.py").read_text()
+    builds = same_kernels.compared_builds()[:2]
+    assert same_kernels.differing_builds(source, source, builds) == []
+    changed = mutants.KERNEL_MUTANTS[0].mutated_source()  # the rescale dropped
+    assert same_kernels.differing_builds(source, changed, builds) == builds
