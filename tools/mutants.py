@@ -610,7 +610,7 @@ def run_mutant(
     """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds), running `tiers` in turn
     until one fails. `selected`: the tiers are tests the caller chose, run whole (no -x), and the
     detail lists every case that failed. A run past `timeout` seconds in all is stopped: a
-    mutant that hangs the kernel is reported, not waited for. Before the whole suite, every
+    mutant that hangs the kernel is reported, not waited for. Before the whole suite or chosen tests, every
     kernel it needs is built over all cores (tools/precompile.py), as `nox -s gpu` does."""
     start = time.perf_counter()
     try:
@@ -637,7 +637,7 @@ def run_mutant(
     log = ""
     for tier, pytest_args in tiers:
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args]
-        if tier == "suite" and target == "kernel":
+        if tier in ("suite", "selected") and target == "kernel":  # many kernels: built over all cores first
             command = ["sh", "-c", '"$0" tools/precompile.py && exec "$0" "$@"', *command]
         # A session of its own: on a time-out the whole group goes (pytest and its compilers),
         # or their open pipes would keep this call waiting.
@@ -680,7 +680,11 @@ def run_mutant(
         last = log.strip().splitlines()[-1] if log.strip() else ""
         return "ERROR", f"pytest exited {result.returncode} in the {tier} tier: {last}", seconds
     failed = re.findall(r"^FAILED (\S+)", log, re.MULTILINE)
-    if tier == "suite" and not failed and re.search(r"^precompile: .*\n  \{", result.stdout, re.MULTILINE):
+    if (
+        tier in ("suite", "selected")
+        and not failed
+        and re.search(r"^precompile: .*\n  \{", result.stdout, re.MULTILINE)
+    ):
         return "killed", "suite: a kernel fails to build (tools/precompile.py)", seconds
     if selected:
         return "killed", f"{len(failed)} failed: " + " ".join(failed), seconds
