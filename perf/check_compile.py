@@ -1,7 +1,7 @@
 """Compile every variant for sm_90a without a GPU and summarise the generated code.
 
     PYTHONPATH=$PWD/src:$PWD python perf/check_compile.py [--variants a b] [--head-dims 64 128]
-        [--dtypes float16 bfloat16] [--causal 0 1] [--config 128x128/2/256 192x128/2/384/free]
+        [--dtypes float16 bfloat16] [--causal 0 1] [--config 128x128/2st/256thr 192x128/2st/384thr/free]
         [--jobs 2] [--save DIR]
 
 Per (variant, case) it prints: wgmma issue sites (ss / rs) in the CUDA source, TMA loads,
@@ -144,7 +144,7 @@ def check(job: tuple) -> dict:
 
 
 def main() -> None:
-    from perf.sweep import parse_config
+    from fa_kernel.configs import TileConfig
     from perf.variants import VARIANTS
 
     ap = argparse.ArgumentParser()
@@ -153,14 +153,17 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
     ap.add_argument("--causal", nargs="*", type=int, default=[0, 1])
     ap.add_argument(
-        "--config", nargs="*", default=["128x128/2/256"], help="as perf/sweep.py: 128x128/2/256, 192x128/2/384/free"
+        "--config",
+        nargs="*",
+        type=TileConfig.parse,
+        default=[TileConfig(128, 128, 2, 256)],
+        help="as TileConfig prints them: 128x128/2st/256thr, 192x128/2st/384thr/free",
     )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--save", default=None, help="folder to write the generated .cu files")
     args = ap.parse_args()
 
-    # 128,128,2,256 (the older spelling) is read as 128x128/2/256.
-    cfgs = [parse_config(c if "x" in c else "{}x{}/{}/{}".format(*c.split(","))) for c in args.config]
+    cfgs = args.config
     jobs = [
         (v, d, bool(c), dt, cfg, args.save)
         for v in args.variants

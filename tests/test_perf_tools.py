@@ -24,15 +24,12 @@ def test_every_patched_variant_applies_once_to_kernel_py():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_sweep_configs_name_the_turn_taking():
-    code = (
-        "from perf.sweep import parse_config\n"
-        "assert parse_config('192x128/2/384').take_turns\n"
-        "assert not parse_config('192x128/2/384/free').take_turns\n"
-        "assert str(parse_config('192x128/2/384/free')) == '192x128/2st/384thr/free'\n"
-        "assert parse_config('192x128/2/384/free/persistent').persistent\n"
-        "assert str(parse_config('128x176/2/256/persistent')) == '128x176/2st/256thr/persistent'\n"
-        "assert parse_config('128x176/2st/256thr/persistent/overlap').overlap_epilogue\n"
+def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
+    # No GPU needed: the arguments are checked before anything is built.
+    sweep = [sys.executable, "perf/sweep.py", "--configs", "128x176/2st/256thr/persistent/overlap", "--variants"]
+    result = subprocess.run([*sweep, "shipped", "nope"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown variants ['nope']" in result.stderr, result.stderr[-2000:]
+    result = subprocess.run(
+        [*sweep[:3], "128x176/2/256", "--variants", "shipped"], cwd=ROOT, capture_output=True, text=True
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 2 and "--configs" in result.stderr, result.stderr[-2000:]

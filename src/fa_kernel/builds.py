@@ -45,11 +45,11 @@ def quiet_tilelang(verbose: bool = False) -> None:
     tilelang.set_log_level("INFO" if verbose else "WARNING")
 
 
-def _build(build: dict) -> float:
+def _build(build: dict, builder: Callable[..., object] | None = None) -> float:
     from fa_kernel.kernel import compiled_forward
 
     start = time.perf_counter()
-    compiled_forward(**build)
+    (builder or compiled_forward)(**build)
     return time.perf_counter() - start
 
 
@@ -58,10 +58,13 @@ def build_all(
     jobs: int | None = None,
     on_done: Callable[[dict, float | None, BaseException | None], None] | None = None,
     verbose: bool = False,
+    builder: Callable[..., object] | None = None,
 ) -> list[BaseException | None]:
     """Build every kernel of `builds` (compiled_forward's arguments), `jobs` at a time (default:
     every core); `on_done(build, seconds, error)` as each finishes. Returns each build's error,
-    None where it built: a build that fails is the caller's to report."""
+    None where it built: a build that fails is the caller's to report. `builder` (a module-level
+    function, for the worker processes) builds other kernels from `builds`' arguments instead of
+    compiled_forward: perf/'s variants."""
     builds = unique(builds)
     errors: list[BaseException | None] = [None] * len(builds)
     if not builds:
@@ -70,7 +73,7 @@ def build_all(
     # spawn: a worker must not inherit its parent's CUDA state.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=quiet_tilelang, initargs=(verbose,)) as pool:
-        futures = {pool.submit(_build, build): index for index, build in enumerate(builds)}
+        futures = {pool.submit(_build, build, builder): index for index, build in enumerate(builds)}
         for future in as_completed(futures):
             index = futures[future]
             error = future.exception()

@@ -18,8 +18,9 @@ import functools
 import itertools
 import multiprocessing
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
 
 import torch
 
@@ -157,14 +158,17 @@ def precompile(cases: Iterable[tuple[int, bool]], jobs: int) -> int:
     return len(builds)
 
 
-def alternate(timers: dict[TileConfig, Callable[[], float]], rounds: int) -> dict[TileConfig, float]:
-    """Median TFLOP/s of each config over `rounds`, each round timing every config once in turn,
-    so that the GPU's drift over the rounds falls on all of them alike."""
-    samples: dict[TileConfig, list[float]] = {config: [] for config in timers}
+Key = TypeVar("Key", bound=Hashable)
+
+
+def alternate(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key, float]:
+    """Median of each timer (a config's TFLOP/s, say) over `rounds`, each round timing every one
+    once in turn, so that the GPU's drift over the rounds falls on all of them alike."""
+    samples: dict[Key, list[float]] = {key: [] for key in timers}
     for _ in range(rounds):
-        for config, timer in timers.items():
-            samples[config].append(timer())
-    return {config: statistics.median(values) for config, values in samples.items()}
+        for key, timer in timers.items():
+            samples[key].append(timer())
+    return {key: statistics.median(values) for key, values in samples.items()}
 
 
 def measure_case(
