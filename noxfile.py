@@ -9,6 +9,7 @@ package is imported from `src/`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -19,6 +20,23 @@ nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = os.environ.get("FA_KERNEL_NOX_PYTHON")  # None: the Python that runs nox
+
+# These sessions need the same packages (torch and TileLang: about 5.8 GB), so they share one
+# environment. nox makes one per session name: the first of them to run creates it, and the
+# others' names become links to it, which nox then reuses as their own.
+SHARED_ENVIRONMENT = ("tests", "gpu", "mutants", "sanitize")
+
+
+def _share_environment(envdir: Path = ROOT / ".nox") -> None:
+    made = [name for name in SHARED_ENVIRONMENT if (envdir / name / "pyvenv.cfg").is_file()]
+    for name in SHARED_ENVIRONMENT if made else ():
+        link = envdir / name
+        if not link.exists() and not link.is_symlink():
+            with contextlib.suppress(OSError):  # a file system without links: that session makes its own
+                link.symlink_to(made[0], target_is_directory=True)  # relative: the checkout may move
+
+
+_share_environment()
 
 
 def install(session: nox.Session, *extras: str) -> None:
