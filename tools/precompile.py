@@ -26,15 +26,24 @@ if importlib.util.find_spec("fa_kernel") is None:  # not installed, nor on PYTHO
 
 def suite_builds(sm_count: int, arch: str) -> list[dict]:
     """compiled_forward's arguments of every kernel the GPU suite builds: each shipped config in
-    both dtypes as flash_attn_func builds it on this GPU, the boundary sweep's builds, the kernel
-    tests' own schedules and the guard-region tests' grids."""
+    both dtypes as flash_attn_func builds it on this GPU, the boundary sweep's builds, the
+    fallback the property strategies call directly, the kernel tests' own schedules and the
+    guard-region tests' grids."""
     import test_guard_regions
     import test_kernel
-    from boundaries import sweep_builds
+    from boundaries import FALLBACK_ENTRIES, sweep_builds
     from fa_kernel.builds import shipped_builds, unique
 
     builds = shipped_builds(arch.removesuffix("a"), sm_count=sm_count)  # the tables key "sm_90", nvcc "sm_90a"
     builds += [dict(build, arch=arch) for build in sweep_builds()]
+    # The property strategies call the fallback directly, in either dtype (boundary_cases).
+    builds += [
+        dict(
+            head_dim=entry.head_dim, causal=entry.causal, dtype=dtype, config=entry.config, arch=arch, sm_count=sm_count
+        )
+        for entry in FALLBACK_ENTRIES
+        for dtype in ("float16", "bfloat16")
+    ]
     builds += test_kernel.schedule_builds(arch)
     builds += [
         dict(
