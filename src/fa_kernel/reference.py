@@ -328,6 +328,106 @@ def judge(
     return Verdict(report, bound, _report(figures[9:14], ref_lse.numel()), lse_tol)
 
 
+def attention_backward_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    upcast: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): the gradient of attention_ref's output against `dout`, from its closed form.
+
+    With S = softmax_scale·Q·Kᵀ (masked), P = softmax(S) and O = P·V:
+        dV = Pᵀ·dO,   dP = dO·Vᵀ,   D = rowsum(dO∘O),   dS = P∘(dP − D),
+        dQ = softmax_scale·dS·K,   dK = softmax_scale·dSᵀ·Q.
+    GQA sums dK and dV over each K/V head's group of query heads. A row that sees no key has
+    P = 0: it adds nothing to dK and dV and its dQ is 0, never NaN.
+
+    upcast=True is the reference: every step in `compute_dtype`, gradients returned in it.
+    upcast=False is the same-precision baseline: the inputs, O, and P and dS where they feed a
+    GEMM are in the input dtype, the GEMMs accumulate in fp32 (`_matmul_fp32_accumulate`), and
+    the gradients come back in the input dtype: what a backward kernel of that precision keeps.
+    """
+    dtype = q.dtype
+    nheads, head_dim = q.shape[2], q.shape[3]
+    nheads_kv = k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    out, _ = attention_ref(q, k, v, causal, softmax_scale, upcast=upcast, compute_dtype=compute_dtype)
+    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
+    # [batch, nheads, seqlen, head_dim] throughout; K and V repeated over each group's heads.
+    qh, dout_h, out_h = (t.transpose(1, 2) for t in (q, dout, out))
+    kh, vh = (_repeat_kv(t, nheads).transpose(1, 2) for t in (k, v))
+    if upcast:
+        qh, kh, vh, dout_h, out_h = (t.to(compute_dtype) for t in (qh, kh, vh, dout_h, out_h))
+
+        def matmul(a, b):
+            return a @ b
+    else:
+        matmul = _matmul_fp32_accumulate
+    scores = (matmul(qh, kh.transpose(-1, -2)) * softmax_scale).masked_fill(~visible, -math.inf)
+    no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
+    probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
+    delta = (dout_h.to(probs.dtype) * out_h.to(probs.dtype)).sum(dim=-1, keepdim=True)
+    grad_scores = probs * (matmul(dout_h, vh.transpose(-1, -2)) - delta)
+    if not upcast:  # P and dS enter their GEMMs in the input dtype, as a kernel's do
+        probs, grad_scores = probs.to(dtype), grad_scores.to(dtype)
+    dq = matmul(grad_scores, kh) * softmax_scale
+    dk = matmul(grad_scores.transpose(-1, -2), qh) * softmax_scale
+    dv = matmul(probs.transpose(-1, -2), dout_h)
+
+    def per_kv_head(grad: torch.Tensor) -> torch.Tensor:  # [b, nheads, s, d] -> [b, s, nheads_kv, d]
+        grad = grad.unflatten(1, (nheads_kv, nheads // nheads_kv)).sum(dim=2)
+        return grad.transpose(1, 2)
+
+    dq, dk, dv = dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
+    return (dq, dk, dv) if upcast else (dq.to(dtype), dk.to(dtype), dv.to(dtype))
+
+
+@dataclass(frozen=True)
+class BackwardVerdict:
+    """A kernel's (dq, dk, dv) judged against the reference backward, each with its bound."""
+
+    reports: dict[str, ErrorReport]
+    bounds: dict[str, Bound]
+
+    @property
+    def passed(self) -> bool:
+        return all(self.bounds[name].admits(report) for name, report in self.reports.items())
+
+    def __str__(self) -> str:
+        return "; ".join(f"{name} {report} vs {self.bounds[name]}" for name, report in self.reports.items())
+
+
+def judge_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    causal: bool = False,
+    softmax_scale: float | None = None,
+) -> BackwardVerdict:
+    """Judge (dq, dk, dv) with flash-attn's rule for gradients: each within twice the error of
+    the same-precision baseline, plus atol = 2·max|(g + 0.3 − 0.3) − g| over the reference
+    gradient g rounded to the input dtype (the rounding of a value near 0.3 there: a gradient
+    the baseline happens to get exact must still be rounded once)."""
+    reference = attention_backward_ref(q, k, v, dout, causal, softmax_scale)
+    baseline = attention_backward_ref(q, k, v, dout, causal, softmax_scale, upcast=False)
+    reports, bounds = {}, {}
+    for name, grad, ref, base in zip(("dq", "dk", "dv"), grads, reference, baseline, strict=True):
+        rounded = ref.to(q.dtype)
+        rounding_err = ((rounded + 0.3) - 0.3 - rounded).abs().max().item() if rounded.numel() else 0.0
+        baseline_err = error_report(base, ref).max_abs
+        atol = 2 * baseline_err + 2 * rounding_err
+        bounds[name] = Bound(baseline_max_abs=baseline_err, rounding_max_abs=2 * rounding_err, atol=atol, rtol=0.0)
+        reports[name] = error_report(grad, ref, atol)
+    return BackwardVerdict(reports, bounds)
+
+
 def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
     """4·B·H·Sq·Sk·D (two GEMMs), halved for causal: the convention flash-attn and cuDNN report."""
     flops = 4.0 * batch * nheads * seqlen_q * seqlen_k * head_dim

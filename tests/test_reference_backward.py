@@ -1,0 +1,89 @@
+"""The reference backward (reference.attention_backward_ref) and the gradient judge, on the CPU:
+the groundwork of the backward kernel, checked against autograd and finite differences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_kernel.reference import attention_backward_ref, attention_ref, judge_backward, random_qkv
+
+SCALE = 0.3
+
+
+class ReferenceAttention(torch.autograd.Function):
+    """attention_ref's output in float64, with attention_backward_ref as its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        ctx.save_for_backward(q, k, v)
+        ctx.causal = causal
+        return attention_ref(q, k, v, causal, SCALE, compute_dtype=torch.float64)[0]
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        return (*attention_backward_ref(q, k, v, dout, ctx.causal, SCALE, compute_dtype=torch.float64), None)
+
+
+def float64_inputs(seqlen_q, seqlen_k, nheads=4, nheads_kv=2, head_dim=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(2, seqlen_q, nheads, head_dim), (2, seqlen_k, nheads_kv, head_dim), (2, seqlen_k, nheads_kv, head_dim)]
+    return [torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True) for shape in shapes]
+
+
+# Lengths where every row sees a key (autograd through the softmax of a row without one is NaN).
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(5, 5), (3, 7), (1, 4), (6, 6)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_closed_form_matches_autograd(seqlen_q, seqlen_k, causal):
+    q, k, v = float64_inputs(seqlen_q, seqlen_k, seed=seqlen_q * 10 + seqlen_k)
+    dout = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    out, _ = attention_ref(q, k, v, causal, SCALE, compute_dtype=torch.float64)
+    want = torch.autograd.grad(out, (q, k, v), dout)
+    got = attention_backward_ref(q.detach(), k.detach(), v.detach(), dout, causal, SCALE, compute_dtype=torch.float64)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(4, 4), (6, 3), (2, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_closed_form_passes_finite_differences(seqlen_q, seqlen_k, causal):
+    # Rows without a key included (causal, 6 queries over 3 keys): their output is 0 whatever
+    # the inputs, so every derivative through them is 0.
+    q, k, v = float64_inputs(seqlen_q, seqlen_k, nheads=2, nheads_kv=1, head_dim=4, seed=7)
+    assert torch.autograd.gradcheck(lambda q, k, v: ReferenceAttention.apply(q, k, v, causal), (q, k, v))
+
+
+def test_rows_that_see_no_key_get_zero_gradient_never_nan():
+    q, k, v = float64_inputs(6, 2)
+    dout = torch.randn(q.shape, dtype=torch.float64)
+    dq, dk, dv = attention_backward_ref(q.detach(), k.detach(), v.detach(), dout, True, SCALE)
+    assert torch.all(dq[:, :4] == 0)  # rows 0-3 see no key
+    assert all(torch.isfinite(grad).all() for grad in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_judge_passes_the_baseline_and_fails_a_wrong_gradient(dtype, causal):
+    q, k, v = random_qkv(2, 70, 90, 4, 2, 64, dtype, seed=3, device="cpu")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    baseline = attention_backward_ref(q, k, v, dout, causal, upcast=False)
+    verdict = judge_backward(q, k, v, dout, baseline, causal)
+    assert verdict.passed, str(verdict)
+    assert all(bound.baseline_max_abs > 0 for bound in verdict.bounds.values()), str(verdict)
+    dq, dk, dv = baseline
+    wrong = {
+        # a 5% slip in the scale of dQ (1% is within bf16's rounding at |dq| ~ 2: an ulp is 0.4-0.8%)
+        "dq": (dq * 1.05, dk, dv),
+        # dK of a GQA group from its first query head only
+        "dk": (
+            dq,
+            attention_backward_ref(q[:, :, ::2].contiguous(), k, v, dout[:, :, ::2].contiguous(), causal)[1].to(dtype),
+            dv,
+        ),
+        # dV off by 5% of its largest element everywhere
+        "dv": (dq, dk, dv + dv.abs().max() * 0.05 * torch.sign(dv)),
+    }
+    for name, grads in wrong.items():
+        verdict = judge_backward(q, k, v, dout, grads, causal)
+        assert not verdict.passed and not verdict.bounds[name].admits(verdict.reports[name]), f"{name}: {verdict}"
