@@ -127,3 +127,69 @@ def _attend_one_head(
         row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
         lse[q_start : q_start + rows] = torch.where(no_key, -math.inf, (row_max_scaled + torch.log2(row_sum)) * LN2)
     return out, lse
+
+
+def attention_backward_tiled(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    block_m: int = 64,
+    block_n: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) by FlashAttention-2's backward, tile by tile: the specification a backward
+    kernel is to follow (none exists yet; block sizes are FlashAttention-3's at head_dim 128).
+
+    D = rowsum(dO∘O) first (fp32, from the forward's O in the input dtype). Then each K/V tile
+    of `block_n` keys keeps dK and dV in fp32 while it walks the query tiles of `block_m` rows
+    that see any of its keys, for every query head of its GQA group: it recomputes P from S and
+    the forward's saved LSE (no softmax), adds Pᵀ·dO to dV, forms dS = P∘(dO·Vᵀ − D) and adds
+    dSᵀ·Q to dK and dS·K to dQ (fp32, as a kernel's atomics would). P and dS are the only
+    down-casts, where they enter a GEMM. A row that sees no key (LSE −inf) has P = 0.
+    """
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    group_size = nheads // nheads_kv
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    scale_log2 = softmax_scale * LOG2E
+    # LSE in log2 units; +inf for a row without a key, so that its P = 2^(S - inf) is 0.
+    lse_log2 = torch.where(lse == -math.inf, math.inf, lse * LOG2E)
+    delta = (dout.float() * out.float()).sum(dim=-1)  # [batch, seqlen_q, nheads]
+    dq = torch.zeros(q.shape, dtype=torch.float32)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    diagonal_offset = seqlen_k - seqlen_q
+    for b in range(batch):
+        for kv_head in range(nheads_kv):
+            for kv_start in range(0, seqlen_k, block_n):
+                k_tile = k[b, kv_start : kv_start + block_n, kv_head].float()
+                v_tile = v[b, kv_start : kv_start + block_n, kv_head].float()
+                keys = k_tile.shape[0]
+                k_idx = torch.arange(kv_start, kv_start + keys)[None, :]
+                acc_dk = torch.zeros(keys, head_dim)
+                acc_dv = torch.zeros(keys, head_dim)
+                # Causal: query rows before the first that sees this tile's first key add nothing.
+                first_q = max(0, kv_start - diagonal_offset) if causal else 0
+                for head in range(kv_head * group_size, (kv_head + 1) * group_size):
+                    for q_start in range(first_q // block_m * block_m, seqlen_q, block_m):
+                        rows = slice(q_start, q_start + block_m)
+                        q_tile = q[b, rows, head].float()
+                        do_tile = dout[b, rows, head].float()
+                        q_idx = torch.arange(q_start, q_start + q_tile.shape[0])[:, None]
+                        acc_s = q_tile @ k_tile.T
+                        if causal:
+                            acc_s = acc_s.masked_fill(k_idx > q_idx + diagonal_offset, -math.inf)
+                        probs = torch.exp2(acc_s * scale_log2 - lse_log2[b, head, rows][:, None])
+                        acc_dv += probs.to(q.dtype).float().T @ do_tile
+                        grad_s = probs * (do_tile @ v_tile.T - delta[b, rows, head][:, None])
+                        grad_s = grad_s.to(q.dtype).float()
+                        acc_dk += grad_s.T @ q_tile
+                        dq[b, rows, head] += grad_s @ k_tile * softmax_scale
+                dk[b, kv_start : kv_start + block_n, kv_head] = (acc_dk * softmax_scale).to(k.dtype)
+                dv[b, kv_start : kv_start + block_n, kv_head] = acc_dv.to(v.dtype)
+    return dq.to(q.dtype), dk, dv

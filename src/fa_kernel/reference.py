@@ -412,20 +412,62 @@ def judge_backward(
     softmax_scale: float | None = None,
 ) -> BackwardVerdict:
     """Judge (dq, dk, dv) with flash-attn's rule for gradients: each within twice the error of
-    the same-precision baseline, plus atol = 2·max|(g + 0.3 − 0.3) − g| over the reference
-    gradient g rounded to the input dtype (the rounding of a value near 0.3 there: a gradient
-    the baseline happens to get exact must still be rounded once)."""
-    reference = attention_backward_ref(q, k, v, dout, causal, softmax_scale)
-    baseline = attention_backward_ref(q, k, v, dout, causal, softmax_scale, upcast=False)
+    the same-precision baseline, plus 2·max|(g + 0.3 − 0.3) − g| over the reference gradient g
+    rounded to the input dtype (a gradient the baseline happens to get exact must still be
+    rounded once), plus the fp32 error a kernel may add where the baseline had none
+    (`_gradient_fp32_terms`)."""
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    reference = attention_backward_ref(q, k, v, dout, causal, scale)
+    baseline = attention_backward_ref(q, k, v, dout, causal, scale, upcast=False)
+    fp32_terms = _gradient_fp32_terms(q, k, v, dout, causal, scale).tolist()
     reports, bounds = {}, {}
-    for name, grad, ref, base in zip(("dq", "dk", "dv"), grads, reference, baseline, strict=True):
+    for name, grad, ref, base, fp32_term in zip(
+        ("dq", "dk", "dv"), grads, reference, baseline, fp32_terms, strict=True
+    ):
         rounded = ref.to(q.dtype)
         rounding_err = ((rounded + 0.3) - 0.3 - rounded).abs().max().item() if rounded.numel() else 0.0
         baseline_err = error_report(base, ref).max_abs
-        atol = 2 * baseline_err + 2 * rounding_err
+        atol = 2 * baseline_err + 2 * rounding_err + fp32_term
         bounds[name] = Bound(baseline_max_abs=baseline_err, rounding_max_abs=2 * rounding_err, atol=atol, rtol=0.0)
         reports[name] = error_report(grad, ref, atol)
     return BackwardVerdict(reports, bounds)
+
+
+def _gradient_fp32_terms(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, causal: bool, softmax_scale: float
+) -> torch.Tensor:
+    """[dq, dk, dv]: worst-case fp32 errors of a backward kernel that the baseline may not show.
+
+    dS = P∘(dP − D) is a difference of two fp32 dot products of length D (dP = dO·Vᵀ by a GEMM,
+    D = rowsum(dO∘O) by a sum) that cancel where P is near one-hot, and the kernel recomputes P
+    from the saved LSE rather than by a softmax. Each dot product errs by at most
+    D·u·Σ|x||y| (u = 2^-24, any summation order), and P by a relative 2·lse_atol (the score's
+    and the LSE's errors, lse_bound); so |ΔdS| ≤ E = P·(D·u·(|dO|·|V|ᵀ + rowsum|dO∘O|)
+    + |dP − D|·2·lse_atol), and the gradients move by at most softmax_scale·E·|K|,
+    softmax_scale·Eᵀ·|Q| and (P·2·lse_atol)ᵀ·|dO|. Where the baseline's two dot products round
+    alike (one key: dS is exactly 0 there, as in exact arithmetic) this is the whole margin."""
+    u = torch.finfo(torch.float32).eps / 2
+    nheads, head_dim, nheads_kv = q.shape[2], q.shape[3], k.shape[2]
+    out, _ = attention_ref(q, k, v, causal, softmax_scale)
+    qh, dout_h, out_h = (t.transpose(1, 2).float() for t in (q, dout, out))
+    kh, vh = (_repeat_kv(t, nheads).transpose(1, 2).float() for t in (k, v))
+    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
+    scores = (qh @ kh.transpose(-1, -2) * softmax_scale).masked_fill(~visible, -math.inf)
+    no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
+    probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
+    delta = (dout_h * out_h).sum(dim=-1, keepdim=True)
+    cancelling = (dout_h @ vh.transpose(-1, -2) - delta).abs()
+    p_rel = 2 * _lse_atol(q, k, softmax_scale).float()
+    dots = head_dim * u * (dout_h.abs() @ vh.abs().transpose(-1, -2) + (dout_h * out_h).abs().sum(dim=-1, keepdim=True))
+    grad_s_err = probs * (dots + cancelling * p_rel)
+
+    def per_kv_head(grad: torch.Tensor) -> torch.Tensor:
+        return grad.unflatten(1, (nheads_kv, nheads // nheads_kv)).sum(dim=2)
+
+    dq_term = softmax_scale * (grad_s_err @ kh.abs())
+    dk_term = softmax_scale * per_kv_head(grad_s_err.transpose(-1, -2) @ qh.abs())
+    dv_term = per_kv_head((probs * p_rel).transpose(-1, -2) @ dout_h.abs())
+    return torch.stack([_largest_finite_abs(term) for term in (dq_term, dk_term, dv_term)])
 
 
 def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:

@@ -1,12 +1,17 @@
-"""The reference backward (reference.attention_backward_ref) and the gradient judge, on the CPU:
-the groundwork of the backward kernel, checked against autograd and finite differences."""
+"""The backward's groundwork, on the CPU: the reference backward (reference.attention_backward_ref)
+checked against autograd and finite differences, the gradient judge seen failing wrong
+gradients, and the emulator's tiled backward (the kernel's specification) judged by it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+from fa_kernel.emulator import attention_backward_tiled, attention_tiled
 from fa_kernel.reference import attention_backward_ref, attention_ref, judge_backward, random_qkv
+from strategies import cases
 
 SCALE = 0.3
 
@@ -87,3 +92,35 @@ def test_judge_passes_the_baseline_and_fails_a_wrong_gradient(dtype, causal):
     for name, grads in wrong.items():
         verdict = judge_backward(q, k, v, dout, grads, causal)
         assert not verdict.passed and not verdict.bounds[name].admits(verdict.reports[name]), f"{name}: {verdict}"
+
+
+def emulated_gradients(q, k, v, dout, causal, softmax_scale=None, **blocks):
+    out, lse = attention_tiled(q, k, v, softmax_scale=softmax_scale, causal=causal)
+    return attention_backward_tiled(q, k, v, out, lse, dout, softmax_scale=softmax_scale, causal=causal, **blocks)
+
+
+# Lengths off the tile grid both ways, rows past the last key (causal 200 over 77), one key.
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(130, 130), (200, 77), (77, 200), (1, 1), (65, 300)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tiled_backward_within_the_bound(seqlen_q, seqlen_k, causal, dtype):
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, 4, 2, 64, dtype, seed=seqlen_q + seqlen_k, device="cpu")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    grads = emulated_gradients(q, k, v, dout, causal)
+    verdict = judge_backward(q, k, v, dout, grads, causal)
+    assert verdict.passed, str(verdict)
+    if causal and seqlen_q > seqlen_k:  # rows that see no key
+        assert torch.all(grads[0][:, : seqlen_q - seqlen_k] == 0)
+
+
+@given(
+    case=cases(head_dims=(64,), max_len=300, max_score_elements=200_000),
+    blocks=st.sampled_from([(64, 128), (128, 64), (64, 64)]),
+)
+def test_tiled_backward_property(case, blocks):
+    q, k, v = case.inputs("cpu")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(case.seed)).to(q.dtype)
+    block_m, block_n = blocks
+    grads = emulated_gradients(q, k, v, dout, case.causal, case.scale, block_m=block_m, block_n=block_n)
+    verdict = judge_backward(q, k, v, dout, grads, case.causal, case.scale)
+    assert verdict.passed, f"{case}: {verdict}"
