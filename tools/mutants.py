@@ -392,6 +392,20 @@ EMULATOR_MUTANTS = [
         "(row_max_scaled + torch.log2(row_sum)) * LN2",
         "(row_max_scaled + torch.log2(row_sum))",
     ),
+    # The backward's specification (attention_backward_tiled, judged by tests/test_backward.py).
+    Mutant(
+        "backward_without_delta",
+        "emulator.py",
+        "probs * (do_tile @ v_tile.T - delta[b, rows, head][:, None])",
+        "probs * (do_tile @ v_tile.T)",
+    ),
+    Mutant("backward_dk_unscaled", "emulator.py", "(acc_dk * softmax_scale).to(k.dtype)", "acc_dk.to(k.dtype)"),
+    Mutant(
+        "backward_one_head_of_the_group",
+        "emulator.py",
+        "range(kv_head * group_size, (kv_head + 1) * group_size)",
+        "range(kv_head * group_size, kv_head * group_size + 1)",
+    ),
 ]
 
 # Seconds after which a mutant's one-build smoke tier is stopped and counted as a hang (a kill):
@@ -409,8 +423,9 @@ PYTEST_ARGS = {
         "tests/test_properties.py",
         "tests/test_boundary_sweep.py",
         "tests/test_nonfinite.py",
+        "tests/test_backward.py",
         "-k",
-        "emulator",
+        "emulator or tiled_backward",
     ],
 }
 
