@@ -370,7 +370,11 @@ EMULATOR_MUTANTS = [
         "needs_mask = needs_mask",
     ),
     Mutant(
-        "causal_off_by_one", "emulator.py", "(k_idx > q_idx + diagonal_offset)", "(k_idx >= q_idx + diagonal_offset)"
+        "causal_off_by_one",
+        "emulator.py",
+        "(k_idx > q_idx + diagonal_offset)",
+        "(k_idx >= q_idx + diagonal_offset)",
+        within="_attend_one_head",
     ),
     Mutant(
         "causal_loop_one_short",
@@ -378,7 +382,13 @@ EMULATOR_MUTANTS = [
         "last_visible = q_start + block_m + diagonal_offset",
         "last_visible = q_start + diagonal_offset",
     ),
-    Mutant("scale_without_log2e", "emulator.py", "scale_log2 = softmax_scale * LOG2E", "scale_log2 = softmax_scale"),
+    Mutant(
+        "scale_without_log2e",
+        "emulator.py",
+        "scale_log2 = softmax_scale * LOG2E",
+        "scale_log2 = softmax_scale",
+        within="attention_tiled",
+    ),
     Mutant(
         "no_max_subtraction",
         "emulator.py",
