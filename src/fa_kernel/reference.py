@@ -351,40 +351,67 @@ def attention_backward_ref(
     GEMM are in the input dtype, the GEMMs accumulate in fp32 (`_matmul_fp32_accumulate`), and
     the gradients come back in the input dtype: what a backward kernel of that precision keeps.
     """
-    dtype = q.dtype
-    nheads, head_dim = q.shape[2], q.shape[3]
-    nheads_kv = k.shape[2]
     if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    out, _ = attention_ref(q, k, v, causal, softmax_scale, upcast=upcast, compute_dtype=compute_dtype)
-    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
-    # [batch, nheads, seqlen, head_dim] throughout; K and V repeated over each group's heads.
-    qh, dout_h, out_h = (t.transpose(1, 2) for t in (q, dout, out))
-    kh, vh = (_repeat_kv(t, nheads).transpose(1, 2) for t in (k, v))
-    if upcast:
-        qh, kh, vh, dout_h, out_h = (t.to(compute_dtype) for t in (qh, kh, vh, dout_h, out_h))
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    return _BackwardParts.of(q, k, v, dout, causal, softmax_scale, upcast, compute_dtype).gradients()
 
-        def matmul(a, b):
-            return a @ b
-    else:
-        matmul = _matmul_fp32_accumulate
-    scores = (matmul(qh, kh.transpose(-1, -2)) * softmax_scale).masked_fill(~visible, -math.inf)
-    no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
-    probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
-    delta = (dout_h.to(probs.dtype) * out_h.to(probs.dtype)).sum(dim=-1, keepdim=True)
-    grad_scores = probs * (matmul(dout_h, vh.transpose(-1, -2)) - delta)
-    if not upcast:  # P and dS enter their GEMMs in the input dtype, as a kernel's do
-        probs, grad_scores = probs.to(dtype), grad_scores.to(dtype)
-    dq = matmul(grad_scores, kh) * softmax_scale
-    dk = matmul(grad_scores.transpose(-1, -2), qh) * softmax_scale
-    dv = matmul(probs.transpose(-1, -2), dout_h)
 
-    def per_kv_head(grad: torch.Tensor) -> torch.Tensor:  # [b, nheads, s, d] -> [b, s, nheads_kv, d]
-        grad = grad.unflatten(1, (nheads_kv, nheads // nheads_kv)).sum(dim=2)
+@dataclass(frozen=True)
+class _BackwardParts:
+    """The backward's per-head tensors, [batch, nheads, seqlen, ·] (K and V repeated over each
+    GQA group's heads): computed once, for the gradients and for their fp32 error terms."""
+
+    qh: torch.Tensor
+    kh: torch.Tensor
+    vh: torch.Tensor
+    dout_h: torch.Tensor
+    out_h: torch.Tensor  # O as the forward of this precision gives it
+    probs: torch.Tensor  # P, 0 on rows that see no key
+    grad_probs: torch.Tensor  # dP = dO·Vᵀ
+    delta: torch.Tensor  # D = rowsum(dO∘O)
+    softmax_scale: float
+    upcast: bool
+    dtype: torch.dtype  # the inputs'
+    nheads_kv: int
+
+    @classmethod
+    def of(cls, q, k, v, dout, causal, softmax_scale, upcast, compute_dtype) -> _BackwardParts:
+        nheads = q.shape[2]
+        qh, dout_h = q.transpose(1, 2), dout.transpose(1, 2)
+        kh, vh = (_repeat_kv(t, nheads).transpose(1, 2) for t in (k, v))
+        if upcast:
+            qh, kh, vh, dout_h = (t.to(compute_dtype) for t in (qh, kh, vh, dout_h))
+        matmul = _backward_matmul(upcast)
+        visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
+        scores = (matmul(qh, kh.transpose(-1, -2)) * softmax_scale).masked_fill(~visible, -math.inf)
+        no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
+        probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
+        # O as attention_ref gives it in this precision (P down-cast before P.V in the baseline).
+        out_h = matmul(probs if upcast else probs.to(q.dtype), vh)
+        out_h = out_h if upcast else out_h.to(q.dtype)
+        delta = (dout_h.to(probs.dtype) * out_h.to(probs.dtype)).sum(dim=-1, keepdim=True)
+        grad_probs = matmul(dout_h, vh.transpose(-1, -2))
+        return cls(qh, kh, vh, dout_h, out_h, probs, grad_probs, delta, softmax_scale, upcast, q.dtype, k.shape[2])
+
+    def gradients(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        matmul = _backward_matmul(self.upcast)
+        probs, grad_scores = self.probs, self.probs * (self.grad_probs - self.delta)
+        if not self.upcast:  # P and dS enter their GEMMs in the input dtype, as a kernel's do
+            probs, grad_scores = probs.to(self.dtype), grad_scores.to(self.dtype)
+        dq = (matmul(grad_scores, self.kh) * self.softmax_scale).transpose(1, 2)
+        dk = self.per_kv_head(matmul(grad_scores.transpose(-1, -2), self.qh) * self.softmax_scale)
+        dv = self.per_kv_head(matmul(probs.transpose(-1, -2), self.dout_h))
+        return (dq, dk, dv) if self.upcast else (dq.to(self.dtype), dk.to(self.dtype), dv.to(self.dtype))
+
+    def per_kv_head(self, grad: torch.Tensor) -> torch.Tensor:
+        """[b, nheads, s, d] summed over each GQA group -> [b, s, nheads_kv, d]."""
+        grad = grad.unflatten(1, (self.nheads_kv, grad.shape[1] // self.nheads_kv)).sum(dim=2)
         return grad.transpose(1, 2)
 
-    dq, dk, dv = dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
-    return (dq, dk, dv) if upcast else (dq.to(dtype), dk.to(dtype), dv.to(dtype))
+
+def _backward_matmul(upcast: bool):
+    """The reference multiplies in its compute dtype; the baseline as tensor cores do."""
+    return torch.matmul if upcast else _matmul_fp32_accumulate
 
 
 @dataclass(frozen=True)
@@ -402,6 +429,9 @@ class BackwardVerdict:
         return "; ".join(f"{name} {report} vs {self.bounds[name]}" for name, report in self.reports.items())
 
 
+GRADIENTS = ("dq", "dk", "dv")
+
+
 def judge_backward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -415,28 +445,31 @@ def judge_backward(
     the same-precision baseline, plus 2·max|(g + 0.3 − 0.3) − g| over the reference gradient g
     rounded to the input dtype (a gradient the baseline happens to get exact must still be
     rounded once), plus the fp32 error a kernel may add where the baseline had none
-    (`_gradient_fp32_terms`)."""
+    (`_gradient_fp32_terms`). Every figure is computed on the device and read back at once."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    reference = attention_backward_ref(q, k, v, dout, causal, scale)
-    baseline = attention_backward_ref(q, k, v, dout, causal, scale, upcast=False)
-    fp32_terms = _gradient_fp32_terms(q, k, v, dout, causal, scale).tolist()
-    reports, bounds = {}, {}
-    for name, grad, ref, base, fp32_term in zip(
-        ("dq", "dk", "dv"), grads, reference, baseline, fp32_terms, strict=True
-    ):
+    parts = _BackwardParts.of(q, k, v, dout, causal, scale, True, torch.float32)
+    reference = parts.gradients()
+    baseline = _BackwardParts.of(q, k, v, dout, causal, scale, False, torch.float32).gradients()
+    fp32_terms = _gradient_fp32_terms(parts, _lse_atol(q, k, scale))
+    figures = []
+    for grad, ref, base, fp32_term in zip(grads, reference, baseline, fp32_terms, strict=True):
         rounded = ref.to(q.dtype)
-        rounding_err = ((rounded + 0.3) - 0.3 - rounded).abs().max().item() if rounded.numel() else 0.0
-        baseline_err = error_report(base, ref).max_abs
-        atol = 2 * baseline_err + 2 * rounding_err + fp32_term
-        bounds[name] = Bound(baseline_max_abs=baseline_err, rounding_max_abs=2 * rounding_err, atol=atol, rtol=0.0)
-        reports[name] = error_report(grad, ref, atol)
+        rounding_err = 2 * _largest_finite_abs((rounded + 0.3) - 0.3 - rounded)
+        baseline_err = _error_figures(base, ref)[0]
+        atol = 2 * baseline_err + rounding_err + fp32_term
+        figures += [torch.stack([baseline_err, rounding_err, atol]), _error_figures(grad, ref, atol)]
+    values = torch.cat(figures).tolist()
+    reports, bounds = {}, {}
+    for index, (name, ref) in enumerate(zip(GRADIENTS, reference, strict=True)):
+        baseline_err, rounding_err, atol, *report = values[8 * index : 8 * index + 8]
+        bounds[name] = Bound(baseline_max_abs=baseline_err, rounding_max_abs=rounding_err, atol=atol, rtol=0.0)
+        reports[name] = _report(report, ref.numel())
     return BackwardVerdict(reports, bounds)
 
 
-def _gradient_fp32_terms(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, causal: bool, softmax_scale: float
-) -> torch.Tensor:
-    """[dq, dk, dv]: worst-case fp32 errors of a backward kernel that the baseline may not show.
+def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor) -> list[torch.Tensor]:
+    """[dq, dk, dv]: worst-case fp32 errors of a backward kernel that the baseline may not show,
+    from the reference's `parts` and the forward's LSE bound.
 
     dS = P∘(dP − D) is a difference of two fp32 dot products of length D (dP = dO·Vᵀ by a GEMM,
     D = rowsum(dO∘O) by a sum) that cancel where P is near one-hot, and the kernel recomputes P
@@ -447,27 +480,19 @@ def _gradient_fp32_terms(
     softmax_scale·Eᵀ·|Q| and (P·2·lse_atol)ᵀ·|dO|. Where the baseline's two dot products round
     alike (one key: dS is exactly 0 there, as in exact arithmetic) this is the whole margin."""
     u = torch.finfo(torch.float32).eps / 2
-    nheads, head_dim, nheads_kv = q.shape[2], q.shape[3], k.shape[2]
-    out, _ = attention_ref(q, k, v, causal, softmax_scale)
-    qh, dout_h, out_h = (t.transpose(1, 2).float() for t in (q, dout, out))
-    kh, vh = (_repeat_kv(t, nheads).transpose(1, 2).float() for t in (k, v))
-    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
-    scores = (qh @ kh.transpose(-1, -2) * softmax_scale).masked_fill(~visible, -math.inf)
-    no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
-    probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
-    delta = (dout_h * out_h).sum(dim=-1, keepdim=True)
-    cancelling = (dout_h @ vh.transpose(-1, -2) - delta).abs()
-    p_rel = 2 * _lse_atol(q, k, softmax_scale).float()
-    dots = head_dim * u * (dout_h.abs() @ vh.abs().transpose(-1, -2) + (dout_h * out_h).abs().sum(dim=-1, keepdim=True))
-    grad_s_err = probs * (dots + cancelling * p_rel)
-
-    def per_kv_head(grad: torch.Tensor) -> torch.Tensor:
-        return grad.unflatten(1, (nheads_kv, nheads // nheads_kv)).sum(dim=2)
-
-    dq_term = softmax_scale * (grad_s_err @ kh.abs())
-    dk_term = softmax_scale * per_kv_head(grad_s_err.transpose(-1, -2) @ qh.abs())
-    dv_term = per_kv_head((probs * p_rel).transpose(-1, -2) @ dout_h.abs())
-    return torch.stack([_largest_finite_abs(term) for term in (dq_term, dk_term, dv_term)])
+    head_dim, scale = parts.qh.shape[-1], parts.softmax_scale
+    dout_h, out_h, probs = parts.dout_h, parts.out_h, parts.probs
+    p_rel = 2 * lse_atol.float()
+    dots = (
+        head_dim * u * (dout_h.abs() @ parts.vh.abs().transpose(-1, -2) + (dout_h * out_h).abs().sum(-1, keepdim=True))
+    )
+    grad_s_err = probs * (dots + (parts.grad_probs - parts.delta).abs() * p_rel)
+    terms = (
+        scale * (grad_s_err @ parts.kh.abs()),
+        scale * parts.per_kv_head(grad_s_err.transpose(-1, -2) @ parts.qh.abs()),
+        parts.per_kv_head((probs * p_rel).transpose(-1, -2) @ dout_h.abs()),
+    )
+    return [_largest_finite_abs(term) for term in terms]
 
 
 def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool) -> float:
