@@ -169,6 +169,11 @@ class WorkTile:
     q_start: object
     num_kv_blocks: object
 
+    def registers(self) -> tuple:
+        """(b, head, kv_head, q_start, num_kv_blocks): a macro binds its names to these buffers,
+        so that reading a name loads the register and assigning to it stores."""
+        return self.b, self.head, self.kv_head, self.q_start, self.num_kv_blocks
+
 
 @dataclass(frozen=True)
 class ConsumerRegisters:
@@ -435,7 +440,7 @@ def forward_program(
     @T.macro
     def producer(pipe, tile, kv_before: T.Ref, Q, K, V, block, rounds):
         """TMA loads of each work tile's Q and K/V tiles, never more than `stages` tiles ahead."""
-        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
+        b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         T.set_max_nreg(PRODUCER_REGISTERS, 0)
         for tile_round in T.serial(rounds):
             b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
@@ -457,7 +462,7 @@ def forward_program(
     def first_scores_of_the_block(pipe, regs, tile, block):
         """overlap_epilogue: the first work tile's S_0; every later one is issued under the
         epilogue of the tile before it."""
-        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
+        b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
         T.mbarrier_wait_parity(pipe.q_full, 0)
         T.mbarrier_wait_parity(pipe.k_full[0], 0)
@@ -466,7 +471,7 @@ def forward_program(
     @T.macro
     def start_work_tile(pipe, regs, tile, block, thread, tile_round):
         """The work tile's row state and Q, and (take_turns) warpgroup 0's first turn."""
-        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
+        b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         own_kv_blocks = regs.own_kv_blocks
         if not overlap_epilogue:
             b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
@@ -565,8 +570,7 @@ def forward_program(
         acc_s, acc_p, acc_o, num_kv_blocks, own_kv_blocks = (
             regs.acc_s, regs.acc_p, regs.acc_o, tile.num_kv_blocks, regs.own_kv_blocks
         )  # fmt: skip
-        next_b, next_head, next_kv_head = next_tile.b, next_tile.head, next_tile.kv_head
-        next_q_start, next_num_kv_blocks = next_tile.q_start, next_tile.num_kv_blocks
+        next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = next_tile.registers()
         last = kv_before + own_kv_blocks - 1  # counted over this thread block's life
         last_stage = ring_slot(last)[0]
         if overlap_epilogue:
@@ -667,9 +671,8 @@ def forward_program(
     @T.macro
     def advance(tile, next_tile):
         """overlap_epilogue: the next work tile, computed under this one's last P.V, becomes current."""
-        b, head, kv_head, q_start, num_kv_blocks = tile.b, tile.head, tile.kv_head, tile.q_start, tile.num_kv_blocks
-        next_b, next_head, next_kv_head = next_tile.b, next_tile.head, next_tile.kv_head
-        next_q_start, next_num_kv_blocks = next_tile.q_start, next_tile.num_kv_blocks
+        b, head, kv_head, q_start, num_kv_blocks = tile.registers()
+        next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = next_tile.registers()
         b, head, kv_head, q_start, num_kv_blocks = (next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks)  # noqa: F841
 
     # ---- the kernel: shared memory, registers, and who runs which part ----
