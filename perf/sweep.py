@@ -63,7 +63,9 @@ def failed_checks(kernel, head_dim: int, causal: bool, dtype: torch.dtype) -> li
     failures = []
     for batch, heads, heads_kv, seqlen_q, seqlen_k in CHECK_SHAPES:
         q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, seed=seqlen_q + seqlen_k)
-        out, lse = torch.empty_like(q), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+        # NaN-filled, as the tests' launches are: an element the variant never writes fails the judge.
+        out = torch.full_like(q, math.nan)
+        lse = q.new_full((batch, heads, seqlen_q), math.nan, dtype=torch.float32)
         kernel(q, k, v, out, lse, LOG2E / math.sqrt(head_dim))
         verdict = judge(q, k, v, out, lse, causal)
         if not verdict.passed:
