@@ -712,7 +712,7 @@ def run_mutant(
     ):
         return "killed", "suite: a kernel fails to build (tools/precompile.py)", seconds
     if selected:
-        return "killed", f"{len(failed)} failed: " + " ".join(failed), seconds
+        return "killed", f"selected: {len(failed)} failed: " + " ".join(failed), seconds
     return "killed", f"{tier}: {failed[0] if failed else 'a test failed'}", seconds
 
 
