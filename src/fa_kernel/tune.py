@@ -16,15 +16,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import multiprocessing
 import statistics
 from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
 import torch
 
 from fa_kernel.bench import cuda_median_ms, sweep_shape
+from fa_kernel.builds import build_all
 from fa_kernel.configs import TileConfig
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -136,25 +135,18 @@ def kernel_build(head_dim: int, causal: bool, config: TileConfig, sm_count: int)
     return dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count)
 
 
-def _compile(build: dict) -> None:
-    try:
-        compiled_forward(**build)
-    except Exception:  # a config that does not fit: the timing loop compiles it again and says so
-        return
-
-
 def precompile(cases: Iterable[tuple[int, bool]], jobs: int) -> int:
     """Fill TileLang's disk cache with every candidate of these (head_dim, causal) cases, `jobs`
-    at a time (nvcc is CPU-bound and a build takes seconds; the timing loop then loads each one
-    from the cache). Returns how many kernels it tried."""
+    at a time (the timing loop then loads each one from the cache). A candidate that does not
+    fit is left to the timing loop, which compiles it again and says so. Returns how many
+    kernels it tried."""
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     builds = [
         kernel_build(head_dim, causal, config, sm_count)
         for head_dim, causal in cases
         for config in candidate_configs(causal)
     ]
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile, builds))
+    build_all(builds, jobs)
     return len(builds)
 
 
