@@ -570,7 +570,10 @@ def recorded_equivalents(mutants: list[GeneratedMutant]) -> dict[str, tuple[str,
 
 
 def _tilelang_cache() -> Path:
-    return Path(os.environ.get("TILELANG_CACHE_DIR", "~/.tilelang/cache")).expanduser()
+    """TileLang's kernel cache, as TileLang itself resolves it (TILELANG_CACHE_DIR or its default)."""
+    from tilelang import env
+
+    return Path(env.TILELANG_CACHE_DIR).expanduser()
 
 
 def gpu_count() -> int:
