@@ -87,3 +87,18 @@ def test_same_kernels_tells_a_refactor_from_a_change():
     assert same_kernels.differing_builds(source, source, builds) == []
     changed = mutants.KERNEL_MUTANTS[0].mutated_source()  # the rescale dropped
     assert same_kernels.differing_builds(source, changed, builds) == builds
+
+
+def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):
+    mutant, other = mutants.KERNEL_MUTANTS[:2]
+    smoke = [("smoke", ["-x", *mutants.SMOKE_ARGS])]
+    whole = [*smoke, ("suite", ["-x", "tests"])]
+    record = tmp_path / "record.jsonl"
+    mutants.append_record(record, mutant, smoke, ("killed", "smoke: test_x", 3.0))
+    mutants.append_record(record, other, smoke, ("SURVIVED", "every test of the smoke tier passed", 4.0))
+    found = mutants.load_record(record, [mutant, other], {mutant.id: whole, other.id: whole})
+    # The kill stands; the survivor of the smoke tier still has the suite to run.
+    assert found == {mutant.id: ("killed", "smoke: test_x", 3.0)}
+    assert mutants.load_record(record, [other], {other.id: smoke}) == {
+        other.id: ("SURVIVED", "every test of the smoke tier passed", 4.0)
+    }

@@ -421,6 +421,9 @@ EMULATOR_MUTANTS = [
 # Seconds after which a mutant's one-build smoke tier is stopped and counted as a hang (a kill):
 # unmutated, that tier takes under a minute on the H200 with 16 mutants at once (docs/testing.md).
 HANG_SECONDS = 300
+# pytest-xdist workers of a mutant's suite (or selected tests), all on its one GPU: four per
+# GPU, as `nox -s gpu` runs (eight were slower on one H200: the CUDA contexts take turns).
+SUITE_WORKERS = 4
 
 # Which tests judge a mutant: the smoke tier first (the boundary sweep), then the GPU suite, for
 # the kernel; the property suite and the boundary sweep on the emulator for the emulator.
@@ -665,8 +668,11 @@ def run_mutant(
     log = ""
     for tier, pytest_args in tiers:
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args]
-        if tier in ("suite", "selected") and target == "kernel":  # many kernels: built over all cores first
+        if tier in ("suite", "selected") and target == "kernel":
+            # Many kernels: built over all cores first; then the tests shared by workers on the
+            # mutant's GPU, as `nox -s gpu` shares them (the suite is work-bound).
             command = ["sh", "-c", '"$0" tools/precompile.py && exec "$0" "$@"', *command]
+            command += ["-n", str(SUITE_WORKERS), "--dist", "worksteal"]
         # A session of its own: on a time-out the whole group goes (pytest and its compilers),
         # or their open pipes would keep this call waiting.
         process = subprocess.Popen(
@@ -897,14 +903,22 @@ def _fingerprint(mutant, tiers: list[tuple[str, list[str]]]) -> str:
 
 
 def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, tuple[str, str, float]]:
-    """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint."""
+    """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint; a
+    kill also where it was judged by the first of these tiers only (a `--smoke-only` run): a
+    whole run would have stopped at that tier too."""
     if not path.exists():
         return {}
     entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     by_fingerprint = {entry["fingerprint"]: entry for entry in entries if entry["status"] in VERDICTS}
     found = {}
     for mutant in mutants:
-        entry = by_fingerprint.get(_fingerprint(mutant, tiers[mutant.id]))
+        mutant_tiers = tiers[mutant.id]
+        entry = by_fingerprint.get(_fingerprint(mutant, mutant_tiers))
+        for first in range(len(mutant_tiers) - 1, 0, -1):
+            if entry is not None:
+                break
+            earlier = by_fingerprint.get(_fingerprint(mutant, mutant_tiers[:first]))
+            entry = earlier if earlier is not None and earlier["status"] == "killed" else None
         if entry is not None:
             found[mutant.id] = (entry["status"], entry["detail"], entry["seconds"])
     return found
