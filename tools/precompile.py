@@ -6,7 +6,7 @@ tests then load them instead of compiling one at a time.
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
 once all have built, a stamp in TileLang's cache (`built_stamp`) skips even the loads.
 The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
-too; a test that builds anything else compiles it in its worker.
+too, and so are the backward's kernels; a test that builds anything else compiles it in its worker.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
+    from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
     from fa_kernel.builds import build_all
     from fa_kernel.interface import compile_arch
 
@@ -76,8 +77,11 @@ def main() -> int:
         return 0
     start = time.perf_counter()
     errors = build_all(builds, args.jobs)
+    gradients = gradient_builds(compile_arch(device))
+    errors += build_all(gradients, args.jobs, builder=compiled_gradient_kernels)
+    builds += gradients
     failed = [f"  {build}: {error!r}" for build, error in zip(builds, errors, strict=True) if error is not None]
-    print(f"precompile: {len(builds)} kernels in {time.perf_counter() - start:.0f} s on {args.jobs} processes")
+    print(f"precompile: {len(builds)} kernel builds in {time.perf_counter() - start:.0f} s on {args.jobs} processes")
     if failed:
         print("\n".join(failed))
         return 1

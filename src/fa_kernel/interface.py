@@ -3,7 +3,8 @@
 Everything a caller can get wrong is checked here, before anything is compiled or launched,
 and each error names the argument, what was expected and what came. The kernel itself is
 registered as the torch custom op `fa_kernel::forward`, so `torch.compile` traces through
-`flash_attn_func` without a graph break.
+`flash_attn_func` without a graph break; its gradient is the custom op `fa_kernel::backward`
+(the backward kernels of `fa_kernel.backward`), registered as its autograd formula.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numbers
 
 import torch
 
+from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
 from fa_kernel.configs import TileConfig, arch_of, select_config
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -61,10 +63,16 @@ def flash_attn_func(
     fp32 reference keeps it finite; and a NaN or Inf in v at such a hidden key reaches the row
     as 0 times NaN in the P v product, as in any attention that computes it with a GEMM.
 
+    Gradients (autograd, eager and under torch.compile) come from the backward kernels, for
+    out and for lse, at headdim 64 and 128; a call that needs a gradient at headdim 256 raises
+    before anything is launched. dq's fp32 sums arrive by atomic adds, in no fixed order.
+
     Returns:
         out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
     """
     softmax_scale = _check_inputs(q, k, v, softmax_scale, causal)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        _check_backward_head_dim(q.shape[-1])
     out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal)
     return (out, lse) if return_lse else out
 
@@ -150,6 +158,14 @@ def _check_inputs(q, k, v, softmax_scale, causal) -> float:
     return float(softmax_scale)
 
 
+def _check_backward_head_dim(head_dim: int) -> None:
+    if head_dim not in BACKWARD_TILES:
+        raise ValueError(
+            f"q: expected headdim in {tuple(BACKWARD_TILES)} where a gradient is needed (there is no "
+            f"backward kernel for headdim {head_dim} yet), got {head_dim}"
+        )
+
+
 def _require_hopper(device: torch.device) -> None:
     """ValueError naming the GPU unless it is a Hopper (compute capability 9.x)."""
     capability = torch.cuda.get_device_capability(device)
@@ -187,3 +203,78 @@ def _forward_fake(q, k, v, softmax_scale, causal):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
     return out, lse
+
+
+@torch.library.custom_op("fa_kernel::backward", mutates_args=(), device_types="cuda")
+def _backward(
+    dout: torch.Tensor,
+    grad_lse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale, causal)
+    return dq, dk, dv
+
+
+def backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+    """The gradients of flash_attn_func's (out, lse) against (dout, grad_lse; None: 0), written
+    into the caller's contiguous dq, dk, dv: the `fa_kernel::backward` op's launch (the tests
+    hand it outputs filled with NaN, so that an element no thread block writes fails)."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    _check_backward_head_dim(head_dim)
+    if dq.numel() == 0 or dk.numel() == 0:
+        # No query rows, or no keys: no score exists, and every gradient is 0.
+        for grad in (dq, dk, dv):
+            grad.zero_()
+        return
+    dtype, arch = _DTYPE_NAMES[q.dtype], compile_arch(q.device)
+    # The kernels assume dense BSHD strides: these are the backward's documented copies (an
+    # upstream gradient is often a broadcast view).
+    dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
+    rows = padded_rows(seqlen_q)
+    delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
+    lse_log2 = torch.empty_like(delta)
+    dq_accum = torch.zeros((batch, nheads, seqlen_q, head_dim), dtype=torch.float32, device=q.device)
+    preprocess, kernel = compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    with torch.cuda.device(q.device):
+        preprocess(out, dout, lse.contiguous(), delta, lse_log2)
+        if grad_lse is not None:
+            # d LSE_i / d S_ij = P_ij: an upstream gradient of the LSE joins dS = P∘(dP − D) as −D.
+            delta[:, :, :seqlen_q] -= grad_lse
+        kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, softmax_scale * LOG2E, softmax_scale)
+        # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
+        torch.mul(dq_accum.transpose(1, 2), softmax_scale, out=dq)
+
+
+@_backward.register_fake
+def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal):
+    return (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.empty_like(k, memory_format=torch.contiguous_format),
+        torch.empty_like(v, memory_format=torch.contiguous_format),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, softmax_scale, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+
+
+def _forward_gradient(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:  # only the LSE was used
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fa_kernel.backward(grad_out, grad_lse, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
+    return dq, dk, dv, None, None
+
+
+torch.library.register_autograd("fa_kernel::forward", _forward_gradient, setup_context=_setup_context)

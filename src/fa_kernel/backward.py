@@ -1,0 +1,236 @@
+# mypy: disable-error-code="valid-type"
+# (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types.)
+"""The TileLang FlashAttention backward kernels for Hopper, and their compile cache.
+
+FlashAttention-2's backward (its Algorithm 2), as `emulator.attention_backward_tiled`
+specifies it tile by tile:
+
+1. `preprocess_program`: per query row, D = rowsum(dO∘O) in fp32, and the forward's LSE in
+   log2 units with +inf for a row that saw no key (so that its P = 2^(S·scale_log2 − LSE₂)
+   is 0, not 2^inf).
+2. `backward_program`: one thread block per K/V tile of `block_n` keys and K/V head keeps K
+   and V in shared memory and dK, dV in fp32 registers while it walks, for each query head
+   of its GQA group, the query tiles of `block_m` rows that see any of its keys. Per query
+   tile it recomputes Sᵀ = K·Qᵀ and P from the saved LSE (no softmax, no row state), forms
+   dPᵀ = V·dOᵀ and dSᵀ = Pᵀ∘(dPᵀ − D), adds Pᵀ·dO to dV and dSᵀ·Q to dK, and adds
+   dQ_tile = dS·K into an fp32 dQ accumulator in global memory by TMA reduce-add.
+   The transposed tiles (keys as rows) let dV and dK take P and dS straight from registers.
+3. The caller scales dQ's accumulator by softmax_scale and casts it (`interface`).
+
+P and dS are the only down-casts, where they enter a GEMM, as in the forward. Keys past
+seqlen_k, query rows past seqlen_q and, causal, keys right of a row's diagonal get P = 0 by a
+select, so a NaN or Inf score of a key a row cannot see never reaches its gradients.
+dK and dV are written once per K/V tile (deterministic); dQ's reduce-adds arrive in any order.
+"""
+
+# No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
+# against this module's closure, which string annotations would hide.
+import functools
+
+import tilelang
+import tilelang.language as T
+
+from fa_kernel.numerics import LOG2E
+
+DTYPES = {"float16": T.float16, "bfloat16": T.bfloat16}
+
+PASS_CONFIGS = {
+    # exp2 goes to the MUFU unit's ex2.approx (relative error 2^-22), far below the rounding of
+    # P and dS to fp16/bf16 before their GEMMs.
+    tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+}
+
+# Query rows per thread block of the preprocess: one row per thread. Delta and LSE₂ are written
+# for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
+# whose global strides must be multiples of 16 bytes, and whose boxes then never leave them.
+PREPROCESS_ROWS = 128
+
+
+def padded_rows(seqlen_q: int) -> int:
+    """The length of Delta's and LSE₂'s last dimension for `seqlen_q` query rows."""
+    return -(-seqlen_q // PREPROCESS_ROWS) * PREPROCESS_ROWS
+
+
+def preprocess_program(*, head_dim: int, dtype: str):
+    """D = rowsum(dO∘O) (fp32) and LSE₂ = LSE·log2(e), +inf where LSE is −inf, per query row.
+
+    Arguments at launch: O and dO [B, Sq, H, D], LSE [B, H, Sq] (natural log, as the forward
+    writes it), then the outputs Delta and LSE₂ [B, H, padded_rows(Sq)], fp32 (rows past Sq: 0).
+    """
+    batch, seqlen_q, seqlen_q_padded, heads = T.dynamic("batch, seqlen_q, seqlen_q_padded, heads")
+    dtype = DTYPES[dtype]
+    accum = T.float32
+    rows = PREPROCESS_ROWS
+
+    @T.prim_func
+    def flash_attention_backward_preprocess(
+        O: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        dO: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        LSE: T.Tensor([batch, heads, seqlen_q], accum),
+        Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
+        LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
+    ):
+        with T.Kernel(T.ceildiv(seqlen_q, rows), heads, batch, threads=rows) as (q_block, head, b):
+            o = T.alloc_fragment([rows, head_dim], dtype)
+            do = T.alloc_fragment([rows, head_dim], dtype)
+            products = T.alloc_fragment([rows, head_dim], accum)
+            delta = T.alloc_fragment([rows], accum)
+            lse = T.alloc_fragment([rows], accum)
+            q_start = q_block * rows
+            T.copy(O[b, q_start : q_start + rows, head, :], o)
+            T.copy(dO[b, q_start : q_start + rows, head, :], do)
+            for i, j in T.Parallel(rows, head_dim):
+                products[i, j] = T.Cast(accum, o[i, j]) * T.Cast(accum, do[i, j])
+            T.reduce_sum(products, delta, dim=1)
+            T.copy(delta, Delta[b, head, q_start : q_start + rows])
+            T.copy(LSE[b, head, q_start : q_start + rows], lse)
+            for i in T.Parallel(rows):
+                lse[i] = T.if_then_else(lse[i] == -T.infinity(accum), T.infinity(accum), lse[i] * LOG2E)
+            T.copy(lse, LSE_log2[b, head, q_start : q_start + rows])
+
+    return flash_attention_backward_preprocess
+
+
+def backward_program(
+    *,
+    head_dim: int,
+    causal: bool,
+    dtype: str,
+    block_m: int,
+    block_n: int,
+    threads: int = 256,
+    num_stages: int = 2,
+):
+    """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
+
+    Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
+    [B, H, padded_rows(Sq)] (from the preprocess), dQ_accum [B, H, Sq, D] fp32 (zeroed by the caller; BHSD so
+    that a query tile's rows are one box for the TMA reduce-add), dK and dV [B, Sk, Hkv, D],
+    then scale_log2 = softmax_scale·log2(e) and softmax_scale.
+    """
+    batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = T.dynamic(
+        "batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv"
+    )
+    if PREPROCESS_ROWS % block_m:
+        raise ValueError(f"block_m: expected a divisor of {PREPROCESS_ROWS} (Delta's padding), got {block_m}")
+    dtype = DTYPES[dtype]
+    accum = T.float32
+
+    @T.prim_func
+    def flash_attention_backward(
+        Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        K: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        V: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        dO: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
+        LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
+        dQ_accum: T.Tensor([batch, heads, seqlen_q, head_dim], accum),
+        dK: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        dV: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        scale_log2: T.float32,
+        softmax_scale: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(seqlen_k, block_n), heads_kv, batch, threads=threads) as (kv_block, kv_head, b):
+            K_shared = T.alloc_shared([block_n, head_dim], dtype)
+            V_shared = T.alloc_shared([block_n, head_dim], dtype)
+            Q_shared = T.alloc_shared([block_m, head_dim], dtype)
+            dO_shared = T.alloc_shared([block_m, head_dim], dtype)
+            dS_shared = T.alloc_shared([block_n, block_m], dtype)
+            dQ_shared = T.alloc_shared([block_m, head_dim], accum)
+            lse = T.alloc_shared([block_m], accum)
+            delta = T.alloc_shared([block_m], accum)
+            acc_s = T.alloc_fragment([block_n, block_m], accum)  # Sᵀ, then Pᵀ
+            acc_dp = T.alloc_fragment([block_n, block_m], accum)  # dPᵀ
+            p_cast = T.alloc_fragment([block_n, block_m], dtype)
+            ds_cast = T.alloc_fragment([block_n, block_m], dtype)
+            acc_dk = T.alloc_fragment([block_n, head_dim], accum)
+            acc_dv = T.alloc_fragment([block_n, head_dim], accum)
+            acc_dq = T.alloc_fragment([block_m, head_dim], accum)
+
+            group_size = heads // heads_kv
+            kv_start = kv_block * block_n
+            diagonal_offset = seqlen_k - seqlen_q
+            # Causal: rows before the first that sees this tile's first key add nothing.
+            first_q_block = T.max(kv_start - diagonal_offset, 0) // block_m if causal else 0
+            q_blocks = T.ceildiv(seqlen_q, block_m) - first_q_block
+            T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
+            T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+            T.clear(acc_dk)
+            T.clear(acc_dv)
+            # One walk over (query head of the group, query tile), so the pipeline spans heads.
+            for step in T.Pipelined(group_size * T.max(q_blocks, 0), num_stages=num_stages):
+                head = kv_head * group_size + step // q_blocks
+                q_start = (first_q_block + step % q_blocks) * block_m
+                T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
+                T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
+                T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
+                T.copy(Delta[b, head, q_start : q_start + block_m], delta)
+                T.clear(acc_s)
+                T.gemm(K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.clear(acc_dp)
+                T.gemm(V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(block_n, block_m):
+                    key = kv_start + i
+                    row = q_start + j
+                    visible = T.And(key < seqlen_k, row < seqlen_q)
+                    if causal:
+                        visible = T.And(visible, key <= row + diagonal_offset)
+                    acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+                T.copy(acc_s, p_cast)
+                T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(block_n, block_m):
+                    ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
+                T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(ds_cast, dS_shared)
+                T.clear(acc_dq)
+                T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
+                T.copy(acc_dq, dQ_shared)
+                T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_tma=True)
+            for i, j in T.Parallel(block_n, head_dim):
+                acc_dk[i, j] = acc_dk[i, j] * softmax_scale
+            T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
+            T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
+
+    return flash_attention_backward
+
+
+# Tiles by head dim: (block_m, block_n, num_stages), FlashAttention-3's (64 query rows against
+# 128 keys). head_dim 256 has none yet: dK and dV of 128 keys take 256 fp32 registers a thread
+# on two warpgroups, and 64 keys on two warpgroups give wgmma no row split (layout conflict).
+BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+
+
+@functools.cache
+def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None):
+    """The compiled preprocess, cached in this process (TileLang's disk cache spans processes)."""
+    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
+    program = preprocess_program(head_dim=head_dim, dtype=dtype)
+    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+
+
+@functools.cache
+def compiled_backward(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None):
+    """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
+    block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
+    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
+    program = backward_program(
+        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages
+    )
+    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+
+
+def compiled_gradient_kernels(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None) -> tuple:
+    """(preprocess, backward): the two kernels a gradient launches (a module-level builder, for
+    `builds.build_all`)."""
+    preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
+    return preprocess, compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+
+
+def gradient_builds(arch: str, head_dims=tuple(BACKWARD_TILES)) -> list[dict]:
+    """compiled_gradient_kernels' arguments for every head dim, causal or not, and dtype."""
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+        for head_dim in head_dims
+        for causal in (False, True)
+        for dtype in ("float16", "bfloat16")
+    ]

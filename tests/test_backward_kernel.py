@@ -1,0 +1,191 @@
+"""The backward kernels on a GPU: each gradient within flash-attn's bound of the fp32 reference
+(reference.judge_backward), on the kernel's own boundaries, drawn cases, and through autograd,
+eager and under torch.compile.
+
+The kernels are launched into outputs filled with NaN (`interface.backward_into`), so that an
+element no thread block writes fails whatever memory held. The forward is flash_attn_func's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+
+from fa_kernel import flash_attn_func
+from fa_kernel.backward import BACKWARD_TILES
+from fa_kernel.interface import backward_into
+from fa_kernel.reference import judge_backward, random_qkv
+from strategies import cases
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def kernel_gradients(q, k, v, dout, causal, softmax_scale=None):
+    """(dq, dk, dv) of the backward kernels for flash_attn_func's forward, written into NaN."""
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+    backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal)
+    return grads
+
+
+def random_dout(q, seed):
+    return torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).to(q.device)
+
+
+def assert_gradients_within_the_bound(q, k, v, causal, label, softmax_scale=None, seed=0):
+    dout = random_dout(q, seed)
+    grads = kernel_gradients(q, k, v, dout, causal, softmax_scale)
+    verdict = judge_backward(q, k, v, dout, grads, causal, softmax_scale)
+    assert verdict.passed, f"{label}: {verdict}"
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if causal and seqlen_q > seqlen_k:  # rows that see no key: gradient 0, never NaN
+        assert torch.all(grads[0][:, : seqlen_q - seqlen_k] == 0), label
+
+
+def backward_offsets(head_dim: int) -> list[int]:
+    """Causal offsets seqlen_k - seqlen_q within 2 of n·block_n - k·block_m, in ±2·block_n: where
+    a K/V tile's first key meets a query tile's first row's diagonal (the causal first query
+    tile), or its last key a row's (the causal mask); seqlen_k then crosses block_n's multiples."""
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    limit = 2 * block_n
+    tiles_n, tiles_m = limit // block_n + 1, 2 * limit // block_m + 1
+    centres = {n * block_n - j * block_m for n in range(-tiles_n, tiles_n + 1) for j in range(-tiles_m, tiles_m + 1)}
+    return sorted({c + side for c in centres for side in range(-2, 3) if -limit <= c + side <= limit})
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
+def test_backward_boundary_sweep(head_dim, causal, dtype):
+    # Two query lengths: a query tile's last row on the Delta padding's edge (2·block_m, with
+    # block_m dividing it), and one past it; 3 query heads on 1 K/V head (a GQA group's walk).
+    block_m, _, _ = BACKWARD_TILES[head_dim]
+    for seqlen_q in (2 * block_m, 2 * block_m + 1):
+        for offset in backward_offsets(head_dim):
+            seqlen_k = seqlen_q + offset
+            if seqlen_k < 1:
+                continue
+            inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, DTYPES[dtype], seed=seqlen_k)
+            assert_gradients_within_the_bound(*inputs, causal, f"{seqlen_q}x{seqlen_k}", seed=offset)
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one row and key, ragged lengths both ways,
+# rows past the last key (causal), MQA, and a length past the Delta padding's second block.
+NAMED_SHAPES = [
+    (2, 1, 1, 2, 1),
+    (2, 127, 129, 4, 4),
+    (1, 200, 77, 4, 2),
+    (1, 77, 200, 4, 1),
+    (1, 1000, 1000, 2, 2),
+    (2, 257, 300, 8, 2),
+]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
+def test_backward_named_shapes(head_dim, causal, dtype):
+    for shape in NAMED_SHAPES:
+        inputs = random_qkv(*shape, head_dim, DTYPES[dtype], seed=sum(shape))
+        assert_gradients_within_the_bound(*inputs, causal, "x".join(map(str, shape)), seed=shape[1])
+
+
+def test_backward_softmax_scale():
+    inputs = random_qkv(2, 300, 260, 4, 2, 128, torch.bfloat16, seed=11)
+    for scale in (0.01, 0.5):
+        assert_gradients_within_the_bound(*inputs, True, f"scale {scale}", softmax_scale=scale)
+
+
+@given(case=cases(head_dims=(64, 128), max_len=1100, max_score_elements=2_000_000))
+@pytest.mark.examples
+def test_backward_property(case):
+    q, k, v = case.inputs("cuda")
+    assert_gradients_within_the_bound(q, k, v, case.causal, repr(case), case.scale, seed=case.seed)
+
+
+def autograd_gradients(attention, q, k, v, dout, causal):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    attention(q, k, v, causal=causal).backward(dout)
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autograd_through_flash_attn_func(compiled):
+    attention = torch.compile(flash_attn_func, fullgraph=True) if compiled else flash_attn_func
+    q, k, v = random_qkv(2, 300, 333, 8, 2, 128, torch.float16, seed=5)
+    dout = random_dout(q, 6)
+    for causal in (False, True):
+        grads = autograd_gradients(attention, q, k, v, dout, causal)
+        verdict = judge_backward(q, k, v, dout, grads, causal)
+        assert verdict.passed, f"causal={causal}: {verdict}"
+
+
+class AttentionBlock(torch.nn.Module):
+    """A pre-norm causal self-attention block with GQA: norm, q/k/v projections, attention, output
+    projection, residual. `attention(q, k, v)` takes and returns [batch, seqlen, heads, head_dim]."""
+
+    def __init__(self, attention, width=256, heads=4, heads_kv=2, head_dim=64):
+        super().__init__()
+        self.attention, self.heads, self.heads_kv, self.head_dim = attention, heads, heads_kv, head_dim
+        self.norm = torch.nn.LayerNorm(width)
+        self.q = torch.nn.Linear(width, heads * head_dim)
+        self.kv = torch.nn.Linear(width, 2 * heads_kv * head_dim)
+        self.out = torch.nn.Linear(heads * head_dim, width)
+
+    def forward(self, x):
+        batch, seqlen, _ = x.shape
+        h = self.norm(x)
+        q = self.q(h).view(batch, seqlen, self.heads, self.head_dim)
+        k, v = self.kv(h).view(batch, seqlen, 2, self.heads_kv, self.head_dim).unbind(2)
+        return x + self.out(self.attention(q, k, v).reshape(batch, seqlen, -1))
+
+
+def kernel_attention(q, k, v):
+    return flash_attn_func(q, k, v, causal=True)
+
+
+def sdpa_math_attention(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_compiled_training_step_matches_sdpa_math(dtype):
+    # One step's loss and parameter gradients, the block compiled whole (fullgraph: no graph
+    # break), against the same block on SDPA's math backend in fp32 (the reference). Bound:
+    # flash-attn's rule, per tensor: twice the error of the math backend in the same dtype (the
+    # baseline), plus twice one rounding of the reference to the dtype.
+    torch.manual_seed(0)
+    reference = AttentionBlock(sdpa_math_attention).cuda()
+    baseline = AttentionBlock(sdpa_math_attention).cuda().to(DTYPES[dtype])
+    kernel = AttentionBlock(kernel_attention).cuda().to(DTYPES[dtype])
+    baseline.load_state_dict(reference.state_dict())
+    kernel.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 333, 256, device="cuda", dtype=DTYPES[dtype])
+
+    def step(model, inputs):
+        model.zero_grad()
+        loss = model(inputs).float().square().mean()
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in model.parameters()]
+
+    want = step(reference, x.float())
+    same_precision = step(baseline, x)
+    got = step(torch.compile(kernel, fullgraph=True), x)
+    names = ["loss"] + [name for name, _ in kernel.named_parameters()]
+    for name, g, b, w in zip(names, got, same_precision, want, strict=True):
+        rounded = w.to(DTYPES[dtype])
+        atol = 2 * (b.float() - w).abs().max() + 2 * ((rounded + 0.3) - 0.3 - rounded).float().abs().max()
+        error = (g.float() - w).abs().max()
+        assert torch.isfinite(g).all() and error <= atol, f"{name}: error {error:.3g} > bound {atol:.3g}"
