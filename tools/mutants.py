@@ -35,6 +35,7 @@ not change load instead of compiling.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -279,7 +280,7 @@ KERNEL_MUTANTS = [
         "for i, d in T.Parallel(block_m, head_dim):\n"
         "    acc_o[i, d] /= rows.row_sum[i]",
     ),
-    Mutant("scale_without_log2e", "interface.py", "softmax_scale * LOG2E", "softmax_scale"),
+    Mutant("scale_without_log2e", "interface.py", "softmax_scale * LOG2E", "softmax_scale", within="_forward"),
     Mutant(
         "no_max_subtraction",
         "kernel.py",
@@ -628,6 +629,18 @@ def mutant_tiers(
     return tiers
 
 
+# The process groups of the tiers running now. Each runs in a session of its own (a time-out
+# kills its compilers with it), so a signal to the runner does not reach them: it stops them.
+RUNNING: set[int] = set()
+
+
+def _stop_running_tiers(signum, frame) -> None:
+    for group in list(RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    os._exit(128 + signum)  # the pool's threads would start the next mutants otherwise
+
+
 def run_mutant(
     mutant,
     target: str,
@@ -684,6 +697,7 @@ def run_mutant(
             text=True,
             start_new_session=True,
         )
+        RUNNING.add(process.pid)
         # One build's smoke tests compile one kernel and launch it in well under a minute: past
         # HANG_SECONDS the kernel (or its build) never finishes, which fails any suite that runs it.
         one_build = tier.startswith("smoke on ") and "more changed builds" not in tier
@@ -694,11 +708,13 @@ def run_mutant(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
+            RUNNING.discard(process.pid)
             shutil.rmtree(tree, ignore_errors=True)
             seconds = time.perf_counter() - start
             if one_build and limit == HANG_SECONDS:
                 return "killed", f"hang: {tier} ran past {HANG_SECONDS} s and was stopped", seconds
             return "TIMEOUT", f"the {tier} tier ran past the {timeout:.0f} s limit and was stopped", seconds
+        RUNNING.discard(process.pid)
         result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         log += f"==== {tier}\n{result.stdout}{result.stderr}"
         if result.returncode != 0:
@@ -763,6 +779,8 @@ def main() -> int:
         "filled by tools/precompile.py first, by default)",
     )
     args = parser.parse_args()
+    for stop in (signal.SIGTERM, signal.SIGINT):  # a time limit, or Ctrl-C
+        signal.signal(stop, _stop_running_tiers)
 
     if args.generated:
         mutants: list = generate(files=("emulator.py",)) if args.target == "emulator" else generate()
