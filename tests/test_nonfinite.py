@@ -167,17 +167,22 @@ def assert_nan_exactly(actual: torch.Tensor, clean: torch.Tensor, expected_nan: 
 
 
 def clean_and_poisoned(target: Target, case: Poison, tensor: str):
-    """(clean (out, lse), poisoned (out, lse)): a NaN put into `tensor` at the case's element."""
+    """(clean (out, lse), poisoned (out, lse)) on the CPU: a NaN put into `tensor` at the case's
+    element. Both runs' results are read back with one wait for the GPU: under pytest-xdist
+    each wait also waits for the other workers' turns on the GPU, and an example is small."""
     q, k, v = case.inputs(target.device)
     clean_out, clean_lse = target.attend(q, k, v, case.causal)
-    assert torch.isfinite(clean_out).all(), "the clean run must be finite"
     inputs = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
     if tensor == "q":
         inputs["q"][0, case.row, case.head * 2, case.column] = math.nan
     else:
         inputs[tensor][0, case.key, case.head, case.column] = math.nan
     out, lse = target.attend(inputs["q"], inputs["k"], inputs["v"], case.causal)
-    return (clean_out, clean_lse), (out.cpu(), lse.cpu())
+    clean_out, clean_lse, out, lse = (t.to("cpu", non_blocking=True) for t in (clean_out, clean_lse, out, lse))
+    if target.device != "cpu":
+        torch.cuda.synchronize()  # the copies above are asynchronous
+    assert torch.isfinite(clean_out).all(), "the clean run must be finite"
+    return (clean_out, clean_lse), (out, lse)
 
 
 # Named examples: a key hidden from some rows, in a tile the emulator computes for all of them
@@ -206,8 +211,8 @@ def test_nan_in_q_reaches_its_row_only(target, case):
     expected_out[0, case.row, head] = True
     expected_lse = torch.zeros_like(lse, dtype=torch.bool)
     expected_lse[0, head, case.row] = True
-    assert_nan_exactly(out, clean_out.cpu(), expected_out, f"output, NaN in q[{case.row}, head {head}]")
-    assert_nan_exactly(lse, clean_lse.cpu(), expected_lse, f"LSE, NaN in q[{case.row}, head {head}]")
+    assert_nan_exactly(out, clean_out, expected_out, f"output, NaN in q[{case.row}, head {head}]")
+    assert_nan_exactly(lse, clean_lse, expected_lse, f"LSE, NaN in q[{case.row}, head {head}]")
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
@@ -224,8 +229,8 @@ def test_nan_in_k_reaches_the_rows_whose_scores_include_its_key(target, case):
         expected_out[0, reached, head] = True
         expected_lse[0, head, reached] = True
     what = f"NaN in K at key {case.key} ({config}; expected rows {rows_text(reached)})"
-    assert_nan_exactly(out, clean_out.cpu(), expected_out, f"output, {what}")
-    assert_nan_exactly(lse, clean_lse.cpu(), expected_lse, f"LSE, {what}")
+    assert_nan_exactly(out, clean_out, expected_out, f"output, {what}")
+    assert_nan_exactly(lse, clean_lse, expected_lse, f"LSE, {what}")
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
@@ -243,8 +248,8 @@ def test_nan_in_v_reaches_its_column_of_the_rows_that_compute_its_key(target, ca
     for head in (case.head * 2, case.head * 2 + 1):
         expected_out[0, reached, head, case.column] = True
     what = f"NaN in V at key {case.key} ({config}; expected rows {rows_text(reached)})"
-    assert_nan_exactly(out, clean_out.cpu(), expected_out, f"output, {what}")
-    assert_same(lse, clean_lse.cpu(), f"LSE, {what}")
+    assert_nan_exactly(out, clean_out, expected_out, f"output, {what}")
+    assert_same(lse, clean_lse, f"LSE, {what}")
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
