@@ -593,7 +593,9 @@ def smoke_nodes_by_build() -> dict[str, list[str]]:
     from boundaries import build_id, sweep_builds
 
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *SMOKE_ARGS]
-    listed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    # The tests import fa_kernel: from src/ where it is not installed (nox --no-venv does the same).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+    listed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
     nodes = [line.strip() for line in listed if "::" in line]
     by_build = {build_id(build): [node for node in nodes if f"[{build_id(build)}-" in node] for build in sweep_builds()}
     if not all(by_build.values()):
