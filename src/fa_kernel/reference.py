@@ -468,7 +468,7 @@ def judge_backward(
 
 
 def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor) -> list[torch.Tensor]:
-    """[dq, dk, dv]: worst-case fp32 errors of a backward kernel that the baseline may not show,
+    """[dq, dk, dv]: worst-case errors of a backward kernel that the baseline may not show,
     from the reference's `parts` and the forward's LSE bound.
 
     dS = P∘(dP − D) is a difference of two fp32 dot products of length D (dP = dO·Vᵀ by a GEMM,
@@ -478,7 +478,11 @@ def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor) -> list[
     and the LSE's errors, lse_bound); so |ΔdS| ≤ E = P·(D·u·(|dO|·|V|ᵀ + rowsum|dO∘O|)
     + |dP − D|·2·lse_atol), and the gradients move by at most softmax_scale·E·|K|,
     softmax_scale·Eᵀ·|Q| and (P·2·lse_atol)ᵀ·|dO|. Where the baseline's two dot products round
-    alike (one key: dS is exactly 0 there, as in exact arithmetic) this is the whole margin."""
+    alike (one key: dS is exactly 0 there, as in exact arithmetic) this is the whole margin.
+    D is summed from the forward's O, rounded to the input dtype: |ΔO| ≤ u'·|O| elementwise (u'
+    that dtype's unit roundoff; the forward's fp32 error before the rounding is orders smaller),
+    so |ΔD| ≤ Σ u'·|dO∘O| more in E. The baseline shows none of it where P is one-hot: its O is
+    then a row of V, exact in the input dtype (large logits: dQ 0.034 off with a bound of 0.009)."""
     u = torch.finfo(torch.float32).eps / 2
     head_dim, scale = parts.qh.shape[-1], parts.softmax_scale
     dout_h, out_h, probs = parts.dout_h, parts.out_h, parts.probs
@@ -486,7 +490,8 @@ def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor) -> list[
     dots = (
         head_dim * u * (dout_h.abs() @ parts.vh.abs().transpose(-1, -2) + (dout_h * out_h).abs().sum(-1, keepdim=True))
     )
-    grad_s_err = probs * (dots + (parts.grad_probs - parts.delta).abs() * p_rel)
+    delta_err = unit_roundoff(parts.dtype) * (dout_h * out_h).abs().sum(-1, keepdim=True)
+    grad_s_err = probs * (dots + delta_err + (parts.grad_probs - parts.delta).abs() * p_rel)
     terms = (
         scale * (grad_s_err @ parts.kh.abs()),
         scale * parts.per_kv_head(grad_s_err.transpose(-1, -2) @ parts.qh.abs()),
