@@ -102,3 +102,12 @@ def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):
     assert mutants.load_record(record, [other], {other.id: smoke}) == {
         other.id: ("SURVIVED", "every test of the smoke tier passed", 4.0)
     }
+
+
+def test_a_record_depends_on_the_tests_its_tiers_run_only():
+    smoke = [("smoke", ["-x", *mutants.SMOKE_ARGS])]
+    files = {path.name for path in mutants._tier_files(smoke)}
+    assert {"test_boundary_sweep.py", "conftest.py", "boundaries.py", "pyproject.toml"} <= files
+    assert "test_backward_kernel.py" not in files  # an edit there keeps the smoke tier's verdicts
+    suite = [("suite", ["-x", *mutants.PYTEST_ARGS["kernel"]])]
+    assert "test_backward_kernel.py" in {path.name for path in mutants._tier_files(suite)}

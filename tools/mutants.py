@@ -912,14 +912,32 @@ VERDICTS = ("killed", "equivalent", "SURVIVED")
 
 
 def _fingerprint(mutant, tiers: list[tuple[str, list[str]]]) -> str:
-    """What a verdict depends on: the mutated file, the tests (tests/ and tools/), the tiers run."""
+    """What a verdict depends on: the mutated file, the tiers run, and the test files they run
+    with the helpers every test imports (`_tier_files`); an edit elsewhere keeps the record."""
     import hashlib
 
     digest = hashlib.sha256(f"{json.dumps(tiers)} {mutant.id}\n".encode())
     digest.update(mutant.mutated_source().encode())
-    for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "tools").glob("*.py")]):
-        digest.update(path.read_bytes())
+    for path in _tier_files(tiers):
+        digest.update(f"{path.relative_to(ROOT)}\n".encode() + path.read_bytes())
     return digest.hexdigest()
+
+
+def _tier_files(tiers: list[tuple[str, list[str]]]) -> list[Path]:
+    """The test files `tiers` name (a node id's file; every test file for the tests/ folder),
+    tests/'s helper modules (conftest.py, strategies.py, ...) and pyproject.toml (pytest's
+    configuration)."""
+    tests = ROOT / "tests"
+    files = {path for path in tests.glob("*.py") if not path.name.startswith("test_")}
+    files.add(ROOT / "pyproject.toml")
+    for _, args in tiers:
+        for arg in args:
+            target = ROOT / arg.split("::")[0]
+            if target == tests:
+                files.update(tests.glob("test_*.py"))
+            elif target.suffix == ".py" and target.parent == tests:
+                files.add(target)
+    return sorted(files)
 
 
 def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, tuple[str, str, float]]:
