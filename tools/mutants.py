@@ -92,6 +92,7 @@ PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_
 NONFINITE = ("tests/test_nonfinite.py",)
 GUARD_REGIONS = ("tests/test_guard_regions.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
+BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
 
 
 KERNEL_MUTANTS = [
@@ -332,6 +333,29 @@ KERNEL_MUTANTS = [
         "kernel.py",
         "(row_max_scaled[i] + T.log2(row_sum[i])) * LN2",
         "(row_max_scaled[i] + T.log2(row_sum[i]))",
+    ),
+    # ---- the backward (backward.py): its boundary sweep is its smoke tier
+    Mutant(
+        "backward_causal_mask_dropped",
+        "backward.py",
+        "visible = T.And(visible, key <= row + diagonal_offset)",
+        "visible = visible",
+        first=BACKWARD_SWEEP,
+    ),
+    Mutant(
+        # The causal walk starts one query tile after the first that sees the K/V tile.
+        "backward_first_query_tile_late",
+        "backward.py",
+        "T.max(kv_start - diagonal_offset, 0) // block_m",
+        "T.max(kv_start - diagonal_offset, 0) // block_m + 1",
+        first=BACKWARD_SWEEP,
+    ),
+    Mutant(
+        "backward_dk_without_scale",
+        "backward.py",
+        "acc_dk[i, j] = acc_dk[i, j] * softmax_scale",
+        "acc_dk[i, j] = acc_dk[i, j]",
+        first=BACKWARD_SWEEP,
     ),
 ]
 
