@@ -50,6 +50,22 @@ def test_closed_form_matches_autograd(seqlen_q, seqlen_k, causal):
         torch.testing.assert_close(g, w, msg=name)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_closed_form_with_an_lse_gradient_matches_autograd(causal):
+    # flash_attn_func returns the LSE too: its gradient enters dS as -D (dLSE_i/dS_ij = P_ij).
+    q, k, v = float64_inputs(5, 7, seed=3)
+    gen = torch.Generator().manual_seed(2)
+    dout = torch.randn(q.shape, dtype=torch.float64, generator=gen)
+    grad_lse = torch.randn(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float64, generator=gen)
+    out, lse = attention_ref(q, k, v, causal, SCALE, compute_dtype=torch.float64)
+    want = torch.autograd.grad((out, lse), (q, k, v), (dout, grad_lse))
+    got = attention_backward_ref(
+        q.detach(), k.detach(), v.detach(), dout, causal, SCALE, compute_dtype=torch.float64, grad_lse=grad_lse
+    )
+    for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
 @pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(4, 4), (6, 3), (2, 5)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_closed_form_passes_finite_differences(seqlen_q, seqlen_k, causal):

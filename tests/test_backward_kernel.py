@@ -126,6 +126,21 @@ def test_autograd_through_flash_attn_func(compiled):
         assert verdict.passed, f"causal={causal}: {verdict}"
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lse_gradient(causal):
+    # A loss of out and lse: autograd hands the LSE's gradient to the backward, which folds it
+    # into D (rows past the last key included, causal 300 queries over 200 keys: P = 0 there,
+    # so theirs reaches nothing).
+    q, k, v = random_qkv(2, 300, 200, 4, 2, 64, torch.bfloat16, seed=9)
+    dout = random_dout(q, 10)
+    grad_lse = torch.randn(2, 4, 300, generator=torch.Generator().manual_seed(11)).cuda()
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = flash_attn_func(*leaves, causal=causal, return_lse=True)
+    torch.autograd.backward((out, lse), (dout, grad_lse))
+    verdict = judge_backward(q, k, v, dout, tuple(t.grad for t in leaves), causal, grad_lse=grad_lse)
+    assert verdict.passed, str(verdict)
+
+
 class AttentionBlock(torch.nn.Module):
     """A pre-norm causal self-attention block with GQA: norm, q/k/v projections, attention, output
     projection, residual. `attention(q, k, v)` takes and returns [batch, seqlen, heads, head_dim]."""

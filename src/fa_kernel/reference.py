@@ -337,12 +337,15 @@ def attention_backward_ref(
     softmax_scale: float | None = None,
     upcast: bool = True,
     compute_dtype: torch.dtype = torch.float32,
+    grad_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv): the gradient of attention_ref's output against `dout`, from its closed form.
+    """(dq, dk, dv): the gradient of attention_ref's output against `dout` (and of its LSE
+    against `grad_lse` [batch, nheads, seqlen_q], where given), from its closed form.
 
     With S = softmax_scale·Q·Kᵀ (masked), P = softmax(S) and O = P·V:
-        dV = Pᵀ·dO,   dP = dO·Vᵀ,   D = rowsum(dO∘O),   dS = P∘(dP − D),
-        dQ = softmax_scale·dS·K,   dK = softmax_scale·dSᵀ·Q.
+        dV = Pᵀ·dO,   dP = dO·Vᵀ,   D = rowsum(dO∘O) − dLSE,   dS = P∘(dP − D),
+        dQ = softmax_scale·dS·K,   dK = softmax_scale·dSᵀ·Q
+    (∂LSE_i/∂S_ij = P_ij, so an LSE gradient joins dS as −D).
     GQA sums dK and dV over each K/V head's group of query heads. A row that sees no key has
     P = 0: it adds nothing to dK and dV and its dQ is 0, never NaN.
 
@@ -353,7 +356,7 @@ def attention_backward_ref(
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    return _BackwardParts.of(q, k, v, dout, causal, softmax_scale, upcast, compute_dtype).gradients()
+    return _BackwardParts.of(q, k, v, dout, causal, softmax_scale, upcast, compute_dtype, grad_lse).gradients()
 
 
 @dataclass(frozen=True)
@@ -375,7 +378,7 @@ class _BackwardParts:
     nheads_kv: int
 
     @classmethod
-    def of(cls, q, k, v, dout, causal, softmax_scale, upcast, compute_dtype) -> _BackwardParts:
+    def of(cls, q, k, v, dout, causal, softmax_scale, upcast, compute_dtype, grad_lse=None) -> _BackwardParts:
         nheads = q.shape[2]
         qh, dout_h = q.transpose(1, 2), dout.transpose(1, 2)
         kh, vh = (_repeat_kv(t, nheads).transpose(1, 2) for t in (k, v))
@@ -390,6 +393,8 @@ class _BackwardParts:
         out_h = matmul(probs if upcast else probs.to(q.dtype), vh)
         out_h = out_h if upcast else out_h.to(q.dtype)
         delta = (dout_h.to(probs.dtype) * out_h.to(probs.dtype)).sum(dim=-1, keepdim=True)
+        if grad_lse is not None:
+            delta = delta - grad_lse.to(probs.dtype).unsqueeze(-1)
         grad_probs = matmul(dout_h, vh.transpose(-1, -2))
         return cls(qh, kh, vh, dout_h, out_h, probs, grad_probs, delta, softmax_scale, upcast, q.dtype, k.shape[2])
 
@@ -440,16 +445,18 @@ def judge_backward(
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     causal: bool = False,
     softmax_scale: float | None = None,
+    grad_lse: torch.Tensor | None = None,
 ) -> BackwardVerdict:
     """Judge (dq, dk, dv) with flash-attn's rule for gradients: each within twice the error of
     the same-precision baseline, plus 2·max|(g + 0.3 − 0.3) − g| over the reference gradient g
     rounded to the input dtype (a gradient the baseline happens to get exact must still be
     rounded once), plus the fp32 error a kernel may add where the baseline had none
-    (`_gradient_fp32_terms`). Every figure is computed on the device and read back at once."""
+    (`_gradient_fp32_terms`). `grad_lse`: an upstream gradient of the LSE as well (None: 0).
+    Every figure is computed on the device and read back at once."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    parts = _BackwardParts.of(q, k, v, dout, causal, scale, True, torch.float32)
+    parts = _BackwardParts.of(q, k, v, dout, causal, scale, True, torch.float32, grad_lse)
     reference = parts.gradients()
-    baseline = _BackwardParts.of(q, k, v, dout, causal, scale, False, torch.float32).gradients()
+    baseline = _BackwardParts.of(q, k, v, dout, causal, scale, False, torch.float32, grad_lse).gradients()
     fp32_terms = _gradient_fp32_terms(parts, _lse_atol(q, k, scale))
     figures = []
     for grad, ref, base, fp32_term in zip(grads, reference, baseline, fp32_terms, strict=True):
