@@ -200,23 +200,27 @@ def backward_program(
 BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
 
 
+def _compile(program, arch: str | None):
+    """`program` compiled for `arch` ("sm_90a": nvcc only, no GPU needed), or for the current
+    CUDA device where None, as kernel.compiled_forward compiles the forward."""
+    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
+    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+
+
 @functools.cache
 def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None):
     """The compiled preprocess, cached in this process (TileLang's disk cache spans processes)."""
-    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
-    program = preprocess_program(head_dim=head_dim, dtype=dtype)
-    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+    return _compile(preprocess_program(head_dim=head_dim, dtype=dtype), arch)
 
 
 @functools.cache
 def compiled_backward(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
     block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
-    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
     program = backward_program(
         head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages
     )
-    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+    return _compile(program, arch)
 
 
 def compiled_gradient_kernels(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None) -> tuple:
