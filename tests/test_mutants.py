@@ -111,3 +111,20 @@ def test_a_record_depends_on_the_tests_its_tiers_run_only():
     assert "test_backward_kernel.py" not in files  # an edit there keeps the smoke tier's verdicts
     suite = [("suite", ["-x", *mutants.PYTEST_ARGS["kernel"]])]
     assert "test_backward_kernel.py" in {path.name for path in mutants._tier_files(suite)}
+
+
+def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():
+    from ast_mutants import generate
+    from equivalent_mutants import BITWISE, EQUIVALENT
+
+    generated = generate()
+    schedule = next(m for m in generated if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
+    nodes = mutants.smoke_nodes_by_build()
+    build = next(iter(nodes))
+    tiers = mutants.mutant_tiers(schedule, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
+    # The same bits settle it; other bits send it on to the smoke tier and the suite.
+    assert [name for name, _ in tiers] == ["bitwise", f"smoke on {build}", "suite"]
+    assert tiers[0][1] == [BITWISE, build]
+    assert (mutants.ROOT / BITWISE) in mutants._tier_files(tiers)  # the check is part of the verdict
+    # Not settled on the CPU before the run: its check needs the GPU.
+    assert schedule.id not in mutants.recorded_equivalents([schedule])

@@ -7,6 +7,11 @@ here change the kernel's code but not its results; each names the argument why, 
 (`check`) that fails if the argument stops holding. Entries are keyed by GeneratedMutant.key
 (what the rewrite changes, not where), and tests/test_equivalent_mutants.py fails on a key no
 longer generated, so the list cannot go stale silently.
+
+Most checks are CPU tests, run before any mutant. A reason about the schedule cannot be checked
+without the GPU: its check is BITWISE, which the mutant runner runs in place of the mutant's
+tests: the mutant's outputs must be bitwise the unmutated kernel's over the boundary sweep of
+every build it changes (tools/bitwise_sweep.py), or it is run and judged like any other.
 """
 
 from __future__ import annotations
@@ -25,6 +30,27 @@ MASKS_MORE_TILES = Reason(
     "given (0 where a key is visible) and the GEMM adds Q.K^T onto it, so a tile that needed no mask gets the "
     "scores a cleared accumulator gives (0 + x = x exactly); only the time of writing the mask is added",
     "tests/test_equivalent_mutants.py::test_masking_tiles_that_need_no_mask_changes_nothing",
+)
+
+# Checked on the GPU by the mutant runner, per mutant (see above).
+BITWISE = "tools/bitwise_sweep.py"
+SCHEDULE_ONLY = Reason(
+    "changes when and by whom the work is done (the warpgroups' turns at the tensor cores, the "
+    "producer's thread count, the register split, where O is staged on its way out), not the "
+    "arithmetic any row goes through",
+    BITWISE,
+)
+MASK_WRITTEN_AGAIN = Reason(
+    "under the overlapped epilogue the next tile's mask is written before the last P.V; writing it "
+    "again, with the same arguments, right before its GEMM writes the same values (acc_s is not in "
+    "flight then)",
+    BITWISE,
+)
+DIAGONAL_HIDES_THE_END = Reason(
+    "causal bottom-right, the diagonal already hides key seqlen_k from every stored row (row < "
+    "seqlen_q, so row + seqlen_k - seqlen_q < seqlen_k); only the rows past seqlen_q, never stored, "
+    "see it",
+    BITWISE,
 )
 
 EMULATOR_CHECK = "tests/test_equivalent_mutants.py::test_recorded_emulator_mutants_are_bitwise_the_same"
@@ -77,4 +103,24 @@ EQUIVALENT: dict[str, Reason] = {
     "kv_start + block_n - 1 >= q_start + diagonal_offset": MASKS_MORE_TILES,
     "kernel.py:needs_mask:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset->"
     "kv_start + block_n - 1 > q_start + diagonal_offset - 1": MASKS_MORE_TILES,
+    # the causal mask's past-the-end term: one key past seqlen_k left to the diagonal
+    "kernel.py:write_mask:off_by_one:kv_start + j >= seqlen_k->kv_start + j - 1 >= seqlen_k": DIAGONAL_HIDES_THE_END,
+    "kernel.py:write_mask:relational:kv_start + j >= seqlen_k->kv_start + j > seqlen_k": DIAGONAL_HIDES_THE_END,
+    "kernel.py:issue_scores:guard_always:not mask_written->True": MASK_WRITTEN_AGAIN,
+    # taking turns: on where the config asks for it with one warpgroup, or for every config; off
+    # for two warpgroups
+    "kernel.py:forward_program:or_and:config.take_turns and warpgroups > 1->config.take_turns or warpgroups > 1": (
+        SCHEDULE_ONLY
+    ),
+    "kernel.py:forward_program:off_by_one:warpgroups > 1->warpgroups + 1 > 1": SCHEDULE_ONLY,
+    "kernel.py:forward_program:off_by_one:warpgroups > 1->warpgroups - 1 > 1": SCHEDULE_ONLY,
+    "kernel.py:forward_program:relational:warpgroups > 1->warpgroups >= 1": SCHEDULE_ONLY,
+    "kernel.py:forward_program:off_by_one:warpgroups > 1->warpgroups > 2": SCHEDULE_ONLY,
+    "kernel.py:forward_program:off_by_one:warpgroups > 1->warpgroups > 0": SCHEDULE_ONLY,
+    # the budgets: half the shared memory stages O in the V ring; a producer of 127 threads, or
+    # with 48 registers (the consumers get fewer)
+    "kernel.py:<module>:constant:BLOCK_SHARED_BYTES = 232448->BLOCK_SHARED_BYTES = 116224": SCHEDULE_ONLY,
+    "kernel.py:<module>:constant:SM_SHARED_BYTES = 233472->SM_SHARED_BYTES = 116736": SCHEDULE_ONLY,
+    "kernel.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 127": SCHEDULE_ONLY,
+    "kernel.py:<module>:constant:PRODUCER_REGISTERS = 24->PRODUCER_REGISTERS = 48": SCHEDULE_ONLY,
 }

@@ -56,7 +56,7 @@ PACKAGE = ROOT / "src" / "fa_kernel"
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
 
 from ast_mutants import GeneratedMutant, apply_patch, generate  # noqa: E402
-from equivalent_mutants import EQUIVALENT  # noqa: E402
+from equivalent_mutants import BITWISE, EQUIVALENT  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -585,8 +585,9 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None) -
 
 def recorded_equivalents(mutants: list[GeneratedMutant]) -> dict[str, tuple[str, str]]:
     """{mutant id: ('equivalent', reason)} for the mutants tools/equivalent_mutants.py records,
-    once the tests that check their reasons pass (on the CPU); none if one fails."""
-    recorded = [m for m in mutants if m.key in EQUIVALENT]
+    once the tests that check their reasons pass (on the CPU); none if one fails. The BITWISE
+    ones are checked per mutant on the GPU (mutant_tiers)."""
+    recorded = [m for m in mutants if m.key in EQUIVALENT and EQUIVALENT[m.key].check != BITWISE]
     checks = sorted({EQUIVALENT[m.key].check for m in recorded})
     if not checks:
         return {}
@@ -633,10 +634,15 @@ def mutant_tiers(
     """(name, pytest arguments) of the tiers that judge `mutant`, the cheapest first; each runs
     only if the ones before it passed. `changed`: the sweep builds (ids) whose kernel the mutant
     changes, where triage knows them: the smoke tier then runs on those alone, the first one
-    before the rest (one compile settles most mutants)."""
+    before the rest (one compile settles most mutants). A mutant recorded as equivalent by a
+    BITWISE reason is compared with the unmutated kernel over those builds first: the same bits
+    settle it, other bits send it on to the tiers after."""
     if target == "emulator":
         return [("suite", ["-x", *PYTEST_ARGS[target]])]
     tiers = []
+    reason = EQUIVALENT.get(getattr(mutant, "key", None))
+    if reason is not None and reason.check == BITWISE and changed:
+        tiers.append(("bitwise", [BITWISE, *changed]))
     if mutant.file != "kernel.py":
         tiers.append(("cpu", ["-x", *CPU_ARGS]))
     if getattr(mutant, "first", ()):
@@ -653,6 +659,11 @@ def mutant_tiers(
     if not smoke_only:
         tiers.append(("suite", ["-x", *PYTEST_ARGS[target]]))
     return tiers
+
+
+def _one_build(tier: str) -> bool:
+    """Whether `tier` is the smoke tier of a mutant's first changed build (mutant_tiers)."""
+    return tier.startswith("smoke on ") and "more changed builds" not in tier
 
 
 # The process groups of the tiers running now. Each runs in a session of its own (a time-out
@@ -676,9 +687,11 @@ def run_mutant(
     gpu: int | None = None,
     seed_cache: Path | None = None,
     selected: bool = False,
+    bitwise_seed: Path | None = None,
 ) -> tuple[str, str, float]:
-    """('killed' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds), running `tiers` in turn
-    until one fails. `selected`: the tiers are tests the caller chose, run whole (no -x), and the
+    """('killed' | 'equivalent' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds), running
+    `tiers` in turn until one fails (the bitwise tier: until it passes; `bitwise_seed` holds the
+    unmutated kernel's digests). `selected`: the tiers are tests the caller chose, run whole (no -x), and the
     detail lists every case that failed. A run past `timeout` seconds in all is stopped: a
     mutant that hangs the kernel is reported, not waited for. Before the whole suite or chosen tests, every
     kernel it needs is built over all cores (tools/precompile.py), as `nox -s gpu` does."""
@@ -707,6 +720,8 @@ def run_mutant(
     log = ""
     for tier, pytest_args in tiers:
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args]
+        if tier == "bitwise":
+            command = [sys.executable, pytest_args[0], "compare", str(bitwise_seed), *pytest_args[1:]]
         if tier in ("suite", "selected") and target == "kernel":
             # Many kernels: built over all cores first; then the tests shared by workers on the
             # mutant's GPU, as `nox -s gpu` shares them (the suite is work-bound).
@@ -726,7 +741,7 @@ def run_mutant(
         RUNNING.add(process.pid)
         # One build's smoke tests compile one kernel and launch it in well under a minute: past
         # HANG_SECONDS the kernel (or its build) never finishes, which fails any suite that runs it.
-        one_build = tier.startswith("smoke on ") and "more changed builds" not in tier
+        one_build = _one_build(tier)
         left = None if timeout is None else max(1.0, timeout - (time.perf_counter() - start))
         limit = min(HANG_SECONDS, left or HANG_SECONDS) if one_build else left
         try:
@@ -743,6 +758,14 @@ def run_mutant(
         RUNNING.discard(process.pid)
         result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         log += f"==== {tier}\n{result.stdout}{result.stderr}"
+        if tier == "bitwise":
+            if result.returncode == 0:
+                seconds = time.perf_counter() - start
+                (workdir / f"{mutant.id}.log").write_text(log)
+                shutil.rmtree(tree, ignore_errors=True)
+                why = EQUIVALENT[mutant.key].why
+                return "equivalent", f"{why} (checked: bitwise the unmutated kernel's outputs, {BITWISE})", seconds
+            continue  # not the same bits: judged by the tests, as any mutant
         if result.returncode != 0:
             break
     seconds = time.perf_counter() - start
@@ -751,7 +774,10 @@ def run_mutant(
     if "FA_KERNEL_EXPECT_SRC mismatch" in log:
         return "ERROR", "the tests imported the shipped package, not the mutant", seconds
     if result.returncode == 0:
-        return "SURVIVED", f"every test of the {tier} tier passed", seconds
+        claimed = ""
+        if "==== bitwise" in log:
+            claimed = " (recorded as equivalent, but its outputs are not the unmutated kernel's bits)"
+        return "SURVIVED", f"every test of the {tier} tier passed{claimed}", seconds
     if result.returncode != 1:
         last = log.strip().splitlines()[-1] if log.strip() else ""
         return "ERROR", f"pytest exited {result.returncode} in the {tier} tier: {last}", seconds
@@ -777,6 +803,12 @@ def main() -> int:
     parser.add_argument("--functions", nargs="+", help="generated: only mutants inside these functions")
     parser.add_argument(
         "--smoke-only", action="store_true", help="stop after the smoke tier: its survivors are reported, not run"
+    )
+    parser.add_argument(
+        "--first-build-only",
+        action="store_true",
+        help="the cheapest kills: stop after the smoke tier of each mutant's first changed build (one compile); "
+        "its survivors are reported, and run whole later",
     )
     parser.add_argument("--cpu-only", action="store_true", help="run the CPU tier only (no GPU needed)")
     parser.add_argument("--jobs", type=int, default=None, help="mutants at once (default: 2 per GPU, at least 4)")
@@ -862,9 +894,16 @@ def main() -> int:
         else mutant_tiers(m, args.target, changed.get(m.id), smoke_nodes, args.smoke_only, args.cpu_only)
         for m in to_run
     }
+    whole_tiers = tiers
+    if args.first_build_only:
+        tiers = {
+            key: [tier for tier in mutant_tiers if tier[0] in ("cpu", "own tests") or _one_build(tier[0])]
+            for key, mutant_tiers in tiers.items()
+        }
     recorded: dict[str, tuple[str, str, float]] = {}
     if args.record is not None:
-        recorded = load_record(args.record, to_run, tiers)
+        recorded = load_record(args.record, to_run, whole_tiers)  # a verdict on every build holds for the first
+        recorded.update(load_record(args.record, [m for m in to_run if m.id not in recorded], tiers))
         to_run = [m for m in to_run if m.id not in recorded]
         print(f"{len(recorded)} verdicts taken from {args.record}, {len(to_run)} mutants to run", flush=True)
 
@@ -876,6 +915,16 @@ def main() -> int:
         # Seed the mutants' caches with every kernel of the unmutated suite: a kernel a mutant
         # leaves alone then loads instead of compiling in each mutant's own cache.
         subprocess.run([sys.executable, str(ROOT / "tools" / "precompile.py")], cwd=ROOT, check=True)
+    bitwise_builds = sorted(
+        {build for m in to_run for name, tier_args in tiers[m.id] if name == "bitwise" for build in tier_args[1:]}
+    )
+    bitwise_seed = None
+    if gpus and bitwise_builds:
+        # The unmutated kernel's bits, once, for the mutants whose recorded reason is checked bitwise.
+        bitwise_seed = Path(tempfile.mkdtemp(prefix="fa-bitwise-seed-"))
+        command = [sys.executable, BITWISE, "record", str(bitwise_seed), *bitwise_builds]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+        subprocess.run(command, cwd=ROOT, env=env, check=True)
     # A mutant's smoke tier is mostly one kernel's compile, on one core: one mutant per core.
     jobs = args.jobs or max(4, os.cpu_count() or 1)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
@@ -896,6 +945,7 @@ def main() -> int:
                 index % gpus if gpus else None,
                 args.seed_cache,
                 bool(args.select),
+                bitwise_seed,
             ): mutant
             for index, mutant in enumerate(to_run)
         }
@@ -959,15 +1009,15 @@ def _tier_files(tiers: list[tuple[str, list[str]]]) -> list[Path]:
             target = ROOT / arg.split("::")[0]
             if target == tests:
                 files.update(tests.glob("test_*.py"))
-            elif target.suffix == ".py" and target.parent == tests:
+            elif target.suffix == ".py" and target.parent in (tests, ROOT / "tools"):
                 files.add(target)
     return sorted(files)
 
 
 def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, tuple[str, str, float]]:
     """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint; a
-    kill also where it was judged by the first of these tiers only (a `--smoke-only` run): a
-    whole run would have stopped at that tier too."""
+    kill (or the bitwise tier's equivalence) also where it was judged by the first of these tiers
+    only (a `--smoke-only` run): a whole run would have stopped at that tier too."""
     if not path.exists():
         return {}
     entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -980,7 +1030,7 @@ def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, 
             if entry is not None:
                 break
             earlier = by_fingerprint.get(_fingerprint(mutant, mutant_tiers[:first]))
-            entry = earlier if earlier is not None and earlier["status"] == "killed" else None
+            entry = earlier if earlier is not None and earlier["status"] in ("killed", "equivalent") else None
         if entry is not None:
             found[mutant.id] = (entry["status"], entry["detail"], entry["seconds"])
     return found
