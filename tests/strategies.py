@@ -17,12 +17,15 @@ from hypothesis import strategies as st
 from boundaries import (
     FALLBACK_ENTRIES,
     SIDE,
+    SWEEP_HEADS,
+    SWEEP_HEADS_KV,
     Entry,
     boundary_offsets,
     factor_pairs,
     lengths_near_multiples,
     shipped_entries,
     sweep_limit,
+    sweep_seqlens_q,
     tile_counts_near_grid,
 )
 from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, TileConfig
@@ -105,6 +108,15 @@ class Case:
             q[..., 0] = 1.0
             steps = torch.arange(self.seqlen_k) // JUMP_EVERY
             k[..., 0] += (JUMP_LOG2 / (self.scale * math.log2(math.e))) * steps[None, :, None]
+        elif self.distribution == "unit_steps":
+            # Integer scores (q = e_0, k's first coordinate the step count) that rise by exactly
+            # 1.0 every JUMP_EVERY keys: a tile's max is exactly one above the tile's before, where
+            # an equality on the max that is off by one holds. Named cases only: with a
+            # softmax_scale past 12 / log2(e) (STALE_SUM_LIMIT) a tile holding a step must leave
+            # the max it started from.
+            q = torch.zeros_like(q)
+            q[..., 0] = 1.0
+            k[..., 0] = (torch.arange(self.seqlen_k) // JUMP_EVERY).to(k.dtype)[None, :, None]
         elif self.distribution == "tiny":
             # Four times the smallest normal of the dtype: many inputs become subnormal.
             tiny = 4 * torch.finfo(self.torch_dtype).tiny
@@ -251,3 +263,20 @@ def _tile_count_shape(draw, entry: Entry, near_k: list[int], sm_count: int, budg
     batch, nheads = draw(st.sampled_from(factor_pairs(heads_times_batch, most_first=3)))
     nheads_kv = draw(st.sampled_from(sorted({1, nheads})))
     return batch, seqlen_q, seqlen_k, nheads, nheads_kv
+
+
+# {distribution: softmax_scale (None: head_dim^-0.5)}. unit_steps' steps of 1.0 are 23 in log2
+# units at 16, past STALE_SUM_LIMIT's 12: each leaves the stale max, through the rescale.
+HARD_SCORES = {"jumping_scores": None, "large_logits": None, "unit_steps": 16.0}
+
+
+def hard_score_cases(build: dict, distribution: str) -> list[Case]:
+    """The hard-scores cases of a sweep build: 600 x 600, and its longer query length against
+    three K/V tiles and a key (test_boundary_sweep.py's smoke tier and tools/bitwise_sweep.py)."""
+    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
+    shapes = ((600, 600), (sweep_seqlens_q(config)[-1], 3 * config.block_n + 1))
+    scale = HARD_SCORES[distribution]
+    return [
+        Case(1, seqlen_q, seqlen_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, "float16", causal, scale, distribution, 7)
+        for seqlen_q, seqlen_k in shapes
+    ]

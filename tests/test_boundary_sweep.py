@@ -32,7 +32,7 @@ from fa_kernel.emulator import attention_tiled
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.reference import judge, random_qkv
 from launch import device_arch, run_config
-from strategies import Case
+from strategies import HARD_SCORES, hard_score_cases
 
 BUILDS = sweep_builds()
 
@@ -83,18 +83,15 @@ def test_boundary_sweep(build, query_length, part, request):
 
 @pytest.mark.gpu
 @pytest.mark.smoke
-@pytest.mark.parametrize("distribution", ["jumping_scores", "large_logits"])
+@pytest.mark.parametrize("distribution", HARD_SCORES)
 @pytest.mark.parametrize("build", BUILDS, ids=build_id)
 def test_sweep_builds_on_hard_scores(build, distribution):
     # The sweep's kernels on scores that leave the max a tile started from (both paths of the
-    # stale-max softmax, strategies.JUMP_LOG2) and on logits past fp16's range: the smoke tier's
-    # check of the softmax, at no extra compile.
-    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
+    # stale-max softmax, strategies.JUMP_LOG2), on integer maxima one apart (unit_steps) and on
+    # logits past fp16's range: the smoke tier's check of the softmax, at no extra compile.
+    config, causal = build["config"], build["causal"]
     kernel = compiled_forward(**build, arch=device_arch())
-    for seqlen_q, seqlen_k in ((600, 600), (sweep_seqlens_q(config)[-1], 3 * config.block_n + 1)):
-        case = Case(
-            1, seqlen_q, seqlen_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, "float16", causal, None, distribution, 7
-        )
+    for case in hard_score_cases(build, distribution):
         q, k, v = case.inputs("cuda")
         out, lse = run_config(q, k, v, case.scale, causal, config, kernel=kernel)
         verdict = judge(q, k, v, out, lse, causal, case.scale)

@@ -13,7 +13,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.emulator import attention_tiled
 from launch import device_sm_count, run_config
 from properties import PROPERTIES
-from strategies import REACHES, Case, cases
+from strategies import HARD_SCORES, REACHES, Case, cases
 
 
 def emulator(q, k, v, softmax_scale, causal, config=None):
@@ -54,9 +54,11 @@ SHARDS = {"emulator": [(64, 128)], "kernel": [(64,), (128,), (256,)]}
 
 TARGET_PARAMS = [pytest.param("emulator"), pytest.param("kernel", marks=pytest.mark.gpu)]
 # Drawn by the strategy too, but rarely in a short run: the two paths of a tile's softmax (the
-# max from before the tile kept, or replaced), on both tile heights (128 and 176 keys).
+# max from before the tile kept, or replaced), on both tile heights (128 and 176 keys); and never
+# drawn, integer maxima exactly one apart that each replace the max (strategies.HARD_SCORES).
 NAMED_CASES = [
-    Case(2, 600, 600, 4, 2, head_dim, "float16", causal, None, "jumping_scores", seed=7)
+    Case(2, 600, 600, 4, 2, head_dim, "float16", causal, HARD_SCORES[distribution], distribution, seed=7)
+    for distribution in ("jumping_scores", "unit_steps")
     for head_dim in (64, 128)
     for causal in (False, True)
 ]
