@@ -128,3 +128,16 @@ def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():
     assert (mutants.ROOT / BITWISE) in mutants._tier_files(tiers)  # the check is part of the verdict
     # Not settled on the CPU before the run: its check needs the GPU.
     assert schedule.id not in mutants.recorded_equivalents([schedule])
+
+
+def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
+    from ast_mutants import generate
+    from equivalent_mutants import BITWISE, EQUIVALENT, ROUNDING
+
+    rounding = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == ROUNDING)
+    nodes = mutants.smoke_nodes_by_build()
+    build = next(iter(nodes))
+    tiers = mutants.mutant_tiers(rounding, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
+    assert [name for name, _ in tiers] == ["close", f"smoke on {build}", "suite"]
+    assert tiers[0][1] == [BITWISE, build]  # the same script, its `close` action
+    assert rounding.id not in mutants.recorded_equivalents([rounding])

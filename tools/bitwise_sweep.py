@@ -1,16 +1,27 @@
-"""Whether the kernel's outputs are bitwise the unmutated kernel's over the boundary sweep: the
-check of the generated mutants recorded as changing only the schedule (tools/equivalent_mutants.py,
-SCHEDULE_ONLY), which the GPU runs.
+"""Whether a mutant's outputs are the unmutated kernel's over the boundary sweep: the GPU checks
+of the generated mutants recorded as equivalent for a reason no CPU test can check
+(tools/equivalent_mutants.py).
 
     python tools/bitwise_sweep.py record DIR [BUILD_ID ...]    # the unmutated package
     python tools/bitwise_sweep.py compare DIR [BUILD_ID ...]   # a mutant's copy; exit 1 if any bit differs
+    python tools/bitwise_sweep.py close KERNEL_PY [BUILD_ID ...]
+        # a mutant's copy against the unmutated kernel.py, run beside it; exit 1 past the rounding allowed
 
 Each build (tests/boundaries.py's sweep builds, all of them where none is named) runs every
-shape of its sweep, both parts, and the two hard score distributions of the smoke tier
-(test_boundary_sweep.py), on fixed inputs. `record` keeps a digest of each shape's out and lse
-in DIR; `compare` runs the package PYTHONPATH gives and names the shapes whose digests differ.
-A digest, not the tensors: the sweep's outputs are GBs. The forward kernel has no atomics and a
-fixed tile order, so the unmutated kernel gives the same bits on every run.
+shape of its sweep, both parts, and the smoke tier's hard score distributions
+(strategies.hard_score_cases), on fixed inputs.
+
+- `record` keeps a digest of each shape's out and lse in DIR; `compare` runs the package
+  PYTHONPATH gives and names the shapes whose digests differ. A digest, not the tensors: the
+  sweep's outputs are GBs. The forward kernel has no atomics and a fixed tile order, so the
+  unmutated kernel gives the same bits on every run. For mutants that change only the schedule.
+- `close` builds the unmutated kernel from KERNEL_PY beside the mutant's, runs both on each
+  shape, and requires the mutant's out within the judge's allowance for that shape
+  (reference.judge's output atol: what a same-precision computation may round by) of the
+  unmutated kernel's out, and its LSE within the LSE bound of the unmutated LSE, with the same
+  non-finite elements. For mutants that compute the same attention in exact arithmetic and
+  differ in rounding only (a choice of reference max); a mutant that computes something else
+  moves some output by far more.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,45 +41,82 @@ if importlib.util.find_spec("fa_kernel") is None:  # not installed, nor on PYTHO
     sys.path.insert(1, str(ROOT / "src"))
 
 
-def digests(build: dict) -> dict[str, str]:
-    """{shape: sha256 of out's and lse's bytes} of one build over its sweep and hard scores."""
+def sweep_inputs(build: dict) -> Iterator[tuple[str, tuple, float]]:
+    """(shape name, (q, k, v), softmax_scale) of every shape of one build's sweep and hard scores."""
     import torch
 
     from boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, sweep_seqlens_q, sweep_shapes
-    from fa_kernel.kernel import compiled_forward
     from fa_kernel.reference import random_qkv
-    from launch import device_arch, run_config
-    from strategies import Case
+    from strategies import HARD_SCORES, hard_score_cases
 
-    kernel = compiled_forward(**build, arch=device_arch())
-    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
+    config, head_dim = build["config"], build["head_dim"]
     shapes = sweep_shapes(config)
-    found = {}
-
-    def keep(name, q, k, v, scale):
-        out, lse = run_config(q, k, v, scale, causal, config, kernel=kernel)
-        found[name] = hashlib.sha256(out.cpu().numpy().tobytes() + lse.cpu().numpy().tobytes()).hexdigest()
-
     for seqlen_q in sweep_seqlens_q(config):  # prefixes of one draw, as test_boundary_sweep runs them
         lengths = [k for q, k in shapes if q == seqlen_q]
         q_all, k_all, v_all = random_qkv(
             1, seqlen_q, max(lengths), SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16
         )
         for seqlen_k in lengths:
-            keep(f"{seqlen_q}x{seqlen_k}", q_all, k_all[:, :seqlen_k], v_all[:, :seqlen_k], head_dim**-0.5)
-    for distribution in ("jumping_scores", "large_logits"):
-        for seqlen_q, seqlen_k in ((600, 600), (sweep_seqlens_q(config)[-1], 3 * config.block_n + 1)):
-            case = Case(
-                1, seqlen_q, seqlen_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, "float16", causal, None, distribution, 7
-            )
-            keep(f"{distribution}-{seqlen_q}x{seqlen_k}", *case.inputs("cuda"), case.scale)
+            yield f"{seqlen_q}x{seqlen_k}", (q_all, k_all[:, :seqlen_k], v_all[:, :seqlen_k]), head_dim**-0.5
+    for distribution in HARD_SCORES:
+        for case in hard_score_cases(build, distribution):
+            yield f"{distribution}-{case.seqlen_q}x{case.seqlen_k}", case.inputs("cuda"), case.scale
+
+
+def digests(build: dict) -> dict[str, str]:
+    """{shape: sha256 of out's and lse's bytes} of one build over its sweep and hard scores."""
+    from fa_kernel.kernel import compiled_forward
+    from launch import device_arch, run_config
+
+    kernel = compiled_forward(**build, arch=device_arch())
+    found = {}
+    for name, (q, k, v), scale in sweep_inputs(build):
+        out, lse = run_config(q, k, v, scale, build["causal"], build["config"], kernel=kernel)
+        found[name] = hashlib.sha256(out.cpu().numpy().tobytes() + lse.cpu().numpy().tobytes()).hexdigest()
     return found
+
+
+def load_kernel_module(path: Path):
+    """kernel.py at `path` as a module of its own name, beside the package's (it imports the rest
+    of fa_kernel, unmutated, from the package)."""
+    spec = importlib.util.spec_from_file_location("unmutated_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def not_close(build: dict, unmutated) -> list[str]:
+    """The shapes of one build where the package's kernel is further from `unmutated`'s (a
+    kernel.py module) than rounding allows, each with its figures."""
+    from fa_kernel.kernel import compiled_forward
+    from fa_kernel.reference import error_report, judge
+    from launch import device_arch, run_config
+
+    kernels = [compiled(**build, arch=device_arch()) for compiled in (compiled_forward, unmutated.compiled_forward)]
+    far = []
+    for name, (q, k, v), scale in sweep_inputs(build):
+        (out, lse), (out_unmutated, lse_unmutated) = (
+            run_config(q, k, v, scale, build["causal"], build["config"], kernel=kernel) for kernel in kernels
+        )
+        allowed = judge(q, k, v, out_unmutated, lse_unmutated, build["causal"], scale)
+        output = error_report(out, out_unmutated)
+        lse_error = error_report(lse, lse_unmutated)
+        if not (
+            output.nonfinite == 0
+            and output.max_abs <= allowed.output_bound.atol
+            and lse_error.nonfinite == 0
+            and lse_error.max_abs <= allowed.lse_bound.atol
+        ):
+            far.append(f"{name}: out {output} vs atol {allowed.output_bound.atol:.3g}; lse {lse_error}")
+    return far
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["record", "compare"])
-    parser.add_argument("folder", type=Path, help="where the unmutated kernel's digests are kept")
+    parser.add_argument("action", choices=["record", "compare", "close"])
+    parser.add_argument(
+        "path", type=Path, help="record/compare: where the unmutated kernel's digests are kept; close: its kernel.py"
+    )
     parser.add_argument("builds", nargs="*", metavar="BUILD_ID", help="tests/boundaries.py build ids (default: all)")
     args = parser.parse_args()
     import fa_kernel
@@ -81,11 +130,23 @@ def main() -> int:
     unknown = sorted(set(args.builds) - set(by_id))
     if unknown:
         parser.error(f"builds: expected sweep build ids (tests/boundaries.py), got {unknown}")
-    args.folder.mkdir(parents=True, exist_ok=True)
     differing = []
+    if args.action == "close":
+        if not args.path.is_file():
+            parser.error(f"path: expected the unmutated kernel.py, got {args.path}")
+        unmutated = load_kernel_module(args.path)
+        for name in args.builds or list(by_id):
+            far = not_close(by_id[name], unmutated)
+            print(f"{name}: {len(far)} shapes past the rounding allowed", flush=True)
+            differing += [f"{name} {line}" for line in far]
+        if differing:
+            print(f"{len(differing)} shapes further from the unmutated kernel than rounding, first:")
+            print("\n".join(differing[:5]))
+        return 1 if differing else 0
+    args.path.mkdir(parents=True, exist_ok=True)
     for name in args.builds or list(by_id):
         found = digests(by_id[name])
-        path = args.folder / f"{name}.json"
+        path = args.path / f"{name}.json"
         if args.action == "record":
             path.write_text(json.dumps(found))
             continue

@@ -8,10 +8,14 @@ here change the kernel's code but not its results; each names the argument why, 
 (what the rewrite changes, not where), and tests/test_equivalent_mutants.py fails on a key no
 longer generated, so the list cannot go stale silently.
 
-Most checks are CPU tests, run before any mutant. A reason about the schedule cannot be checked
-without the GPU: its check is BITWISE, which the mutant runner runs in place of the mutant's
-tests: the mutant's outputs must be bitwise the unmutated kernel's over the boundary sweep of
-every build it changes (tools/bitwise_sweep.py), or it is run and judged like any other.
+Most checks are CPU tests, run before any mutant. A reason about the schedule or the kernel's
+rounding cannot be checked without the GPU; the mutant runner runs its check before the
+mutant's tests, over the boundary sweep of every build the mutant changes
+(tools/bitwise_sweep.py), and a mutant that fails it is run and judged like any other:
+- BITWISE: the mutant's outputs are bitwise the unmutated kernel's;
+- ROUNDING: they are within the judge's allowance of the unmutated kernel's (what a
+  same-precision computation may round by), with the same non-finite elements: for mutants
+  that compute the same attention in exact arithmetic.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ MASKS_MORE_TILES = Reason(
 
 # Checked on the GPU by the mutant runner, per mutant (see above).
 BITWISE = "tools/bitwise_sweep.py"
+ROUNDING = "tools/bitwise_sweep.py close"
+GPU_CHECKS = (BITWISE, ROUNDING)
 SCHEDULE_ONLY = Reason(
     "changes when and by whom the work is done (the warpgroups' turns at the tensor cores, the "
     "producer's thread count, the register split, where O is staged on its way out), not the "
@@ -51,6 +57,25 @@ DIAGONAL_HIDES_THE_END = Reason(
     "seqlen_q, so row + seqlen_k - seqlen_q < seqlen_k); only the rows past seqlen_q, never stored, "
     "see it",
     BITWISE,
+)
+
+MINUS_INFINITY_PLUS_ONE = Reason(
+    "-inf + 1 and -inf - 1 are -inf, and a finite fp32 row max plus or minus 1 stays finite, so the "
+    "test for a row that has seen no key yet holds for exactly the same rows",
+    BITWISE,
+)
+REFERENCE_MAX_IS_FREE = Reason(
+    "where a warpgroup issues S again, which rows keep the max from before the tile decides only the "
+    "reference max their P~ is taken against: alpha moves acc_o and row_sum with it, and any row that "
+    "keeps a stale max has a sum within a few of STALE_SUM_LIMIT, so its P~ stays inside fp16; the "
+    "same attention in exact arithmetic, rounded differently",
+    ROUNDING,
+)
+ALPHA_IS_ONE = Reason(
+    "where the max stayed, alpha = exp2(max * scale_log2 - max * scale_log2) is 1 up to the FMA's "
+    "rounding of one product, and it scales acc_o and row_sum alike; the select (made never true, or "
+    "true only where the max stayed) only spares that rounding",
+    ROUNDING,
 )
 
 EMULATOR_CHECK = "tests/test_equivalent_mutants.py::test_recorded_emulator_mutants_are_bitwise_the_same"
@@ -123,4 +148,39 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:<module>:constant:SM_SHARED_BYTES = 233472->SM_SHARED_BYTES = 116736": SCHEDULE_ONLY,
     "kernel.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 127": SCHEDULE_ONLY,
     "kernel.py:<module>:constant:PRODUCER_REGISTERS = 24->PRODUCER_REGISTERS = 48": SCHEDULE_ONLY,
+    # the online softmax: a row with no visible key yet, at -inf
+    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] + 1 == neg_inf": MINUS_INFINITY_PLUS_ONE,
+    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] - 1 == neg_inf": MINUS_INFINITY_PLUS_ONE,
+    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] == neg_inf + 1": MINUS_INFINITY_PLUS_ONE,
+    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] == neg_inf - 1": MINUS_INFINITY_PLUS_ONE,
+    # the rows that keep their stale max: every row takes the new one, or the limit moved by one
+    "kernel.py:online_softmax:guard_never:stale_sum is not None->False": REFERENCE_MAX_IS_FREE,
+    "kernel.py:online_softmax:guard_always:T.if_then_else(stale_sum[i] > STALE_SUM_LIMIT, row_max[i], "
+    "row_max_prev[i])->row_max[i]": REFERENCE_MAX_IS_FREE,
+    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] + 1 > STALE_SUM_LIMIT": (
+        REFERENCE_MAX_IS_FREE
+    ),
+    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] - 1 > STALE_SUM_LIMIT": (
+        REFERENCE_MAX_IS_FREE
+    ),
+    "kernel.py:online_softmax:relational:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] >= STALE_SUM_LIMIT": (
+        REFERENCE_MAX_IS_FREE
+    ),
+    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] > STALE_SUM_LIMIT + 1": (
+        REFERENCE_MAX_IS_FREE
+    ),
+    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] > STALE_SUM_LIMIT - 1": (
+        REFERENCE_MAX_IS_FREE
+    ),
+    # alpha's select: never taken, or taken only where the max stayed (the row max is never below
+    # the one before; a max past 2^24 absorbs the 1)
+    "kernel.py:online_softmax:guard_never:T.if_then_else(row_max[i] == row_max_prev[i], 1, "
+    "T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i]))->T.exp2(row_max_prev[i] * scale_log2 - "
+    "row_max_scaled[i])": ALPHA_IS_ONE,
+    "kernel.py:online_softmax:off_by_one:row_max[i] == row_max_prev[i]->row_max[i] + 1 == row_max_prev[i]": (
+        ALPHA_IS_ONE
+    ),
+    "kernel.py:online_softmax:off_by_one:row_max[i] == row_max_prev[i]->row_max[i] == row_max_prev[i] - 1": (
+        ALPHA_IS_ONE
+    ),
 }
