@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 
 from fa_kernel import flash_attn_func
 from fa_kernel.backward import BACKWARD_TILES
@@ -102,11 +102,21 @@ def test_backward_softmax_scale():
         assert_gradients_within_the_bound(*inputs, True, f"scale {scale}", softmax_scale=scale)
 
 
-@given(case=cases(head_dims=(64, 128), max_len=1100, max_score_elements=2_000_000))
+# One property run per head dim, each with that share of the profile's examples: the same cases in
+# all, in tests that pytest-xdist spreads over its workers (test_properties.py's SHARDS).
+SHARDS = [(head_dim,) for head_dim in sorted(BACKWARD_TILES)]
+
+
 @pytest.mark.examples
-def test_backward_property(case):
-    q, k, v = case.inputs("cuda")
-    assert_gradients_within_the_bound(q, k, v, case.causal, repr(case), case.scale, seed=case.seed)
+@pytest.mark.parametrize("head_dims", SHARDS, ids=lambda dims: f"d{dims[0]}")
+def test_backward_property(head_dims):
+    @settings(max_examples=max(1, settings.default.max_examples // len(SHARDS)))
+    @given(case=cases(head_dims=head_dims, max_len=1100, max_score_elements=2_000_000))
+    def holds(case):
+        q, k, v = case.inputs("cuda")
+        assert_gradients_within_the_bound(q, k, v, case.causal, repr(case), case.scale, seed=case.seed)
+
+    holds()
 
 
 def autograd_gradients(attention, q, k, v, dout, causal):
