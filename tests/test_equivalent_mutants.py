@@ -17,7 +17,8 @@ from mutants import PACKAGE  # noqa: E402
 
 from boundaries import boundary_offsets, shipped_entries, sweep_limit, sweep_seqlens_q  # noqa: E402
 from fa_kernel.emulator import attention_tiled  # noqa: E402
-from fa_kernel.reference import random_qkv  # noqa: E402
+from fa_kernel.reference import random_qkv, rounding_apart  # noqa: E402
+from strategies import HARD_SCORES, Case  # noqa: E402
 
 
 def test_every_recorded_equivalent_is_a_generated_mutant():
@@ -82,3 +83,54 @@ def test_recorded_emulator_mutants_are_bitwise_the_same(tmp_path):
                 actual = mutated(q, k, v, causal=entry.causal, config=config)
                 for got, want in zip(actual, expected, strict=True):
                     assert torch.equal(got, want), f"{mutant.id}: {config}, causal={entry.causal}, offset {offset}"
+
+
+def stale_sum_limits() -> list[float]:
+    """STALE_SUM_LIMIT as each generated mutant of numerics.py sets it."""
+    limits = []
+    for mutant in generate(files=("numerics.py",)):
+        if "STALE_SUM_LIMIT" in mutant.key:
+            namespace: dict = {}
+            exec(mutant.mutated_source(), namespace)  # the module's constants, nothing else
+            limits.append(namespace["STALE_SUM_LIMIT"])
+    return limits
+
+
+HARD_CASES = [
+    Case(1, 600, 600, 2, 1, 64, "float16", causal, HARD_SCORES[distribution], distribution, 7)
+    for distribution in HARD_SCORES
+    for causal in (False, True)
+]
+
+
+def test_the_stale_sum_limit_only_chooses_the_reference_max(monkeypatch):
+    # The emulator with STALE_SUM_LIMIT as each numerics.py mutant sets it (halved, doubled, one
+    # either side), on scores that keep and that leave their max: the same attention as the
+    # shipped limit's, within rounding (reference.rounding_apart). A limit past fp16's range
+    # keeps maxes whose P~ overflow, and the check sees it.
+    import fa_kernel.emulator as emulator
+    from fa_kernel.numerics import STALE_SUM_LIMIT
+
+    limits = stale_sum_limits()
+    assert len(limits) == 4
+    for case in HARD_CASES:
+        q, k, v = case.inputs()
+        monkeypatch.setattr(emulator, "STALE_SUM_LIMIT", STALE_SUM_LIMIT)
+        shipped = attention_tiled(q, k, v, softmax_scale=case.scale, causal=case.causal)
+        for limit in [*limits, 2.0**40]:
+            monkeypatch.setattr(emulator, "STALE_SUM_LIMIT", limit)
+            out, lse = attention_tiled(q, k, v, softmax_scale=case.scale, causal=case.causal)
+            apart = rounding_apart(q, k, v, out, lse, *shipped, case.causal, case.scale)
+            if limit == 2.0**40:
+                assert apart is not None or case.distribution != "jumping_scores", f"{case}: the check cannot fail"
+            else:
+                assert apart is None, f"STALE_SUM_LIMIT {limit}, {case}: {apart}"
+
+
+def test_contiguous_is_the_tensor_itself_where_it_already_is():
+    # interface._forward copies `t if t.is_contiguous() else t.contiguous()`: the test made never
+    # true copies nothing more, as Tensor.contiguous() returns a contiguous tensor itself.
+    qkv = torch.randn(2, 33, 3, 4, 64, dtype=torch.float16)
+    for tensor in (qkv[:, :, 0].contiguous(), torch.randn(2, 33, 4, 64)):
+        assert tensor.is_contiguous() and tensor.contiguous() is tensor
+    assert not qkv[:, :, 0].is_contiguous() and qkv[:, :, 0].contiguous() is not qkv[:, :, 0]

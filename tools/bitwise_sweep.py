@@ -16,12 +16,11 @@ shape of its sweep, both parts, and the smoke tier's hard score distributions
   sweep's outputs are GBs. The forward kernel has no atomics and a fixed tile order, so the
   unmutated kernel gives the same bits on every run. For mutants that change only the schedule.
 - `close` builds the unmutated kernel from KERNEL_PY beside the mutant's, runs both on each
-  shape, and requires the mutant's out within the judge's allowance for that shape
-  (reference.judge's output atol: what a same-precision computation may round by) of the
-  unmutated kernel's out, and its LSE within the LSE bound of the unmutated LSE, with the same
-  non-finite elements. For mutants that compute the same attention in exact arithmetic and
-  differ in rounding only (a choice of reference max); a mutant that computes something else
-  moves some output by far more.
+  shape, and requires the two within rounding of each other (reference.rounding_apart: out
+  within the judge's allowance for that shape, LSE within its bound, the same non-finite
+  elements). For mutants that compute the same attention in exact arithmetic and differ in
+  rounding only (a choice of reference max); one that computes something else moves some
+  output by far more.
 """
 
 from __future__ import annotations
@@ -87,9 +86,9 @@ def load_kernel_module(path: Path):
 
 def not_close(build: dict, unmutated) -> list[str]:
     """The shapes of one build where the package's kernel is further from `unmutated`'s (a
-    kernel.py module) than rounding allows, each with its figures."""
+    kernel.py module) than rounding (reference.rounding_apart), each with its figures."""
     from fa_kernel.kernel import compiled_forward
-    from fa_kernel.reference import error_report, judge
+    from fa_kernel.reference import rounding_apart
     from launch import device_arch, run_config
 
     kernels = [compiled(**build, arch=device_arch()) for compiled in (compiled_forward, unmutated.compiled_forward)]
@@ -98,16 +97,9 @@ def not_close(build: dict, unmutated) -> list[str]:
         (out, lse), (out_unmutated, lse_unmutated) = (
             run_config(q, k, v, scale, build["causal"], build["config"], kernel=kernel) for kernel in kernels
         )
-        allowed = judge(q, k, v, out_unmutated, lse_unmutated, build["causal"], scale)
-        output = error_report(out, out_unmutated)
-        lse_error = error_report(lse, lse_unmutated)
-        if not (
-            output.nonfinite == 0
-            and output.max_abs <= allowed.output_bound.atol
-            and lse_error.nonfinite == 0
-            and lse_error.max_abs <= allowed.lse_bound.atol
-        ):
-            far.append(f"{name}: out {output} vs atol {allowed.output_bound.atol:.3g}; lse {lse_error}")
+        apart = rounding_apart(q, k, v, out, lse, out_unmutated, lse_unmutated, build["causal"], scale)
+        if apart is not None:
+            far.append(f"{name}: {apart}")
     return far
 
 

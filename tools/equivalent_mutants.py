@@ -78,6 +78,18 @@ ALPHA_IS_ONE = Reason(
     ROUNDING,
 )
 
+STALE_SUM_LIMIT_IS_FREE = Reason(
+    "STALE_SUM_LIMIT decides which rows keep the max from before a tile, that is, only the reference "
+    "max of their P~ (REFERENCE_MAX_IS_FREE): halved, doubled or one off, a kept P~ stays far inside "
+    "fp16, and the attention is the same within rounding; the emulator shares the constant, so its "
+    "check runs the emulator at each mutant's limit",
+    "tests/test_equivalent_mutants.py::test_the_stale_sum_limit_only_chooses_the_reference_max",
+)
+CONTIGUOUS_IS_ITSELF = Reason(
+    "Tensor.contiguous() returns a contiguous tensor itself, so calling it on every input copies nothing more",
+    "tests/test_equivalent_mutants.py::test_contiguous_is_the_tensor_itself_where_it_already_is",
+)
+
 EMULATOR_CHECK = "tests/test_equivalent_mutants.py::test_recorded_emulator_mutants_are_bitwise_the_same"
 EMULATOR_MASKS_MORE_TILES = Reason(
     "the emulator's needs_mask holds for a superset of the tiles; the mask of a tile whose keys are all "
@@ -91,6 +103,12 @@ ROW_COMPUTED_TWICE = Reason(
 )
 
 EQUIVALENT: dict[str, Reason] = {
+    # ---- the numbers (numerics.py) and the launch (interface.py)
+    **{
+        f"numerics.py:<module>:constant:STALE_SUM_LIMIT = 4096.0->STALE_SUM_LIMIT = {limit}": STALE_SUM_LIMIT_IS_FREE
+        for limit in ("8192.0", "2048.0", "4097.0", "4095.0")
+    },
+    "interface.py:_forward:guard_never:t.is_contiguous()->False": CONTIGUOUS_IS_ITSELF,
     # ---- the emulator's tile loop (tools/mutants.py --generated --target emulator)
     "emulator.py:_attend_one_head:off_by_one:q[q_start:q_start + block_m]->q[q_start:q_start + block_m + 1]": (
         ROW_COMPUTED_TWICE

@@ -93,6 +93,15 @@ NONFINITE = ("tests/test_nonfinite.py",)
 GUARD_REGIONS = ("tests/test_guard_regions.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
+# The generated mutants of a file whose code the smoke tier never runs (it calls the kernels
+# directly): the GPU tests of the launch (empty inputs, one key, strided inputs) first.
+FIRST_BY_FILE = {
+    "interface.py": (
+        "tests/test_kernel.py::test_empty_inputs",
+        "tests/test_kernel.py::test_matches_reference_head_dim_128",
+        "tests/test_kernel.py::test_packed_qkv_slices_give_the_same_result",
+    ),
+}
 
 
 KERNEL_MUTANTS = [
@@ -660,8 +669,9 @@ def mutant_tiers(
         tiers.append(("bitwise" if reason.check == BITWISE else "close", [BITWISE, *changed]))
     if mutant.file != "kernel.py":
         tiers.append(("cpu", ["-x", *CPU_ARGS]))
-    if getattr(mutant, "first", ()):
-        tiers.append(("own tests", ["-x", *mutant.first]))
+    first = getattr(mutant, "first", ()) or FIRST_BY_FILE.get(mutant.file, ())
+    if first:
+        tiers.append(("own tests", ["-x", *first]))
     if changed is None:
         tiers.append(("smoke", ["-x", *SMOKE_ARGS]))
     elif changed:

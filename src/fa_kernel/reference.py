@@ -328,6 +328,36 @@ def judge(
     return Verdict(report, bound, _report(figures[9:14], ref_lse.numel()), lse_tol)
 
 
+def rounding_apart(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    other_out: torch.Tensor,
+    other_lse: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+) -> str | None:
+    """None where two kernels' results for these inputs differ by rounding only, else how far
+    apart they are: out within the judge's output allowance (twice the same-precision baseline's
+    error and one rounding: what a kernel of that precision may round by) of other_out, LSE
+    within the LSE bound of other_lse, and the same non-finite elements. For a change that
+    computes the same attention in exact arithmetic; one that computes another moves some output
+    by far more."""
+    allowed = judge(q, k, v, other_out, other_lse, causal, softmax_scale)
+    output, lse_error = error_report(out, other_out), error_report(lse, other_lse)
+    assert allowed.lse_bound is not None  # judge was given an LSE
+    if (
+        output.nonfinite == 0
+        and output.max_abs <= allowed.output_bound.atol
+        and lse_error.nonfinite == 0
+        and lse_error.max_abs <= allowed.lse_bound.atol
+    ):
+        return None
+    return f"out {output} vs atol {allowed.output_bound.atol:.3g}; LSE {lse_error} vs atol {allowed.lse_bound.atol:.3g}"
+
+
 def attention_backward_ref(
     q: torch.Tensor,
     k: torch.Tensor,
