@@ -11,6 +11,7 @@ causal offset `seqlen_k - seqlen_q` or a tile count crosses a multiple of a bloc
   capped at seqlen_q): offset + k·rows_per_warpgroup mod block_n, and seqlen_q mod
   rows_per_warpgroup;
 - the LSE row guard and the last, partial query block: seqlen_q mod block_m;
+- the K/V tile count of 1 or more (the turn taking's first arrive): seqlen_k against block_n;
 - the persistent grid's `rounds` and `place_in_round`: the number of work tiles against the
   number of thread blocks (the SM count), k·SMs - 1, k·SMs, k·SMs + 1;
 - TUNED_SHORT's switch points: seqlen_k at each entry's reach, and one past it.
@@ -114,6 +115,20 @@ def sweep_shapes(config: TileConfig, part: str | None = None) -> list[tuple[int,
         for offset in range(-limit, limit + 1)
         if seqlen_q + offset >= 1 and wanted(offset)
     ]
+
+
+def length_shapes(config: TileConfig) -> list[tuple[int, int]]:
+    """(seqlen_q, seqlen_k) with one length on both sides of each block boundary and the other
+    fixed, where the sweep's two query lengths (about three blocks each) never go:
+    - key lengths within SIDE of a multiple of a block size, up to three K/V tiles, against a
+      query block cut to one warpgroup's rows and one: one K/V tile or more (num_kv_blocks, the
+      turn taking's `num_kv_blocks > 1`), the mask past seqlen_k (needs_mask);
+    - query lengths within SIDE of a multiple of a block size, up to three query blocks, against
+      two K/V tiles and a key: the query block count (a last block of one row), the LSE row
+      guard, a warpgroup's rows past seqlen_q, and, causal, rows that see no key."""
+    keys = [(rows_per_warpgroup(config) + 1, n) for n in lengths_near_multiples(config, 1, 3 * config.block_n + SIDE)]
+    queries = [(n, 2 * config.block_n + 1) for n in lengths_near_multiples(config, 1, 3 * config.block_m + SIDE)]
+    return sorted(set(keys + queries))
 
 
 def tile_counts_near_grid(sm_count: int, rounds: tuple[int, ...] = (1, 2)) -> list[int]:

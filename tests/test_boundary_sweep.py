@@ -16,13 +16,11 @@ import pytest
 import torch
 
 from boundaries import (
-    SIDE,
     SWEEP_HEADS,
     SWEEP_HEADS_KV,
     boundary_offsets,
     build_id,
-    lengths_near_multiples,
-    rows_per_warpgroup,
+    length_shapes,
     sweep_builds,
     sweep_limit,
     sweep_seqlens_q,
@@ -98,6 +96,24 @@ def test_sweep_builds_on_hard_scores(build, distribution):
         assert verdict.passed, f"{case}: {verdict}"
 
 
+@pytest.mark.gpu
+@pytest.mark.smoke
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_lengths_at_tile_boundaries(build):
+    # One length on both sides of each block boundary, the other fixed (boundaries.length_shapes):
+    # one K/V tile, and a last query block of one row, which the sweep's lengths never reach.
+    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
+    kernel = compiled_forward(**build, arch=device_arch())
+    shapes = length_shapes(config)
+    longest_q, longest_k = max(q for q, _ in shapes), max(k for _, k in shapes)
+    inputs = random_qkv(1, longest_q, longest_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16, seed=2)
+
+    def attend(q, k, v):
+        return run_config(q, k, v, head_dim**-0.5, causal, config, kernel=kernel)
+
+    assert_every_shape_passes(attend, shapes, inputs, causal)
+
+
 @pytest.mark.parametrize("build", [build for build in BUILDS if build["causal"]], ids=build_id)
 def test_boundary_sweep_emulator(build):
     # Causal only, one step either side of each boundary: the CPU's share of the sweep (without
@@ -111,14 +127,15 @@ def test_boundary_sweep_emulator(build):
     assert_every_shape_passes(functools.partial(attention_tiled, causal=True, config=config), shapes, inputs, True)
 
 
-@pytest.mark.parametrize("build", [build for build in BUILDS if not build["causal"]], ids=build_id)
-def test_key_lengths_at_tile_boundaries_emulator(build):
-    # Without the causal mask, the tile logic turns on seqlen_k alone: every key count within 2
-    # of a multiple of the config's block sizes, over three K/V tiles (the last tile's mask
-    # past seqlen_k, needs_mask's boundary), against a query block cut short.
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_lengths_at_tile_boundaries_emulator(build):
+    # The smoke tier's one-length-at-a-time shapes (boundaries.length_shapes) on the emulator:
+    # one K/V tile or three, the mask of a last tile with one key past the end, a last query
+    # block of one row; causal and not.
     config = build["config"]
-    seqlen_q = rows_per_warpgroup(config) + 1
-    lengths = lengths_near_multiples(config, 1, 3 * config.block_n + SIDE)
-    inputs = random_qkv(1, seqlen_q, max(lengths), 1, 1, 64, torch.float16, seed=1, device="cpu")
-    shapes = [(seqlen_q, seqlen_k) for seqlen_k in lengths]
-    assert_every_shape_passes(functools.partial(attention_tiled, causal=False, config=config), shapes, inputs, False)
+    shapes = length_shapes(config)
+    # head_dim plays no part in the tile logic; 64 keeps the CPU's work small.
+    longest_q, longest_k = max(q for q, _ in shapes), max(k for _, k in shapes)
+    inputs = random_qkv(1, longest_q, longest_k, 1, 1, 64, torch.float16, seed=1, device="cpu")
+    attend = functools.partial(attention_tiled, causal=build["causal"], config=config)
+    assert_every_shape_passes(attend, shapes, inputs, build["causal"])

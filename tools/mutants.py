@@ -470,6 +470,8 @@ EMULATOR_MUTANTS = [
 # Seconds after which a mutant's one-build smoke tier is stopped and counted as a hang (a kill):
 # unmutated, that tier takes under a minute on the H200 with 16 mutants at once (docs/testing.md).
 HANG_SECONDS = 300
+# A killed tier whose processes are still there after this long is reported, not waited for.
+KILL_SECONDS = 60
 # pytest-xdist workers of a mutant's suite (or selected tests), all on its one GPU: four per
 # GPU, as `nox -s gpu` runs (eight were slower on one H200: the CUDA contexts take turns).
 SUITE_WORKERS = 4
@@ -646,7 +648,10 @@ def smoke_nodes_by_build() -> dict[str, list[str]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     listed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
     nodes = [line.strip() for line in listed if "::" in line]
-    by_build = {build_id(build): [node for node in nodes if f"[{build_id(build)}-" in node] for build in sweep_builds()}
+    def on(build: dict, node: str) -> bool:  # the build is a node's first parameter, or its only one
+        return f"[{build_id(build)}-" in node or node.endswith(f"[{build_id(build)}]")
+
+    by_build = {build_id(build): [node for node in nodes if on(build, node)] for build in sweep_builds()}
     if not all(by_build.values()):
         raise RuntimeError(f"no smoke test found for the sweep builds {[b for b, n in by_build.items() if not n]}")
     return by_build
@@ -684,6 +689,37 @@ def mutant_tiers(
     if not smoke_only:
         tiers.append(("suite", ["-x", *PYTEST_ARGS[target]]))
     return tiers
+
+
+def unmutated_failures(all_tiers) -> list[str]:
+    """The tests of the mutants' GPU tiers (the smoke tier and the tests run first; not the
+    suite, which `nox -s gpu` runs) that fail on the unmutated package: none, or nothing the
+    runner says is a kill."""
+    smoke, first = False, set()
+    for mutant_tiers in all_tiers:
+        for name, pytest_args in mutant_tiers:
+            smoke |= name.startswith("smoke")
+            if name in ("own tests", "selected"):
+                first.update(arg for arg in pytest_args if not arg.startswith("-"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        HYPOTHESIS_PROFILE="mutants",
+        FA_KERNEL_REQUIRE_GPU="1",
+    )
+    failed = []
+    for run, selection in ((smoke, SMOKE_ARGS), (bool(first), sorted(first))):
+        if not run:
+            continue
+        start = time.perf_counter()
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(SUITE_WORKERS), *selection]
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        failed += re.findall(r"^FAILED (\S+)", result.stdout, re.MULTILINE)
+        if result.returncode != 0 and not failed:
+            failed.append(f"pytest exited {result.returncode} on {' '.join(selection)}")
+        seconds = time.perf_counter() - start
+        print(f"unmutated kernel: {' '.join(selection)[:80]}: exit {result.returncode} ({seconds:.0f} s)", flush=True)
+    return failed
 
 
 def _one_build(tier: str) -> bool:
@@ -777,7 +813,14 @@ def run_mutant(
             stdout, stderr = process.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+            try:
+                process.communicate(timeout=KILL_SECONDS)
+            except subprocess.TimeoutExpired:
+                # Stuck in the driver: its GPU context may be what holds the other mutants'
+                # kernels back, so neither this one nor theirs reads as a hang.
+                RUNNING.discard(process.pid)
+                seconds = time.perf_counter() - start
+                return "ERROR", f"the {tier} tier's processes did not exit {KILL_SECONDS} s after SIGKILL", seconds
             RUNNING.discard(process.pid)
             shutil.rmtree(tree, ignore_errors=True)
             seconds = time.perf_counter() - start
@@ -841,6 +884,11 @@ def main() -> int:
         "its survivors are reported, and run whole later",
     )
     parser.add_argument("--cpu-only", action="store_true", help="run the CPU tier only (no GPU needed)")
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip running the tiers' tests on the unmutated kernel first (they must pass for a kill to mean anything)",
+    )
     parser.add_argument("--jobs", type=int, default=None, help="mutants at once (default: 2 per GPU, at least 4)")
     parser.add_argument("--keep", metavar="DIR", help="keep logs here")
     parser.add_argument("--select", nargs="+", metavar="TEST", help="run only these pytest node ids, every case")
@@ -961,6 +1009,13 @@ def main() -> int:
         # Seed the mutants' caches with every kernel of the unmutated suite: a kernel a mutant
         # leaves alone then loads instead of compiling in each mutant's own cache.
         subprocess.run([sys.executable, str(ROOT / "tools" / "precompile.py")], cwd=ROOT, check=True)
+    if gpus and to_run and not args.no_baseline:
+        failing = unmutated_failures(tiers.values())
+        if failing:
+            # Every mutant would read as killed by these: a kill means something only where the
+            # unmutated kernel passes.
+            print(f"the unmutated kernel fails tests the mutants' tiers run: {', '.join(failing[:5])}")
+            return 2
     bitwise_builds = sorted(
         {build for m in to_run for name, tier_args in tiers[m.id] if name == "bitwise" for build in tier_args[1:]}
     )
@@ -1060,14 +1115,25 @@ def _tier_files(tiers: list[tuple[str, list[str]]]) -> list[Path]:
     return sorted(files)
 
 
+def _source_digest(mutant) -> str:
+    """The mutant itself: its id and mutated file, whatever tests judge it."""
+    import hashlib
+
+    return hashlib.sha256(f"{mutant.id}\n{mutant.mutated_source()}".encode()).hexdigest()
+
+
 def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, tuple[str, str, float]]:
     """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint; a
     kill (or the bitwise tier's equivalence) also where it was judged by the first of these tiers
-    only (a `--smoke-only` run): a whole run would have stopped at that tier too."""
+    only (a `--smoke-only` run): a whole run would have stopped at that tier too. A kill also
+    holds for the same mutated source whatever the tests are now: it is a fact about the mutant
+    (a test the unmutated kernel passes failed on it, or its kernel hung), which a stronger test
+    cannot undo; a survival or an equivalence is judged again when the tests change."""
     if not path.exists():
         return {}
     entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     by_fingerprint = {entry["fingerprint"]: entry for entry in entries if entry["status"] in VERDICTS}
+    kills = {entry["source"]: entry for entry in entries if entry["status"] == "killed" and "source" in entry}
     found = {}
     for mutant in mutants:
         mutant_tiers = tiers[mutant.id]
@@ -1077,6 +1143,7 @@ def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, 
                 break
             earlier = by_fingerprint.get(_fingerprint(mutant, mutant_tiers[:first]))
             entry = earlier if earlier is not None and earlier["status"] in ("killed", "equivalent") else None
+        entry = entry or kills.get(_source_digest(mutant))
         if entry is not None:
             found[mutant.id] = (entry["status"], entry["detail"], entry["seconds"])
     return found
@@ -1084,7 +1151,7 @@ def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, 
 
 def append_record(path: Path, mutant, tiers: list, outcome: tuple[str, str, float]) -> None:
     status, detail, seconds = outcome
-    entry = dict(id=mutant.id, fingerprint=_fingerprint(mutant, tiers), status=status)
+    entry = dict(id=mutant.id, fingerprint=_fingerprint(mutant, tiers), source=_source_digest(mutant), status=status)
     with path.open("a") as record:
         record.write(json.dumps({**entry, "detail": detail, "seconds": round(seconds, 1)}) + "\n")
 
