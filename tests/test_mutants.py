@@ -63,7 +63,8 @@ def test_a_fragment_found_twice_or_never_is_an_error():
 def test_a_triaged_mutant_runs_the_smoke_tests_of_the_builds_it_changes_first():
     nodes = mutants.smoke_nodes_by_build()
     first, second = list(nodes)[:2]
-    assert all(f"[{first}-" in node for node in nodes[first])
+    assert all(f"[{first}-" in node or node.endswith(f"[{first}]") for node in nodes[first])
+    assert any(node.endswith(f"[{first}]") for node in nodes[first])  # a test of the build alone
     mutant = mutants.KERNEL_MUTANTS[0]
     tiers = mutants.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=False, cpu_only=False)
     names = [name for name, _ in tiers]
@@ -141,3 +142,18 @@ def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
     assert [name for name, _ in tiers] == ["close", f"smoke on {build}", "suite"]
     assert tiers[0][1] == [BITWISE, build]  # the same script, its `close` action
     assert rounding.id not in mutants.recorded_equivalents([rounding])
+
+
+def test_a_recorded_kill_outlives_a_change_of_tests_and_a_survival_does_not(tmp_path):
+    import json
+
+    killed, survived = mutants.KERNEL_MUTANTS[:2]
+    record = tmp_path / "record.jsonl"
+    tiers = {m.id: [("smoke", ["-x", *mutants.SMOKE_ARGS])] for m in (killed, survived)}
+    for mutant, status in ((killed, "killed"), (survived, "SURVIVED")):
+        mutants.append_record(record, mutant, tiers[mutant.id], (status, "", 1.0))
+    assert set(mutants.load_record(record, [killed, survived], tiers)) == {killed.id, survived.id}
+    # Other tests now (a stronger smoke tier): the kill stands, the survival is judged again.
+    entries = [json.loads(line) for line in record.read_text().splitlines()]
+    record.write_text("".join(json.dumps({**entry, "fingerprint": "tests changed"}) + "\n" for entry in entries))
+    assert set(mutants.load_record(record, [killed, survived], tiers)) == {killed.id}

@@ -59,6 +59,36 @@ DIAGONAL_HIDES_THE_END = Reason(
     BITWISE,
 )
 
+VISITS_MASKED_TILES = Reason(
+    "a block or warpgroup that visits K/V tiles past the ones its rows see gets them fully masked "
+    "(needs_mask holds past the diagonal and past seqlen_k, and TMA reads zeros past the end): every "
+    "score is -inf, P~ is exactly 0, acc_o and row_sum add exact zeros, and neither the row max nor the "
+    "stale-max vote moves; only the time of loading and computing them is added",
+    BITWISE,
+)
+ROWS_PAST_THE_END = Reason(
+    "the rows it changes are all past seqlen_q (a warpgroup's whose first row is at or past it, or a "
+    "query block past the last one), which are never stored: TMA clips O's store to the tensor and the "
+    "LSE store is guarded; how many K/V tiles they visit changes only the time",
+    BITWISE,
+)
+OVERLAP_STEPS_AGAIN = Reason(
+    "a step of the overlapped epilogue done again, or in the other place (the work tile's registers "
+    "computed again, acc_o zeroed earlier, a barrier phase that has completed waited for again, S_0 "
+    "issued again from the same Q and K): the same values, at another time",
+    BITWISE,
+)
+WARP_ARRIVES_AS_ONE = Reason(
+    "a named barrier counts arrivals by warp: the last warpgroup's first warp arrives at the turn "
+    "barrier whether or not its thread 0 executes the arrive, so leaving one thread out changes nothing",
+    BITWISE,
+)
+UNSYNCED_ARRIVE = Reason(
+    "with one consumer warpgroup no one syncs on the turn barrier: the arrive that the test adds for it "
+    "changes no value and no order",
+    BITWISE,
+)
+
 MINUS_INFINITY_PLUS_ONE = Reason(
     "-inf + 1 and -inf - 1 are -inf, and a finite fp32 row max plus or minus 1 stays finite, so the "
     "test for a row that has seen no key yet holds for exactly the same rows",
@@ -166,6 +196,77 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:<module>:constant:SM_SHARED_BYTES = 233472->SM_SHARED_BYTES = 116736": SCHEDULE_ONLY,
     "kernel.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 127": SCHEDULE_ONLY,
     "kernel.py:<module>:constant:PRODUCER_REGISTERS = 24->PRODUCER_REGISTERS = 48": SCHEDULE_ONLY,
+    # the tile scheduler: the order of work tiles, the thread blocks a round has
+    "kernel.py:work_tile:guard_never:causal->False": SCHEDULE_ONLY,  # causal query blocks in order
+    "kernel.py:work_tile:guard_always:causal->True": SCHEDULE_ONLY,  # non-causal ones in reverse
+    **{
+        f"kernel.py:place_in_round:{rewrite}": SCHEDULE_ONLY
+        for rewrite in (
+            "guard_always:T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)->worker",
+            "guard_never:T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)->workers - 1 - worker",
+            "off_by_one:tile_round % 2 == 0->tile_round % 2 + 1 == 0",
+            "off_by_one:tile_round % 2 == 0->tile_round % 2 - 1 == 0",
+            "off_by_one:tile_round % 2 == 0->tile_round % 2 == 1",
+            "off_by_one:tile_round % 2 == 0->tile_round % 2 == -1",
+            "relational:tile_round % 2 == 0->tile_round % 2 != 0",
+        )
+    },
+    "kernel.py:forward_program:min_max:T.min(sm_count, num_tiles)->T.max(sm_count, num_tiles)": SCHEDULE_ONLY,
+    "kernel.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 256": SCHEDULE_ONLY,
+    # K/V tiles visited past the ones a block's (or a warpgroup's) rows see
+    **{
+        key: VISITS_MASKED_TILES
+        for key in (
+            "kernel.py:work_tile:guard_never:causal->False#2",
+            "kernel.py:work_tile:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k + 1, block_n)",
+            "kernel.py:work_tile:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k, block_n - 1)",
+            "kernel.py:work_tile:min_max:T.min(num_kv_blocks, T.ceildiv(last_visible, block_n))->"
+            "T.max(num_kv_blocks, T.ceildiv(last_visible, block_n))",
+            "kernel.py:work_tile:off_by_one:T.ceildiv(last_visible, block_n)->T.ceildiv(last_visible + 1, block_n)",
+            "kernel.py:work_tile:off_by_one:T.ceildiv(last_visible, block_n)->T.ceildiv(last_visible, block_n - 1)",
+            "kernel.py:warpgroup_kv_blocks:min_max:T.min(first_row + rows_per_warpgroup, seqlen_q)->"
+            "T.max(first_row + rows_per_warpgroup, seqlen_q)",
+            "kernel.py:warpgroup_kv_blocks:min_max:T.min(num_kv_blocks, T.ceildiv(last_visible, block_n))->"
+            "T.max(num_kv_blocks, T.ceildiv(last_visible, block_n))",
+            "kernel.py:warpgroup_kv_blocks:off_by_one:T.ceildiv(last_visible, block_n)->"
+            "T.ceildiv(last_visible + 1, block_n)",
+            "kernel.py:warpgroup_kv_blocks:off_by_one:T.ceildiv(last_visible, block_n)->"
+            "T.ceildiv(last_visible, block_n - 1)",
+            "kernel.py:warpgroup_kv_blocks:guard_never:causal->False",
+            "kernel.py:warpgroup_kv_blocks:guard_always:overlap_epilogue->True",
+        )
+    },
+    # rows past seqlen_q: a warpgroup's at or past it, a query block past the last
+    **{
+        key: ROWS_PAST_THE_END
+        for key in (
+            "kernel.py:warpgroup_kv_blocks:guard_always:T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)->"
+            "T.max(1, visible)",
+            "kernel.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row - 1 < seqlen_q",
+            "kernel.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row < seqlen_q + 1",
+            "kernel.py:warpgroup_kv_blocks:relational:first_row < seqlen_q->first_row <= seqlen_q",
+            "kernel.py:forward_program:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q + 1, block_m)",
+            "kernel.py:forward_program:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q, block_m - 1)",
+        )
+    },
+    # the overlapped epilogue's steps, and the turn barrier's first arrive
+    "kernel.py:start_work_tile:guard_always:not overlap_epilogue->True": OVERLAP_STEPS_AGAIN,
+    "kernel.py:start_work_tile:guard_always:not overlap_epilogue->True#2": OVERLAP_STEPS_AGAIN,
+    "kernel.py:first_kv_tile:guard_always:not overlap_epilogue->True": OVERLAP_STEPS_AGAIN,
+    "kernel.py:first_kv_tile:guard_always:overlap_epilogue->True": OVERLAP_STEPS_AGAIN,
+    "kernel.py:start_work_tile:guard_always:take_turns->True": UNSYNCED_ARRIVE,
+    "kernel.py:start_work_tile:relational:thread >= consumers - 128->thread > consumers - 128": WARP_ARRIVES_AS_ONE,
+    "kernel.py:start_work_tile:off_by_one:thread >= consumers - 128->thread - 1 >= consumers - 128": (
+        WARP_ARRIVES_AS_ONE
+    ),
+    "kernel.py:start_work_tile:off_by_one:thread >= consumers - 128->thread >= consumers - 128 + 1": (
+        WARP_ARRIVES_AS_ONE
+    ),
+    # the mask: every tile of issue_scores, and the causal mask's past-the-end term
+    "kernel.py:issue_scores:guard_always:needs_mask(kv_start, q_start, diagonal_offset, seqlen_k)->True": (
+        MASKS_MORE_TILES
+    ),
+    "kernel.py:write_mask:off_by_one:kv_start + j >= seqlen_k->kv_start + j >= seqlen_k + 1": DIAGONAL_HIDES_THE_END,
     # the online softmax: a row with no visible key yet, at -inf
     "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] + 1 == neg_inf": MINUS_INFINITY_PLUS_ONE,
     "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] - 1 == neg_inf": MINUS_INFINITY_PLUS_ONE,
