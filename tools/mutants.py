@@ -648,6 +648,7 @@ def smoke_nodes_by_build() -> dict[str, list[str]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
     listed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
     nodes = [line.strip() for line in listed if "::" in line]
+
     def on(build: dict, node: str) -> bool:  # the build is a node's first parameter, or its only one
         return f"[{build_id(build)}-" in node or node.endswith(f"[{build_id(build)}]")
 
@@ -885,6 +886,11 @@ def main() -> int:
     )
     parser.add_argument("--cpu-only", action="store_true", help="run the CPU tier only (no GPU needed)")
     parser.add_argument(
+        "--status",
+        action="store_true",
+        help="print each mutant's verdict so far (triage, the checked equivalents, --record) and stop (no GPU)",
+    )
+    parser.add_argument(
         "--no-baseline",
         action="store_true",
         help="skip running the tiers' tests on the unmutated kernel first (they must pass for a kill to mean anything)",
@@ -998,6 +1004,22 @@ def main() -> int:
         recorded.update(load_record(args.record, [m for m in to_run if m.id not in recorded], tiers))
         to_run = [m for m in to_run if m.id not in recorded]
         print(f"{len(recorded)} verdicts taken from {args.record}, {len(to_run)} mutants to run", flush=True)
+    if args.status:
+        # Where a run stands, without running anything: triage's verdicts, the CPU-checked
+        # equivalents and the record's, and the tiers each other mutant would run.
+        known = {**{key: (*verdict, 0.0) for key, verdict in settled.items()}, **recorded}
+        for mutant in mutants:
+            if mutant.id in known:
+                verdict, detail, _ = known[mutant.id]
+            else:
+                verdict, detail = "to run", " > ".join(name for name, _ in tiers[mutant.id])
+            print(f"{mutant.id:<48}  {verdict:<10}  {detail[:110]}")
+        counts = Counter(verdict for verdict, _, _ in known.values())
+        print(
+            f"\nkilled / equivalent / survived: {counts['killed']} / {counts['equivalent']} / {counts['SURVIVED']},"
+            f" not yet judged {len(mutants) - sum(counts.values()) + counts['NOT RUN']} of {len(mutants)}"
+        )
+        return 0
 
     if args.seed_cache is None:  # resolved only here: --list runs where TileLang is not installed
         args.seed_cache = _tilelang_cache()
