@@ -355,6 +355,7 @@ def mutants(session: nox.Session) -> None:
     `nox -s mutants` runs the hand-written bugs on the TileLang kernel (GPU);
     `-- --generated` the mutants generated from the kernel's AST (triage on the CPU, then the
     smoke tier and the suite on every GPU); `-- --generated --list` lists them (no GPU);
+    `-- --generated --status --record FILE` says where each stands (no GPU);
     `-- --target emulator` runs the hand-written bugs against the CPU tile emulator.
     """
     install(session, "test")
