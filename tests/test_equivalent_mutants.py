@@ -134,3 +134,19 @@ def test_contiguous_is_the_tensor_itself_where_it_already_is():
     for tensor in (qkv[:, :, 0].contiguous(), torch.randn(2, 33, 4, 64)):
         assert tensor.is_contiguous() and tensor.contiguous() is tensor
     assert not qkv[:, :, 0].is_contiguous() and qkv[:, :, 0].contiguous() is not qkv[:, :, 0]
+
+
+@pytest.mark.gpu
+def test_the_rounding_check_sees_a_mutant_that_computes_other_attention(tmp_path):
+    # tools/bitwise_sweep.py's `close`, the check of the ROUNDING equivalents, against a real bug:
+    # alpha = 1 where the row max rose by exactly one, on the integer maxima that show it.
+    import bitwise_sweep
+
+    from boundaries import sweep_builds
+
+    mutant = next(m for m in generate() if m.id == "kernel-online_softmax-off_by_one-10")
+    path = tmp_path / "kernel.py"
+    path.write_text(mutant.mutated_source())
+    mutated = bitwise_sweep.load_kernel_module(path, "kernel_alpha_off_by_one")
+    build = sweep_builds()[0]
+    assert bitwise_sweep.not_close(build, mutated, shapes="unit_steps")

@@ -75,18 +75,19 @@ def digests(build: dict) -> dict[str, str]:
     return found
 
 
-def load_kernel_module(path: Path):
+def load_kernel_module(path: Path, name: str = "unmutated_kernel"):
     """kernel.py at `path` as a module of its own name, beside the package's (it imports the rest
     of fa_kernel, unmutated, from the package)."""
-    spec = importlib.util.spec_from_file_location("unmutated_kernel", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def not_close(build: dict, unmutated) -> list[str]:
+def not_close(build: dict, unmutated, shapes: str = "") -> list[str]:
     """The shapes of one build where the package's kernel is further from `unmutated`'s (a
-    kernel.py module) than rounding (reference.rounding_apart), each with its figures."""
+    kernel.py module) than rounding (reference.rounding_apart), each with its figures; only the
+    shapes whose names start with `shapes`, if given."""
     from fa_kernel.kernel import compiled_forward
     from fa_kernel.reference import rounding_apart
     from launch import device_arch, run_config
@@ -94,6 +95,8 @@ def not_close(build: dict, unmutated) -> list[str]:
     kernels = [compiled(**build, arch=device_arch()) for compiled in (compiled_forward, unmutated.compiled_forward)]
     far = []
     for name, (q, k, v), scale in sweep_inputs(build):
+        if not name.startswith(shapes):
+            continue
         (out, lse), (out_unmutated, lse_unmutated) = (
             run_config(q, k, v, scale, build["causal"], build["config"], kernel=kernel) for kernel in kernels
         )
