@@ -157,3 +157,21 @@ def test_a_recorded_kill_outlives_a_change_of_tests_and_a_survival_does_not(tmp_
     entries = [json.loads(line) for line in record.read_text().splitlines()]
     record.write_text("".join(json.dumps({**entry, "fingerprint": "tests changed"}) + "\n" for entry in entries))
     assert set(mutants.load_record(record, [killed, survived], tiers)) == {killed.id}
+
+
+def test_first_build_only_keeps_one_compile_and_leaves_checked_equivalents_for_a_whole_run():
+    from ast_mutants import generate
+    from equivalent_mutants import BITWISE, EQUIVALENT
+
+    nodes = mutants.smoke_nodes_by_build()
+    first, second = list(nodes)[:2]
+    plain = mutants.KERNEL_MUTANTS[0]
+    checked = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
+    whole = {
+        plain.id: mutants.mutant_tiers(plain, "kernel", [first, second], nodes, False, False),
+        checked.id: mutants.mutant_tiers(checked, "kernel", [first], nodes, False, False),
+        "suite only": [("suite", ["-x", *mutants.PYTEST_ARGS["kernel"]])],
+    }
+    tiers, deferred = mutants.first_build_tiers(whole)
+    assert [name for name, _ in tiers[plain.id]] == ["own tests", f"smoke on {first}"]
+    assert set(deferred) == {checked.id, "suite only"} and set(tiers) == {plain.id}

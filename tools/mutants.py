@@ -692,6 +692,26 @@ def mutant_tiers(
     return tiers
 
 
+def first_build_tiers(whole_tiers: dict[str, list]) -> tuple[dict[str, list], dict[str, str]]:
+    """--first-build-only: ({id: the tiers of its first changed build's compile alone, after the
+    CPU tier and its own tests}, {id: why it is left for a whole run}). Left: a mutant recorded
+    as equivalent, settled by its GPU check (its first build's smoke tier, which it passes, would
+    only take a slot), and one that changes no sweep build (its first GPU tier is the suite)."""
+    tiers = {
+        key: [tier for tier in whole if tier[0] in ("cpu", "own tests") or _one_build(tier[0])]
+        for key, whole in whole_tiers.items()
+    }
+    checked_first = {key for key, whole in whole_tiers.items() if whole and whole[0][0] in ("bitwise", "close")}
+    deferred = {
+        key: "its recorded reason's GPU check runs in a whole run"
+        if key in checked_first
+        else "it changes no sweep build: the suite judges it"
+        for key, first in tiers.items()
+        if not first or key in checked_first
+    }
+    return {key: first for key, first in tiers.items() if key not in deferred}, deferred
+
+
 def unmutated_failures(all_tiers) -> list[str]:
     """The tests of the mutants' GPU tiers (the smoke tier and the tests run first; not the
     suite, which `nox -s gpu` runs) that fail on the unmutated package: none, or nothing the
@@ -980,24 +1000,9 @@ def main() -> int:
     }
     whole_tiers = tiers
     if args.first_build_only:
-        tiers = {
-            key: [tier for tier in mutant_tiers if tier[0] in ("cpu", "own tests") or _one_build(tier[0])]
-            for key, mutant_tiers in whole_tiers.items()
-        }
-        # Left for a whole run: a mutant recorded as equivalent, settled by its check (bitwise or
-        # close; its first build's smoke tier, which it passes, would only take a slot), and one
-        # that changes no sweep build (its first tier is the suite).
-        checked_first = {key for key, whole in whole_tiers.items() if whole and whole[0][0] in ("bitwise", "close")}
-        deferred = {
-            key: "its recorded reason's GPU check runs in a whole run"
-            if key in checked_first
-            else "it changes no sweep build: the suite judges it"
-            for key, mutant_tiers in tiers.items()
-            if not mutant_tiers or key in checked_first
-        }
+        tiers, deferred = first_build_tiers(whole_tiers)
         settled.update({key: ("NOT RUN", why) for key, why in deferred.items()})
         to_run = [m for m in to_run if m.id not in deferred]
-        tiers = {key: mutant_tiers for key, mutant_tiers in tiers.items() if key not in deferred}
     recorded: dict[str, tuple[str, str, float]] = {}
     if args.record is not None:
         recorded = load_record(args.record, to_run, whole_tiers)  # a verdict on every build holds for the first
