@@ -150,3 +150,13 @@ def test_the_rounding_check_sees_a_mutant_that_computes_other_attention(tmp_path
     mutated = bitwise_sweep.load_kernel_module(path, "kernel_alpha_off_by_one")
     build = sweep_builds()[0]
     assert bitwise_sweep.not_close(build, mutated, shapes="unit_steps")
+
+
+def test_no_recorded_equivalent_has_been_killed():
+    # A reason is wrong where the record holds a kill of the same mutant (tools/records: every
+    # GPU verdict so far): the two lists must agree.
+    import mutants
+
+    record = mutants.ROOT / "tools" / "records" / "generated_smoke.jsonl"
+    recorded = [m for m in generate() if m.key in EQUIVALENT]
+    assert not mutants.recorded_kills(record, recorded)

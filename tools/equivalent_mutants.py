@@ -212,7 +212,6 @@ EQUIVALENT: dict[str, Reason] = {
         )
     },
     "kernel.py:forward_program:min_max:T.min(sm_count, num_tiles)->T.max(sm_count, num_tiles)": SCHEDULE_ONLY,
-    "kernel.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 256": SCHEDULE_ONLY,
     # K/V tiles visited past the ones a block's (or a warpgroup's) rows see
     **{
         key: VISITS_MASKED_TILES
@@ -262,10 +261,7 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:start_work_tile:off_by_one:thread >= consumers - 128->thread >= consumers - 128 + 1": (
         WARP_ARRIVES_AS_ONE
     ),
-    # the mask: every tile of issue_scores, and the causal mask's past-the-end term
-    "kernel.py:issue_scores:guard_always:needs_mask(kv_start, q_start, diagonal_offset, seqlen_k)->True": (
-        MASKS_MORE_TILES
-    ),
+    # the causal mask's past-the-end term
     "kernel.py:write_mask:off_by_one:kv_start + j >= seqlen_k->kv_start + j >= seqlen_k + 1": DIAGONAL_HIDES_THE_END,
     # the online softmax: a row with no visible key yet, at -inf
     "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] + 1 == neg_inf": MINUS_INFINITY_PLUS_ONE,

@@ -990,6 +990,12 @@ def main() -> int:
             return 0
     if args.generated and args.target == "emulator":
         settled.update(recorded_equivalents(mutants))
+    if args.record is not None:
+        # A recorded kill outweighs a recorded reason: that reason is wrong, and is said so.
+        for key, (verdict, detail, _) in recorded_kills(args.record, mutants).items():
+            if settled.get(key, ("",))[0] == "equivalent":
+                print(f"{key}: recorded as equivalent in tools/equivalent_mutants.py, but killed: {detail}")
+            settled[key] = (verdict, detail)
     to_run = [m for m in mutants if m.id not in settled]
     smoke_nodes = smoke_nodes_by_build() if args.target == "kernel" and not args.select else {}
     tiers = {
@@ -1149,6 +1155,19 @@ def _source_digest(mutant) -> str:
     return hashlib.sha256(f"{mutant.id}\n{mutant.mutated_source()}".encode()).hexdigest()
 
 
+def _kills_by_source(entries: list[dict]) -> dict[str, dict]:
+    return {entry["source"]: entry for entry in entries if entry["status"] == "killed" and "source" in entry}
+
+
+def recorded_kills(path: Path, mutants: list) -> dict[str, tuple[str, str, float]]:
+    """{id: ('killed', detail, seconds)} of the mutants `path` records a kill of, by source."""
+    if not path.exists():
+        return {}
+    kills = _kills_by_source([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    found = {mutant.id: kills.get(_source_digest(mutant)) for mutant in mutants}
+    return {key: (entry["status"], entry["detail"], entry["seconds"]) for key, entry in found.items() if entry}
+
+
 def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, tuple[str, str, float]]:
     """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint; a
     kill (or the bitwise tier's equivalence) also where it was judged by the first of these tiers
@@ -1160,7 +1179,7 @@ def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, 
         return {}
     entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     by_fingerprint = {entry["fingerprint"]: entry for entry in entries if entry["status"] in VERDICTS}
-    kills = {entry["source"]: entry for entry in entries if entry["status"] == "killed" and "source" in entry}
+    kills = _kills_by_source(entries)
     found = {}
     for mutant in mutants:
         mutant_tiers = tiers[mutant.id]
