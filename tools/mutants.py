@@ -638,6 +638,13 @@ def gpu_count() -> int:
     return int(result.stdout.strip() or 0)
 
 
+def unmutated_env(**variables: str) -> dict[str, str]:
+    """This process's environment with the unmutated package first on PYTHONPATH (from src/,
+    where it is not installed: nox --no-venv does the same), and `variables`."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **variables)
+
+
 def smoke_nodes_by_build() -> dict[str, list[str]]:
     """{sweep build id: the smoke tier's test node ids on that build}, from pytest's collection
     (no GPU needed)."""
@@ -645,8 +652,8 @@ def smoke_nodes_by_build() -> dict[str, list[str]]:
 
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *SMOKE_ARGS]
     # The tests import fa_kernel: from src/ where it is not installed (nox --no-venv does the same).
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
-    listed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    listed = subprocess.run(command, cwd=ROOT, env=unmutated_env(), capture_output=True, text=True, check=True)
+    listed = listed.stdout.splitlines()
     nodes = [line.strip() for line in listed if "::" in line]
 
     def on(build: dict, node: str) -> bool:  # the build is a node's first parameter, or its only one
@@ -722,12 +729,7 @@ def unmutated_failures(all_tiers) -> list[str]:
             smoke |= name.startswith("smoke")
             if name in ("own tests", "selected"):
                 first.update(arg for arg in pytest_args if not arg.startswith("-"))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-        HYPOTHESIS_PROFILE="mutants",
-        FA_KERNEL_REQUIRE_GPU="1",
-    )
+    env = unmutated_env(HYPOTHESIS_PROFILE="mutants", FA_KERNEL_REQUIRE_GPU="1")
     failed = []
     for run, selection in ((smoke, SMOKE_ARGS), (bool(first), sorted(first))):
         if not run:
@@ -1057,8 +1059,7 @@ def main() -> int:
         # The unmutated kernel's bits, once, for the mutants whose recorded reason is checked bitwise.
         bitwise_seed = Path(tempfile.mkdtemp(prefix="fa-bitwise-seed-"))
         command = [sys.executable, BITWISE, "record", str(bitwise_seed), *bitwise_builds]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-        subprocess.run(command, cwd=ROOT, env=env, check=True)
+        subprocess.run(command, cwd=ROOT, env=unmutated_env(), check=True)
     # A mutant's smoke tier is mostly one kernel's compile, on one core: one mutant per core.
     jobs = args.jobs or max(4, os.cpu_count() or 1)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
@@ -1155,15 +1156,15 @@ def _source_digest(mutant) -> str:
     return hashlib.sha256(f"{mutant.id}\n{mutant.mutated_source()}".encode()).hexdigest()
 
 
-def _kills_by_source(entries: list[dict]) -> dict[str, dict]:
-    return {entry["source"]: entry for entry in entries if entry["status"] == "killed" and "source" in entry}
-
-
 def recorded_kills(path: Path, mutants: list) -> dict[str, tuple[str, str, float]]:
-    """{id: ('killed', detail, seconds)} of the mutants `path` records a kill of, by source."""
+    """{id: ('killed', detail, seconds)} of the mutants `path` records a kill of, by mutated source,
+    whatever the tests are now: a kill is a fact about the mutant (a test the unmutated kernel
+    passes failed on it, or its kernel hung), which a stronger test cannot undo; a survival or an
+    equivalence is judged again when the tests change (load_record)."""
     if not path.exists():
         return {}
-    kills = _kills_by_source([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kills = {entry["source"]: entry for entry in entries if entry["status"] == "killed" and "source" in entry}
     found = {mutant.id: kills.get(_source_digest(mutant)) for mutant in mutants}
     return {key: (entry["status"], entry["detail"], entry["seconds"]) for key, entry in found.items() if entry}
 
@@ -1171,15 +1172,12 @@ def recorded_kills(path: Path, mutants: list) -> dict[str, tuple[str, str, float
 def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, tuple[str, str, float]]:
     """{id: (status, detail, seconds)} of the mutants `path` judged with the same fingerprint; a
     kill (or the bitwise tier's equivalence) also where it was judged by the first of these tiers
-    only (a `--smoke-only` run): a whole run would have stopped at that tier too. A kill also
-    holds for the same mutated source whatever the tests are now: it is a fact about the mutant
-    (a test the unmutated kernel passes failed on it, or its kernel hung), which a stronger test
-    cannot undo; a survival or an equivalence is judged again when the tests change."""
+    only (a `--smoke-only` run): a whole run would have stopped at that tier too. (A kill holds
+    whatever the tests are now: recorded_kills.)"""
     if not path.exists():
         return {}
     entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     by_fingerprint = {entry["fingerprint"]: entry for entry in entries if entry["status"] in VERDICTS}
-    kills = _kills_by_source(entries)
     found = {}
     for mutant in mutants:
         mutant_tiers = tiers[mutant.id]
@@ -1189,7 +1187,6 @@ def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, 
                 break
             earlier = by_fingerprint.get(_fingerprint(mutant, mutant_tiers[:first]))
             entry = earlier if earlier is not None and earlier["status"] in ("killed", "equivalent") else None
-        entry = entry or kills.get(_source_digest(mutant))
         if entry is not None:
             found[mutant.id] = (entry["status"], entry["detail"], entry["seconds"])
     return found
