@@ -141,7 +141,7 @@ def main() -> int:
     args.path.mkdir(parents=True, exist_ok=True)
     for name in args.builds or list(by_id):
         found = digests(by_id[name])
-        path = args.path / f"{name}.json"
+        path = args.path / (name.replace("/", "_") + ".json")  # build ids hold slashes
         if args.action == "record":
             path.write_text(json.dumps(found))
             continue
