@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,24 @@ def test_first_build_only_keeps_one_compile_and_leaves_checked_equivalents_for_a
     tiers, deferred = mutants.first_build_tiers(whole)
     assert [name for name, _ in tiers[plain.id]] == ["own tests", f"smoke on {first}"]
     assert set(deferred) == {checked.id, "suite only"} and set(tiers) == {plain.id}
+
+
+def test_a_deadline_starts_only_what_can_end_by_it_and_stops_the_rest(tmp_path, monkeypatch):
+    nodes = mutants.smoke_nodes_by_build()
+    first, second = list(nodes)[:2]
+    mutant = mutants.KERNEL_MUTANTS[0]
+    tiers = mutants.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
+    # Its own tests compile nothing (the seeded cache); the first build's smoke tier compiles one.
+    assert mutants.first_tier_seconds(tiers) == 2 * mutants.TIER_SECONDS + mutants.BUILD_SECONDS
+    status, detail, _ = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, stop_at=time.perf_counter() + 1)
+    assert status == "NOT RUN" and "would end past --deadline" in detail
+    assert not (tmp_path / mutant.id).exists()  # not started: nothing copied
+
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
+    monkeypatch.setattr(mutants, "TIER_SECONDS", 0)
+    start = time.perf_counter()
+    outcome = mutants.run_mutant(mutant, "kernel", tmp_path, [("own tests", [str(slow)])], stop_at=start + 5)
+    assert outcome[0] == "NOT RUN" and "stopped at --deadline in the own tests tier" in outcome[1]
+    assert time.perf_counter() - start < 30
+    assert mutants.VERDICTS.count(outcome[0]) == 0  # a record does not keep it: the next run judges it

@@ -476,6 +476,13 @@ KILL_SECONDS = 60
 # GPU, as `nox -s gpu` runs (eight were slower on one H200: the CUDA contexts take turns).
 SUITE_WORKERS = 4
 
+# What a tier costs, for --deadline's estimates: each kernel it compiles, with its tests, takes
+# about BUILD_SECONDS with 16 mutants at once on 16 cores (one H200 host, 2026-12-01: one-build
+# kills in 32-65 s, twelve-build checks in 220-446 s), and any tier TIER_SECONDS more (pytest's
+# start, the tests of kernels already built).
+BUILD_SECONDS = 40
+TIER_SECONDS = 20
+
 # Which tests judge a mutant: the smoke tier first (the boundary sweep), then the GPU suite, for
 # the kernel; the property suite and the boundary sweep on the emulator for the emulator.
 SMOKE_ARGS = ["tests/test_boundary_sweep.py", "-m", "smoke"]
@@ -699,6 +706,30 @@ def mutant_tiers(
     return tiers
 
 
+def tier_builds(name: str, pytest_args: list[str]) -> int:
+    """How many kernels the tier `name` (as mutant_tiers names them) compiles for a mutant: a
+    check's builds, or a smoke tier's changed builds. The CPU tier, the mutant's own tests and
+    the smoke tier of a mutant that changes no kernel load the seeded cache; the suite's count is
+    its precompile's, unknown here, so it counts as one."""
+    if name in ("bitwise", "close"):
+        return len(pytest_args) - 1
+    if match := re.fullmatch(r"smoke on (\d+) more changed builds", name):
+        return int(match.group(1))
+    return 1 if name.startswith("smoke on ") or name == "suite" else 0
+
+
+def first_tier_seconds(tiers: list[tuple[str, list[str]]]) -> float:
+    """The estimated seconds until a mutant's first compiling tier ends (all its tiers if none
+    compiles): what it must be given to reach its likeliest verdict."""
+    seconds = 0.0
+    for name, pytest_args in tiers:
+        builds = tier_builds(name, pytest_args)
+        seconds += TIER_SECONDS + builds * BUILD_SECONDS
+        if builds:
+            break
+    return seconds
+
+
 def first_build_tiers(whole_tiers: dict[str, list]) -> tuple[dict[str, list], dict[str, str]]:
     """--first-build-only: ({id: the tiers of its first changed build's compile alone, after the
     CPU tier and its own tests}, {id: why it is left for a whole run}). Left: a mutant recorded
@@ -772,16 +803,22 @@ def run_mutant(
     seed_cache: Path | None = None,
     selected: bool = False,
     bitwise_seed: Path | None = None,
+    stop_at: float | None = None,
 ) -> tuple[str, str, float]:
     """('killed' | 'equivalent' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds), running
     `tiers` in turn until one fails (the bitwise tier: until it passes; `bitwise_seed` holds the
     unmutated kernel's digests). `selected`: the tiers are tests the caller chose, run whole (no -x), and the
     detail lists every case that failed. A run past `timeout` seconds in all is stopped: a
     mutant that hangs the kernel is reported, not waited for. Before the whole suite or chosen tests, every
-    kernel it needs is built over all cores (tools/precompile.py), as `nox -s gpu` does."""
+    kernel it needs is built over all cores (tools/precompile.py), as `nox -s gpu` does.
+    `stop_at` (a time.perf_counter() value, --deadline): a mutant whose first compiling tier is not
+    expected to end by then is not started, and one still running then is stopped; both are
+    NOT RUN, which a record does not keep."""
     start = time.perf_counter()
     if not tiers:  # --smoke-only, for a mutant that changes no sweep build
         return "NOT RUN", "no tier left to run it (the suite judges it)", 0.0
+    if stop_at is not None and start + first_tier_seconds(tiers) > stop_at:
+        return "NOT RUN", f"its first tier (about {first_tier_seconds(tiers):.0f} s) would end past --deadline", 0.0
     try:
         text = mutant.mutated_source()
     except ValueError as error:
@@ -832,6 +869,10 @@ def run_mutant(
         one_build = _one_build(tier)
         left = None if timeout is None else max(1.0, timeout - (time.perf_counter() - start))
         limit = min(HANG_SECONDS, left or HANG_SECONDS) if one_build else left
+        deadline = None if stop_at is None else max(1.0, stop_at - time.perf_counter())
+        stopped_by_deadline = deadline is not None and (limit is None or deadline < limit)
+        if stopped_by_deadline:
+            limit = deadline
         try:
             stdout, stderr = process.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -847,6 +888,8 @@ def run_mutant(
             RUNNING.discard(process.pid)
             shutil.rmtree(tree, ignore_errors=True)
             seconds = time.perf_counter() - start
+            if stopped_by_deadline:
+                return "NOT RUN", f"stopped at --deadline in the {tier} tier", seconds
             if one_build and limit == HANG_SECONDS:
                 return "killed", f"hang: {tier} ran past {HANG_SECONDS} s and was stopped", seconds
             return "TIMEOUT", f"the {tier} tier ran past the {timeout:.0f} s limit and was stopped", seconds
@@ -921,6 +964,13 @@ def main() -> int:
     parser.add_argument("--keep", metavar="DIR", help="keep logs here")
     parser.add_argument("--select", nargs="+", metavar="TEST", help="run only these pytest node ids, every case")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one mutant's tests may run")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="end the run this many seconds after it starts (triage and the seeding included): a mutant whose first compiling tier is "
+        "not expected to end by then is not started, one still running then is stopped (neither is recorded)",
+    )
     parser.add_argument("--sm-count", type=int, default=132, help="the GPU's SM count, for triage's shipped builds")
     parser.add_argument(
         "--record",
@@ -943,6 +993,7 @@ def main() -> int:
         "filled by tools/precompile.py first, by default)",
     )
     args = parser.parse_args()
+    run_start = time.perf_counter()
     for stop in (signal.SIGTERM, signal.SIGINT):  # a time limit, or Ctrl-C
         signal.signal(stop, _stop_running_tiers)
 
@@ -1065,7 +1116,10 @@ def main() -> int:
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
     width = max([len(m.id) for m in mutants] + [6])
+    # The longest first tiers first: a run cut by --deadline (or a time limit) then ends on short ones.
+    to_run.sort(key=lambda m: -first_tier_seconds(tiers[m.id]))
     started = time.perf_counter()
+    stop_at = None if args.deadline is None else run_start + args.deadline
     # Each result is printed as it comes (a run cut short still shows what it finished), then
     # the table in the list's order. Mutant i runs on GPU i mod gpus.
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -1081,6 +1135,7 @@ def main() -> int:
                 args.seed_cache,
                 bool(args.select),
                 bitwise_seed,
+                stop_at,
             ): mutant
             for index, mutant in enumerate(to_run)
         }
