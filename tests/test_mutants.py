@@ -198,3 +198,29 @@ def test_a_deadline_starts_only_what_can_end_by_it_and_stops_the_rest(tmp_path, 
     assert outcome[0] == "NOT RUN" and "stopped at --deadline in the own tests tier" in outcome[1]
     assert time.perf_counter() - start < 30
     assert mutants.VERDICTS.count(outcome[0]) == 0  # a record does not keep it: the next run judges it
+
+
+def test_the_unmutated_baseline_runs_once_per_source_and_tests(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    calls = []
+
+    def passing(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, "1 passed\n", "")
+
+    monkeypatch.setattr(mutants.subprocess, "run", passing)
+    tiers = [[("own tests", ["-x", "tests/test_kernel.py::test_empty_inputs"]), ("smoke", mutants.SMOKE_ARGS)]]
+    assert mutants.unmutated_failures(tiers) == [] and len(calls) == 2
+    assert mutants.unmutated_failures(tiers) == [] and len(calls) == 2  # stamped: not run again
+    other = [[("own tests", ["-x", "tests/test_kernel.py::test_matches_reference_head_dim_128"])]]
+    assert mutants.unmutated_failures(other) == [] and len(calls) == 3  # other tests: run
+
+    def failing(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, "FAILED tests/test_x.py::test_y - boom\n", "")
+
+    monkeypatch.setattr(mutants.subprocess, "run", failing)
+    broken = [[("own tests", ["-x", "tests/test_api.py::test_nothing"])]]
+    assert mutants.unmutated_failures(broken) == ["tests/test_x.py::test_y"]
+    assert mutants.unmutated_failures(broken) == ["tests/test_x.py::test_y"]  # a failure is never stamped

@@ -645,6 +645,17 @@ def gpu_count() -> int:
     return int(result.stdout.strip() or 0)
 
 
+def bitwise_seed_folder() -> Path:
+    """Where this host keeps the unmutated kernel's digests (tools/bitwise_sweep.py record), by
+    the sources they come from: the package, the sweep script and tests/'s helpers. A seed left
+    stale by a new toolchain can only make a mutant's bits differ, which sends it to the tests."""
+    import hashlib
+
+    sources = [*sorted(PACKAGE.glob("*.py")), ROOT / BITWISE, *sorted((ROOT / "tests").glob("[!t]*.py"))]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:16]
+    return Path("~/.cache/fa-kernel/bitwise-seeds").expanduser() / digest
+
+
 def unmutated_env(**variables: str) -> dict[str, str]:
     """This process's environment with the unmutated package first on PYTHONPATH (from src/,
     where it is not installed: nox --no-venv does the same), and `variables`."""
@@ -760,9 +771,20 @@ def unmutated_failures(all_tiers) -> list[str]:
             smoke |= name.startswith("smoke")
             if name in ("own tests", "selected"):
                 first.update(arg for arg in pytest_args if not arg.startswith("-"))
+    import hashlib
+
+    # Passed once on this host for these sources and tests: a stamp, so that each call of a run
+    # resumed over several device calls does not pay for it again.
+    runs = [(run, selection) for run, selection in ((smoke, SMOKE_ARGS), (bool(first), sorted(first))) if run]
+    files = [*sorted(PACKAGE.glob("*.py")), *_tier_files([("", selection) for _, selection in runs])]
+    digest = hashlib.sha256(json.dumps(runs).encode() + b"".join(path.read_bytes() for path in files))
+    stamp = Path("~/.cache/fa-kernel/baseline-passed").expanduser() / digest.hexdigest()[:16]
+    if stamp.is_file():
+        print(f"unmutated kernel: passed these tiers' tests before on this host ({stamp})", flush=True)
+        return []
     env = unmutated_env(HYPOTHESIS_PROFILE="mutants", FA_KERNEL_REQUIRE_GPU="1")
     failed = []
-    for run, selection in ((smoke, SMOKE_ARGS), (bool(first), sorted(first))):
+    for run, selection in runs:
         if not run:
             continue
         start = time.perf_counter()
@@ -773,6 +795,9 @@ def unmutated_failures(all_tiers) -> list[str]:
             failed.append(f"pytest exited {result.returncode} on {' '.join(selection)}")
         seconds = time.perf_counter() - start
         print(f"unmutated kernel: {' '.join(selection)[:80]}: exit {result.returncode} ({seconds:.0f} s)", flush=True)
+    if not failed:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.touch()
     return failed
 
 
@@ -1107,8 +1132,9 @@ def main() -> int:
     )
     bitwise_seed = None
     if gpus and bitwise_builds:
-        # The unmutated kernel's bits, once, for the mutants whose recorded reason is checked bitwise.
-        bitwise_seed = Path(tempfile.mkdtemp(prefix="fa-bitwise-seed-"))
+        # The unmutated kernel's bits, for the mutants whose recorded reason is checked bitwise:
+        # recorded once per host and source (a minute and more for the 12 builds).
+        bitwise_seed = bitwise_seed_folder()
         command = [sys.executable, BITWISE, "record", str(bitwise_seed), *bitwise_builds]
         subprocess.run(command, cwd=ROOT, env=unmutated_env(), check=True)
     # A mutant's smoke tier is mostly one kernel's compile, on one core: one mutant per core.
