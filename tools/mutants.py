@@ -993,8 +993,9 @@ def main() -> int:
         "--deadline",
         type=float,
         metavar="SECONDS",
-        help="end the run this many seconds after it starts (triage and the seeding included): a mutant whose first compiling tier is "
-        "not expected to end by then is not started, one still running then is stopped (neither is recorded)",
+        help="end the run this many seconds after it starts (triage and the seeding included): a mutant whose "
+        "first compiling tier is not expected to end by then is not started, one still running then is stopped "
+        "(neither is recorded)",
     )
     parser.add_argument("--sm-count", type=int, default=132, help="the GPU's SM count, for triage's shipped builds")
     parser.add_argument(
