@@ -126,7 +126,7 @@ def bench(session: nox.Session) -> None:
     Runs the gated benchmarks on both commits and fails, printing the whole comparison, when
     one got worse by more than ASV_FACTOR or started failing; then records the display-only
     ms and TFLOP/s of HEAD and publishes .asv/html. REGEX narrows both selections; it is searched in
-    names such as `perf.MHA.track_vs_cudnn(4096, 128, False, 'bfloat16')`. Under `nox --no-venv`
+    names such as `perf.MHA.track_vs_cudnn_best(4096, 128, False, 'bfloat16')`. Under `nox --no-venv`
     (offline runners) asv.offline.conf.json builds the commits with nothing downloaded, taking
     torch, TileLang and asv from this Python. FA_KERNEL_ASV_MACHINE names the machine.
     """

@@ -10,8 +10,9 @@ From the repository root on the GPU machine:
 
 Every (variant, config) of a case is built first over all cores (`fa_kernel.builds.build_all`),
 checked on odd shapes against `reference.judge`, then timed at the case's shape together with
-cuDNN at its native layout, alternated over rounds in this one process (`tune.alternate`,
-`bench.cuda_median_ms`): the medians are what to compare. Configs are written as TileConfig
+cuDNN on both layouts (`bench.CUDNN_LAYOUTS`), alternated over rounds in this one process
+(`tune.alternate`, `bench.cuda_median_ms`): the medians are what to compare, and the ratio is
+against the faster cuDNN layout. Configs are written as TileConfig
 prints them (`TileConfig.parse`); by default, the configs the tables run for the case. A
 variant that hangs the GPU hangs the sweep: run it under `timeout`. Writes every number to
 --json (default $OUT/sweep.json where OUT is set).
@@ -33,7 +34,7 @@ sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in s
 
 import torch  # noqa: E402
 
-from fa_kernel.bench import Shape, cuda_median_ms, runners  # noqa: E402
+from fa_kernel.bench import CUDNN_LAYOUTS, Shape, cuda_median_ms, runners  # noqa: E402
 from fa_kernel.builds import build_all  # noqa: E402
 from fa_kernel.configs import TileConfig, key_ranges  # noqa: E402
 from fa_kernel.numerics import LOG2E  # noqa: E402
@@ -99,16 +100,20 @@ def sweep_case(case: str, variants: list[str], configs: list[TileConfig], shape:
             failures[variant, config] = failed_checks(kernel, head_dim, causal, shape.dtype)
             call = functools.partial(kernel, *arguments, LOG2E / math.sqrt(head_dim))
             timers[variant, config] = functools.partial(tflops, call, shape)
-    cudnn = runners(shape).get("cudnn")
-    if cudnn is not None:
-        timers["cudnn", None] = functools.partial(tflops, cudnn, shape)
+    competitors = runners(shape)
+    for layout in CUDNN_LAYOUTS:
+        if layout in competitors:
+            timers[layout, None] = functools.partial(tflops, competitors[layout], shape)
     medians = alternate(timers, rounds)
-    reference = medians.get(("cudnn", None))
+    cudnn = {layout: medians.pop((layout, None)) for layout in CUDNN_LAYOUTS if (layout, None) in medians}
+    reference = max(cudnn.values(), default=None)  # cuDNN best: the faster layout
     rows = [
         dict(case=case, variant=variant, config=str(config), tflops=tflops,
              vs_cudnn=tflops / reference if reference else None, failures=failures.get((variant, config), []))
         for (variant, config), tflops in medians.items()
     ]  # fmt: skip
+    rows += [dict(case=case, variant=layout, config="-", tflops=value, vs_cudnn=value / reference, failures=[])
+             for layout, value in cudnn.items()]  # fmt: skip
     return sorted(rows, key=lambda row: -row["tflops"])
 
 

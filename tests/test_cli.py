@@ -122,33 +122,63 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     assert "configs.py now" in out
 
 
-def test_bench_prints_the_numbers_behind_its_plot(monkeypatch, capsys, tmp_path):
+def timings(**medians_and_rounds) -> dict:
+    """{implementation: bench.Timing} from {name: rounds} (the names' spaces as underscores)."""
+    from fa_kernel.bench import Timing
+
+    return {name.replace("_", " ") if name.startswith("cudnn") else name: Timing(tuple(rounds))
+            for name, rounds in medians_and_rounds.items()}  # fmt: skip
+
+
+def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypatch, capsys, tmp_path):
     import json
 
     import fa_kernel.cli as cli
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
-    monkeypatch.setattr(cli, "measure", lambda shape, repeats: {"fa_kernel": 110.0, "cudnn": 100.0, "flash": 50.0})
-    point = ("1x16x512x64 float16", {"fa_kernel": 90.0, "cudnn": 100.0})
+    # The BSHD view is cuDNN's faster layout here; the ratio is taken round by round against it.
+    measured = timings(fa_kernel=[110, 120, 100], cudnn_BHSD=[90, 90, 90], cudnn_BSHD_view=[100, 100, 100], flash=[50])
+    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats: measured)
+    point = ("1x16x512x64 float16", timings(fa_kernel=[90.0], cudnn_BHSD=[100.0]))
     monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress: [point])
     plot = str(tmp_path / "plot.png")
     assert main(["bench", "--markdown", "--plot", plot]) == 0
     out = capsys.readouterr().out
-    assert f"the points of {plot}" in out and "| 1x16x512x64 float16 | 90 | 100 | - | 0.90x |" in out
-    assert "| 8x32x4096x128 float16 | 110 | 100 | 50 | 1.10x |" in out
+    assert f"the points of {plot}" in out and "| 1x16x512x64 float16 | 90 | 100 | - | - | 0.90x | 0.90-0.90 |" in out
+    assert "| 8x32x4096x128 float16 | 110 | 90 | 100 | 50 | 1.10x | 1.00-1.20 |" in out
     assert main(["bench", "--json", "--plot", plot]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["plot"][0]["shape"] == point[0] and record["plot"][0]["ratio_to_cudnn"] == pytest.approx(0.9)
+    first = record["results"][0]
+    assert first["cudnn_best"] == "cudnn BSHD view" and first["ratio_to_cudnn_best"] == pytest.approx(1.1)
+    assert first["rounds"]["fa_kernel"] == [110, 120, 100] and first["tflops"]["cudnn BHSD"] == 90
+    assert record["plot"][0]["shape"] == point[0] and record["plot"][0]["ratio_to_cudnn_best"] == pytest.approx(0.9)
+
+
+def test_a_shape_cudnn_does_not_take_has_no_ratio():
+    from fa_kernel.bench import cudnn_best, ratio_to_cudnn_best
+
+    alone = timings(fa_kernel=[100.0], flash=[50.0])
+    assert cudnn_best(alone) is None and ratio_to_cudnn_best(alone) is None
+
+
+def test_alternated_rounds_call_every_timer_once_a_round_in_turn():
+    from fa_kernel.bench import alternated
+
+    calls = []
+    samples = alternated({name: (lambda name=name: calls.append(name) or len(calls)) for name in "ab"}, rounds=3)
+    assert calls == ["a", "b"] * 3 and samples == {"a": [1, 3, 5], "b": [2, 4, 6]}
 
 
 def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path):
     import fa_kernel.bench as bench
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
-    monkeypatch.setattr(bench, "measure", lambda shape, repeats: {"fa_kernel": shape.seqlen_q / 10, "cudnn": 100.0})
+    measured = lambda shape, repeats: timings(fa_kernel=[shape.seqlen_q / 10], cudnn_BHSD=[100.0])  # noqa: E731
+    monkeypatch.setattr(bench, "measure", measured)
     path = tmp_path / "plot.png"
     points = bench.plot_seqlen_sweep(str(path), torch.float16, repeats=1)
     assert path.stat().st_size > 0
     assert len(points) == 4 * len(bench.PLOT_SEQLENS)  # (64, 128) x (full, causal) panels
-    assert points[0] == ("64x16x512x64 float16", {"fa_kernel": 51.2, "cudnn": 100.0})
+    label, first = points[0]
+    assert label == "64x16x512x64 float16" and first["fa_kernel"].median == 51.2 and first["cudnn BHSD"].median == 100

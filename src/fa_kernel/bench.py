@@ -3,7 +3,12 @@
 Kernels are asynchronous, so each repetition is bracketed by CUDA events and the median of
 the per-repetition times is reported, after a warm-up that also absorbs the compile.
 Competitors (torch SDPA's cuDNN and flash backends) run in the same process on the same
-inputs, in their own [batch, nheads, seqlen, headdim] layout prepared before timing.
+inputs, prepared before timing. cuDNN runs on two layouts, [batch, nheads, seqlen, headdim]
+contiguous and the [batch, seqlen, nheads, headdim] memory fa_kernel takes viewed as that
+shape, and a ratio is taken against the faster of the two ("cuDNN best"): the layout changes
+cuDNN's speed by up to 8% (2026-11-30, H200). `measure` alternates the implementations over
+rounds, so that the GPU's drift over the rounds falls on all of them alike, and keeps each
+round's figure: the median and the spread come from those.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ import itertools
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from fa_kernel.interface import flash_attn_func
 from fa_kernel.reference import attention_flops, random_qkv
+
+Key = TypeVar("Key")
 
 
 def cuda_median_ms(fn: Callable[[], object], warmup: int = 10, repeats: int = 50) -> float:
@@ -83,12 +91,17 @@ def sdpa_backends() -> dict[str, object]:
     return {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
-def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
-    """A zero-argument callable per implementation, inputs prepared once.
+# torch SDPA's cuDNN backend on each layout: [B, H, S, D] contiguous, and fa_kernel's
+# [B, S, H, D] memory viewed as [B, H, S, D] (strided).
+CUDNN_LAYOUTS = ("cudnn BHSD", "cudnn BSHD view")
 
-    torch SDPA gets [B, H, S, D] contiguous tensors (its native layout), GQA through
-    enable_gqa, and bottom-right causal only where seqlen_q == seqlen_k (its is_causal is
-    top-left aligned otherwise, a different function, so it is left out there).
+
+def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
+    """A zero-argument callable per implementation, inputs prepared once: fa_kernel, torch SDPA's
+    cuDNN backend on each of CUDNN_LAYOUTS, and its flash backend on [B, H, S, D] contiguous.
+
+    SDPA takes GQA through enable_gqa, and bottom-right causal only where seqlen_q == seqlen_k
+    (its is_causal is top-left aligned otherwise, a different function, so it is left out there).
     """
     from torch.nn.attention import sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
@@ -97,27 +110,81 @@ def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
     result: dict[str, Callable[[], object]] = {"fa_kernel": lambda: flash_attn_func(q, k, v, causal=shape.causal)}
     if shape.causal and shape.keys != shape.seqlen_q:
         return result
-    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    views = tuple(t.transpose(1, 2) for t in (q, k, v))
+    contiguous = tuple(t.contiguous() for t in views)
     gqa = shape.heads_kv != shape.nheads
-    for name, backend in sdpa_backends().items():
+    backends = sdpa_backends()
+    competitors = {
+        "cudnn BHSD": (backends["cudnn"], contiguous),
+        "cudnn BSHD view": (backends["cudnn"], views),
+        "flash": (backends["flash"], contiguous),
+    }
+    for name, (backend, (qt, kt, vt)) in competitors.items():
 
-        def call(backend=backend):
+        def call(backend=backend, qt=qt, kt=kt, vt=vt):
             with sdpa_kernel(backend):
                 return scaled_dot_product_attention(qt, kt, vt, is_causal=shape.causal, enable_gqa=gqa)
 
         try:
             call()
-        except RuntimeError:  # this backend does not take this shape (dtype, head_dim, GQA)
+        except RuntimeError:  # this backend does not take this shape (dtype, head_dim, GQA, layout)
             continue
         result[name] = call
     return result
 
 
-def measure(shape: Shape, warmup: int = 10, repeats: int = 50) -> dict[str, float]:
-    """TFLOP/s of each implementation on this shape, measured in this process."""
-    return {
-        name: shape.flops / (cuda_median_ms(fn, warmup, repeats) * 1e-3) / 1e12 for name, fn in runners(shape).items()
-    }
+@dataclass(frozen=True)
+class Timing:
+    """TFLOP/s of one implementation on one shape, one figure per alternated round."""
+
+    rounds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rounds)
+
+    @property
+    def spread(self) -> float:
+        """(fastest - slowest round) / median."""
+        return (max(self.rounds) - min(self.rounds)) / self.median
+
+
+def alternated(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key, list[float]]:
+    """Each timer's figures over `rounds`, each round calling every timer once in turn, so that
+    the GPU's drift over the rounds falls on all of them alike."""
+    samples: dict[Key, list[float]] = {key: [] for key in timers}
+    for _ in range(rounds):
+        for key, timer in timers.items():
+            samples[key].append(timer())
+    return samples
+
+
+def measure(shape: Shape, rounds: int = 5, repeats: int = 50, warmup: int = 10) -> dict[str, Timing]:
+    """TFLOP/s of each implementation on this shape, measured in this process: `rounds`
+    alternated rounds, each the median of `repeats` CUDA-event timings after `warmup` calls."""
+
+    def timer(fn: Callable[[], object]) -> Callable[[], float]:
+        return lambda: shape.flops / (cuda_median_ms(fn, warmup, repeats) * 1e-3) / 1e12
+
+    samples = alternated({name: timer(fn) for name, fn in runners(shape).items()}, rounds)
+    return {name: Timing(tuple(values)) for name, values in samples.items()}
+
+
+def cudnn_best(timings: dict[str, Timing]) -> str | None:
+    """The faster of the cuDNN layouts measured (by median), or None where cuDNN took no part."""
+    measured = [name for name in CUDNN_LAYOUTS if name in timings]
+    return max(measured, key=lambda name: timings[name].median) if measured else None
+
+
+def ratio_to_cudnn_best(timings: dict[str, Timing]) -> Timing | None:
+    """fa_kernel's TFLOP/s over cuDNN best's, round by round (the two were timed back to back in
+    each): the median and spread of the ratio itself. None where cuDNN took no part."""
+    best = cudnn_best(timings)
+    if best is None:
+        return None
+    return Timing(
+        tuple(ours / theirs for ours, theirs in zip(timings["fa_kernel"].rounds, timings[best].rounds, strict=True))
+    )
 
 
 PLOT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -128,7 +195,7 @@ def plot_seqlen_sweep(
     dtype: torch.dtype,
     repeats: int = 50,
     progress: Callable[[Iterable[int], str], Iterable[int]] = lambda seqlens, description: seqlens,
-) -> list[tuple[str, dict[str, float]]]:
+) -> list[tuple[str, dict[str, Timing]]]:
     """TFLOP/s against seq_len (sweep_shape: 32k tokens, 16 heads), one panel per (head_dim,
     causal), drawn to `path`; returns the measurements, labelled like the bench's. `progress`
     wraps each panel's lengths (a progress bar)."""
@@ -144,8 +211,8 @@ def plot_seqlen_sweep(
         for seqlen in progress(PLOT_SEQLENS, f"plot d{head_dim}{' causal' if causal else ''}"):
             shape = sweep_shape(seqlen, head_dim, causal, dtype)
             measured.append((shape.label(), measure(shape, repeats=repeats)))
-            for name, value in measured[-1][1].items():
-                series.setdefault(name, []).append(value)
+            for name, timing in measured[-1][1].items():
+                series.setdefault(name, []).append(timing.median)
         for name, values in series.items():
             ax.plot(PLOT_SEQLENS, values, marker="o", label=name)
         ax.set(

@@ -22,7 +22,7 @@ from rich.progress import Progress, track
 from rich.table import Table
 
 from fa_kernel import __version__, tune
-from fa_kernel.bench import Shape, measure, plot_seqlen_sweep
+from fa_kernel.bench import CUDNN_LAYOUTS, Shape, Timing, cudnn_best, measure, plot_seqlen_sweep, ratio_to_cudnn_best
 from fa_kernel.builds import build_all, quiet_tilelang, shipped_builds, unique
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func, kernel_build
@@ -97,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = commands.add_parser("bench", help="TFLOP/s beside torch SDPA's cuDNN and flash backends")
     bench.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16"])
-    bench.add_argument("--repeats", type=_count, default=50, help="timed calls per case (median reported)")
+    bench.add_argument("--repeats", type=_count, default=50, help="timed calls per round (their median is the round's)")
+    bench.add_argument(
+        "--rounds", type=_count, default=5, help="rounds per case, the implementations alternated in each (median)"
+    )
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
     bench.add_argument(
@@ -219,8 +222,8 @@ def cmd_bench(args) -> int:
         for d in args.dtype
         for s in BENCH_SHAPES
     ]
-    results: list[tuple[str, dict[str, float]]] = [
-        (shape.label(), measure(shape, repeats=args.repeats))
+    results: list[tuple[str, dict[str, Timing]]] = [
+        (shape.label(), measure(shape, rounds=args.rounds, repeats=args.repeats))
         for shape in track(shapes, description="benchmarking", console=console, transient=True)
     ]
     # The numbers behind the plot are printed too: a figure alone cannot be quoted or compared.
@@ -238,32 +241,48 @@ def cmd_bench(args) -> int:
             record["plot"] = _records(plotted)
         print(json.dumps(record))
         return 0
-    headers = ["shape BxHxSxD", "fa_kernel", "SDPA cuDNN", "SDPA flash", "vs cuDNN"]
-    title = f"TFLOP/s on {torch.cuda.get_device_name()}, median of {args.repeats}"
+    headers = ["shape BxHxSxD", "fa_kernel", "cuDNN BHSD", "cuDNN BSHD view", "SDPA flash", "vs cuDNN best"]
+    headers.append("ratio range")
+    title = (
+        f"TFLOP/s on {torch.cuda.get_device_name()}: medians of {args.rounds} rounds alternated in this process,"
+        f" each the median of {args.repeats} timings; the ratio round by round against the faster cuDNN layout"
+    )
     _print_table(console, headers, _rows(results), args.markdown, title=title)
     if args.plot:
         _print_table(console, headers, _rows(plotted), args.markdown, title=f"{title}: the points of {args.plot}")
     return 0
 
 
-def _records(results: list[tuple[str, dict[str, float]]]) -> list[dict[str, object]]:
-    return [{"shape": label, "tflops": tflops, "ratio_to_cudnn": _ratio(tflops)} for label, tflops in results]
+def _records(results: list[tuple[str, dict[str, Timing]]]) -> list[dict[str, object]]:
+    records: list[dict[str, object]] = []
+    for label, timings in results:
+        ratio = ratio_to_cudnn_best(timings)
+        records.append(
+            {
+                "shape": label,
+                "tflops": {name: timing.median for name, timing in timings.items()},
+                "rounds": {name: list(timing.rounds) for name, timing in timings.items()},
+                "cudnn_best": cudnn_best(timings),
+                "ratio_to_cudnn_best": None if ratio is None else ratio.median,
+            }
+        )
+    return records
 
 
-def _rows(results: list[tuple[str, dict[str, float]]]) -> list[list[str]]:
-    return [
-        [
-            label,
-            *(f"{tflops[name]:.0f}" if name in tflops else "-" for name in ("fa_kernel", "cudnn", "flash")),
-            f"{_ratio(tflops):.2f}x" if "cudnn" in tflops else "-",
-        ]
-        for label, tflops in results
-    ]
-
-
-def _ratio(tflops: dict[str, float]) -> float | None:
-    """fa_kernel over cuDNN, measured in the same process; None where cuDNN took no part."""
-    return tflops["fa_kernel"] / tflops["cudnn"] if "cudnn" in tflops else None
+def _rows(results: list[tuple[str, dict[str, Timing]]]) -> list[list[str]]:
+    rows = []
+    for label, timings in results:
+        ratio = ratio_to_cudnn_best(timings)
+        names = ("fa_kernel", *CUDNN_LAYOUTS, "flash")
+        rows.append(
+            [
+                label,
+                *(f"{timings[name].median:.0f}" if name in timings else "-" for name in names),
+                "-" if ratio is None else f"{ratio.median:.2f}x",
+                "-" if ratio is None else f"{min(ratio.rounds):.2f}-{max(ratio.rounds):.2f}",
+            ]
+        )
+    return rows
 
 
 def cmd_tune(args) -> int:

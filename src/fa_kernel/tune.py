@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import torch
 
-from fa_kernel.bench import cuda_median_ms, sweep_shape
+from fa_kernel.bench import alternated, cuda_median_ms, sweep_shape
 from fa_kernel.builds import build_all
 from fa_kernel.configs import TileConfig
 from fa_kernel.kernel import compiled_forward
@@ -154,13 +154,8 @@ Key = TypeVar("Key", bound=Hashable)
 
 
 def alternate(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key, float]:
-    """Median of each timer (a config's TFLOP/s, say) over `rounds`, each round timing every one
-    once in turn, so that the GPU's drift over the rounds falls on all of them alike."""
-    samples: dict[Key, list[float]] = {key: [] for key in timers}
-    for _ in range(rounds):
-        for key, timer in timers.items():
-            samples[key].append(timer())
-    return {key: statistics.median(values) for key, values in samples.items()}
+    """Median of each timer (a config's TFLOP/s, say) over `rounds` alternated rounds (bench.alternated)."""
+    return {key: statistics.median(values) for key, values in alternated(timers, rounds).items()}
 
 
 def measure_case(
