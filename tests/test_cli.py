@@ -140,19 +140,30 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     # The BSHD view is cuDNN's faster layout here; the ratio is taken round by round against it.
     measured = timings(fa_kernel=[110, 120, 100], cudnn_BHSD=[90, 90, 90], cudnn_BSHD_view=[100, 100, 100], flash=[50])
     monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats: measured)
-    point = ("1x16x512x64 float16", timings(fa_kernel=[90.0], cudnn_BHSD=[100.0]))
+    # The kernels are built before anything is timed: one build per shape asked (no GPU here to build for).
+    built = []
+    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    monkeypatch.setattr(cli, "_build_all", lambda console, builds, jobs, verbose, quiet: built.append(builds) or True)
+    from fa_kernel.bench import Shape
+
+    point = (Shape(1, 16, 512, 64, False), timings(fa_kernel=[90.0], cudnn_BHSD=[100.0]))
     monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress: [point])
     plot = str(tmp_path / "plot.png")
     assert main(["bench", "--markdown", "--plot", plot]) == 0
     out = capsys.readouterr().out
     assert f"the points of {plot}" in out and "| 1x16x512x64 float16 | 90 | 100 | - | - | 0.90x | 0.90-0.90 |" in out
     assert "| 8x32x4096x128 float16 | 110 | 90 | 100 | 50 | 1.10x | 1.00-1.20 |" in out
+    assert (128, True, 4096) in built[0] and (128, False, 8192) in built[0]  # the prefill's keys pick its config
     assert main(["bench", "--json", "--plot", plot]) == 0
     record = json.loads(capsys.readouterr().out)
     first = record["results"][0]
     assert first["cudnn_best"] == "cudnn BSHD view" and first["ratio_to_cudnn_best"] == pytest.approx(1.1)
     assert first["rounds"]["fa_kernel"] == [110, 120, 100] and first["tflops"]["cudnn BHSD"] == 90
-    assert record["plot"][0]["shape"] == point[0] and record["plot"][0]["ratio_to_cudnn_best"] == pytest.approx(0.9)
+    assert record["plot"][0]["shape"] == "1x16x512x64 float16"
+    assert record["plot"][0]["ratio_to_cudnn_best"] == pytest.approx(0.9)
+    # Every shape of the grid is d128 or d64 here, each at 1.10x: the summary says so per head_dim.
+    summary = {row["head_dim"]: row["median"] for row in record["summary"]}
+    assert summary == {64: pytest.approx(1.1), 128: pytest.approx(1.1)}
 
 
 def test_a_shape_cudnn_does_not_take_has_no_ratio():
@@ -180,5 +191,35 @@ def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path
     points = bench.plot_seqlen_sweep(str(path), torch.float16, repeats=1)
     assert path.stat().st_size > 0
     assert len(points) == 4 * len(bench.PLOT_SEQLENS)  # (64, 128) x (full, causal) panels
-    label, first = points[0]
-    assert label == "64x16x512x64 float16" and first["fa_kernel"].median == 51.2 and first["cudnn BHSD"].median == 100
+    shape, first = points[0]
+    assert shape.label() == "64x16x512x64 float16" and first["fa_kernel"].median == 51.2
+    assert first["cudnn BHSD"].median == 100
+
+
+def test_the_model_grid_spans_the_heads_lengths_and_prefills_asked_for():
+    from fa_kernel.bench import MODEL_HEADS, MODEL_PREFILLS, MODEL_SEQLENS, model_grid
+
+    grid = model_grid()
+    heads = {shape.nheads for shape in grid}
+    assert {8, 12, 16, 20, 24, 28, 32, 40, 48, 52, 56, 64, 96, 128} <= heads
+    assert {shape.nheads // shape.heads_kv for shape in grid} >= {1, 2, 4, 8}
+    assert {shape.head_dim for shape in grid} == {64, 128, 256}
+    assert len(grid) == len(MODEL_HEADS) * (2 * len(MODEL_SEQLENS) + len(MODEL_PREFILLS))
+    assert all(shape.nheads % shape.heads_kv == 0 for shape in grid)
+    tokens = {shape.batch * shape.seqlen_q for shape in grid if shape.keys == shape.seqlen_q}
+    assert min(tokens) >= 4096 and max(tokens) <= 65536
+    assert all(shape.causal for shape in grid if shape.keys != shape.seqlen_q)  # prefill: bottom-right
+
+
+def test_the_summary_gives_each_head_dims_median_and_worst_shape():
+    from fa_kernel.bench import Shape, summarise
+
+    results = [
+        (Shape(1, 8, 512, 64, False), timings(fa_kernel=[90.0], cudnn_BHSD=[100.0])),
+        (Shape(1, 8, 512, 64, True), timings(fa_kernel=[120.0], cudnn_BHSD=[100.0], cudnn_BSHD_view=[110.0])),
+        (Shape(1, 8, 1024, 64, False), timings(fa_kernel=[100.0], cudnn_BSHD_view=[100.0])),
+        (Shape(1, 8, 512, 128, True, seqlen_k=2048), timings(fa_kernel=[300.0])),  # no cuDNN: left out
+    ]
+    (d64,) = summarise(results)
+    assert (d64.head_dim, d64.shapes, d64.worst, d64.worst_shape) == (64, 3, 0.9, "1x8x512x64 float16")
+    assert d64.median == pytest.approx(1.0)

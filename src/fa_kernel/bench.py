@@ -85,6 +85,53 @@ def sweep_shape(
     return Shape(max(1, 32768 // seqlen), nheads, seqlen, head_dim, causal, dtype)
 
 
+# (query heads, K/V heads, head_dim) of released models' attention layers: the head counts and
+# GQA groups a server runs, odd ones included.
+MODEL_HEADS = (
+    (12, 12, 64),  # GPT-2
+    (16, 16, 64),  # BERT-large
+    (20, 20, 64),  # GPT-2 large
+    (25, 25, 64),  # GPT-2 XL
+    (32, 8, 64),  # Llama 3.2 1B
+    (71, 1, 64),  # Falcon 7B: one K/V head
+    (12, 2, 128),  # Qwen 2.5 1.5B
+    (16, 2, 128),  # Qwen 2.5 3B
+    (24, 8, 128),  # Llama 3.2 3B
+    (28, 4, 128),  # Qwen 2.5 7B
+    (32, 8, 128),  # Llama 3 8B, Mistral 7B
+    (32, 32, 128),  # Llama 2 7B
+    (40, 8, 128),  # Qwen 2.5 14B
+    (40, 10, 128),  # Phi-3 medium
+    (48, 4, 128),  # StarCoder2 15B
+    (52, 4, 128),  # no model: the one head count of the list asked for that none above has
+    (56, 8, 128),  # Yi 34B
+    (64, 8, 128),  # Llama 3 70B, Qwen 2.5 72B
+    (96, 96, 128),  # GPT-3 175B
+    (128, 8, 128),  # Llama 3 405B
+    (8, 4, 256),  # Gemma 2 2B
+    (16, 8, 256),  # Gemma 2 9B
+    (16, 16, 256),  # Gemma 7B
+)
+MODEL_SEQLENS = (512, 2048, 8192, 32768)
+MODEL_TOKENS = 16384  # batch * seqlen_q per launch, where one sequence is shorter
+# Prefill chunks: queries against a longer KV cache, causal bottom-right (which SDPA does not
+# offer: fa_kernel's figure stands alone there).
+MODEL_PREFILLS = ((1024, 8192), (2048, 32768))
+
+
+def model_grid(dtype: torch.dtype = torch.bfloat16) -> list[Shape]:
+    """`fa-kernel bench --grid models`: every MODEL_HEADS layer at each of MODEL_SEQLENS, causal
+    and not, MODEL_TOKENS tokens per launch (one sequence where it is longer), then its prefill
+    chunks (MODEL_PREFILLS, causal)."""
+    shapes = []
+    for nheads, nheads_kv, head_dim in MODEL_HEADS:
+        for seqlen, causal in itertools.product(MODEL_SEQLENS, (False, True)):
+            shapes.append(Shape(max(1, MODEL_TOKENS // seqlen), nheads, seqlen, head_dim, causal, dtype, nheads_kv))
+        for queries, keys in MODEL_PREFILLS:
+            shapes.append(Shape(1, nheads, queries, head_dim, True, dtype, nheads_kv, seqlen_k=keys))
+    return shapes
+
+
 def sdpa_backends() -> dict[str, object]:
     from torch.nn.attention import SDPBackend
 
@@ -187,6 +234,33 @@ def ratio_to_cudnn_best(timings: dict[str, Timing]) -> Timing | None:
     )
 
 
+@dataclass(frozen=True)
+class Summary:
+    """The ratios to cuDNN best of one head_dim's shapes."""
+
+    head_dim: int
+    shapes: int  # shapes measured with a ratio
+    median: float
+    worst: float
+    worst_shape: str
+
+
+def summarise(results: Iterable[tuple[Shape, dict[str, Timing]]]) -> list[Summary]:
+    """Per head_dim, the median and the worst of the median ratios to cuDNN best (shapes cuDNN
+    takes no part in are left out)."""
+    ratios: dict[int, list[tuple[float, str]]] = {}
+    for shape, timings in results:
+        ratio = ratio_to_cudnn_best(timings)
+        if ratio is not None:
+            ratios.setdefault(shape.head_dim, []).append((ratio.median, shape.label()))
+    summaries = []
+    for head_dim, found in sorted(ratios.items()):
+        worst, worst_shape = min(found)
+        median = statistics.median(value for value, _ in found)
+        summaries.append(Summary(head_dim, len(found), median, worst, worst_shape))
+    return summaries
+
+
 PLOT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -195,9 +269,9 @@ def plot_seqlen_sweep(
     dtype: torch.dtype,
     repeats: int = 50,
     progress: Callable[[Iterable[int], str], Iterable[int]] = lambda seqlens, description: seqlens,
-) -> list[tuple[str, dict[str, Timing]]]:
+) -> list[tuple[Shape, dict[str, Timing]]]:
     """TFLOP/s against seq_len (sweep_shape: 32k tokens, 16 heads), one panel per (head_dim,
-    causal), drawn to `path`; returns the measurements, labelled like the bench's. `progress`
+    causal), drawn to `path`; returns the measurements by shape. `progress`
     wraps each panel's lengths (a progress bar)."""
     import matplotlib
 
@@ -210,7 +284,7 @@ def plot_seqlen_sweep(
         series: dict[str, list[float]] = {}
         for seqlen in progress(PLOT_SEQLENS, f"plot d{head_dim}{' causal' if causal else ''}"):
             shape = sweep_shape(seqlen, head_dim, causal, dtype)
-            measured.append((shape.label(), measure(shape, repeats=repeats)))
+            measured.append((shape, measure(shape, repeats=repeats)))
             for name, timing in measured[-1][1].items():
                 series.setdefault(name, []).append(timing.median)
         for name, values in series.items():

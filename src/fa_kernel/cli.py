@@ -15,6 +15,7 @@ import platform
 import shutil
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 from rich.console import Console
@@ -22,7 +23,17 @@ from rich.progress import Progress, track
 from rich.table import Table
 
 from fa_kernel import __version__, tune
-from fa_kernel.bench import CUDNN_LAYOUTS, Shape, Timing, cudnn_best, measure, plot_seqlen_sweep, ratio_to_cudnn_best
+from fa_kernel.bench import (
+    CUDNN_LAYOUTS,
+    Shape,
+    Timing,
+    cudnn_best,
+    measure,
+    model_grid,
+    plot_seqlen_sweep,
+    ratio_to_cudnn_best,
+    summarise,
+)
 from fa_kernel.builds import build_all, quiet_tilelang, shipped_builds, unique
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func, kernel_build
@@ -101,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--rounds", type=_count, default=5, help="rounds per case, the implementations alternated in each (median)"
     )
+    bench.add_argument(
+        "--grid",
+        choices=["standard", "models"],
+        default="standard",
+        help="standard: eight shapes (MHA, GQA, prefill); models: the head counts, GQA groups and head dims of "
+        "released models at 512-32k tokens, causal and not, and prefill chunks (bench.model_grid)",
+    )
+    bench.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels built at once (default: cores)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
     bench.add_argument(
@@ -214,16 +233,26 @@ def _compile_only(console: Console, jobs: int, verbose: bool) -> int:
 
 def cmd_bench(args) -> int:
     console = _console(stderr=args.json)
+    quiet_tilelang()
     if not torch.cuda.is_available():
         console.print("fa-kernel bench needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
-    shapes = [
-        Shape(s.batch, s.nheads, s.seqlen_q, s.head_dim, s.causal, DTYPES[d], s.nheads_kv, s.seqlen_k)
-        for d in args.dtype
-        for s in BENCH_SHAPES
-    ]
-    results: list[tuple[str, dict[str, Timing]]] = [
-        (shape.label(), measure(shape, rounds=args.rounds, repeats=args.repeats))
+    if args.grid == "models":
+        shapes = [shape for d in args.dtype for shape in model_grid(DTYPES[d])]
+    else:
+        shapes = [
+            Shape(s.batch, s.nheads, s.seqlen_q, s.head_dim, s.causal, DTYPES[d], s.nheads_kv, s.seqlen_k)
+            for d in args.dtype
+            for s in BENCH_SHAPES
+        ]
+    # Every kernel the grid launches, built over all cores first (one compile each, not one at a
+    # time inside the timing loop's warm-up).
+    device = torch.device("cuda")
+    builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in shapes]
+    if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json):
+        return EXIT_FAILED
+    results: list[tuple[Shape, dict[str, Timing]]] = [
+        (shape, measure(shape, rounds=args.rounds, repeats=args.repeats))
         for shape in track(shapes, description="benchmarking", console=console, transient=True)
     ]
     # The numbers behind the plot are printed too: a figure alone cannot be quoted or compared.
@@ -237,6 +266,7 @@ def cmd_bench(args) -> int:
         console.print(f"plot written to {args.plot}")
     if args.json:
         record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": _records(results)}
+        record["summary"] = [asdict(summary) for summary in summarise(results)]
         if args.plot:
             record["plot"] = _records(plotted)
         print(json.dumps(record))
@@ -248,18 +278,24 @@ def cmd_bench(args) -> int:
         f" each the median of {args.repeats} timings; the ratio round by round against the faster cuDNN layout"
     )
     _print_table(console, headers, _rows(results), args.markdown, title=title)
+    summary_rows = [
+        [str(found.head_dim), str(found.shapes), f"{found.median:.2f}x", f"{found.worst:.2f}x", found.worst_shape]
+        for found in summarise(results)
+    ]
+    summary_headers = ["head_dim", "shapes", "median vs cuDNN best", "worst", "worst shape"]
+    _print_table(console, summary_headers, summary_rows, args.markdown, title="Ratios to cuDNN best by head_dim")
     if args.plot:
         _print_table(console, headers, _rows(plotted), args.markdown, title=f"{title}: the points of {args.plot}")
     return 0
 
 
-def _records(results: list[tuple[str, dict[str, Timing]]]) -> list[dict[str, object]]:
+def _records(results: list[tuple[Shape, dict[str, Timing]]]) -> list[dict[str, object]]:
     records: list[dict[str, object]] = []
-    for label, timings in results:
+    for shape, timings in results:
         ratio = ratio_to_cudnn_best(timings)
         records.append(
             {
-                "shape": label,
+                "shape": shape.label(),
                 "tflops": {name: timing.median for name, timing in timings.items()},
                 "rounds": {name: list(timing.rounds) for name, timing in timings.items()},
                 "cudnn_best": cudnn_best(timings),
@@ -269,14 +305,14 @@ def _records(results: list[tuple[str, dict[str, Timing]]]) -> list[dict[str, obj
     return records
 
 
-def _rows(results: list[tuple[str, dict[str, Timing]]]) -> list[list[str]]:
+def _rows(results: list[tuple[Shape, dict[str, Timing]]]) -> list[list[str]]:
     rows = []
-    for label, timings in results:
+    for shape, timings in results:
         ratio = ratio_to_cudnn_best(timings)
         names = ("fa_kernel", *CUDNN_LAYOUTS, "flash")
         rows.append(
             [
-                label,
+                shape.label(),
                 *(f"{timings[name].median:.0f}" if name in timings else "-" for name in names),
                 "-" if ratio is None else f"{ratio.median:.2f}x",
                 "-" if ratio is None else f"{min(ratio.rounds):.2f}-{max(ratio.rounds):.2f}",
