@@ -7,7 +7,7 @@ TOKENS, so every case has thousands of (query block, head, batch) tiles for 132 
 
 import torch
 
-from fa_kernel.bench import Shape, runners
+from fa_kernel.bench import MODEL_TOKENS, Shape, runners
 
 TOKENS = 32768  # batch * seqlen_q
 HIDDEN = 2048  # nheads * head_dim of the MHA grid: the same bytes per token at every head_dim
@@ -69,3 +69,18 @@ class Prefill(Case):
 
     def shape_for(self, seqlen_q, causal):
         return Shape(TOKENS // seqlen_q, 32, seqlen_q, 128, causal, torch.bfloat16, nheads_kv=8, seqlen_k=4 * seqlen_q)
+
+
+class Models(Case):
+    """A subset of `fa-kernel bench --grid models` (bench.MODEL_HEADS): odd head counts and GQA
+    groups, and d256, at bench.MODEL_TOKENS tokens per launch, bf16. A layer is written
+    "query heads/K/V heads x head_dim"."""
+
+    params = (["71/1x64", "28/4x128", "40/10x128", "16/8x256"], [2048, 8192], [False, True])
+    param_names = ["layer", "seq_len", "causal"]
+
+    def shape_for(self, layer, seq_len, causal):
+        heads, head_dim = layer.split("x")
+        nheads, nheads_kv = (int(count) for count in heads.split("/"))
+        batch = max(1, MODEL_TOKENS // seq_len)
+        return Shape(batch, nheads, seq_len, int(head_dim), causal, torch.bfloat16, nheads_kv=nheads_kv)

@@ -39,3 +39,7 @@ class GQA(_Gated, cases.GQA):
 
 class Prefill(_Gated, cases.Prefill):
     pass
+
+
+class Models(_Gated, cases.Models):
+    pass

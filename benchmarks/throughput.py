@@ -35,3 +35,7 @@ class GQA(_Displayed, cases.GQA):
 
 class Prefill(_Displayed, cases.Prefill):
     pass
+
+
+class Models(_Displayed, cases.Models):
+    pass
