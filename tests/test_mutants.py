@@ -224,3 +224,13 @@ def test_the_unmutated_baseline_runs_once_per_source_and_tests(tmp_path, monkeyp
     broken = [[("own tests", ["-x", "tests/test_api.py::test_nothing"])]]
     assert mutants.unmutated_failures(broken) == ["tests/test_x.py::test_y"]
     assert mutants.unmutated_failures(broken) == ["tests/test_x.py::test_y"]  # a failure is never stamped
+
+
+def test_a_bitwise_seed_is_reused_whole_and_a_half_written_one_goes(tmp_path):
+    build = "d64-full-192x128/2st/384thr/persistent-grid4"
+    assert not mutants._seed_readable(tmp_path, build)
+    seed = tmp_path / "d64-full-192x128_2st_384thr_persistent-grid4.json"
+    seed.write_text('{"shape": "digest"}')
+    assert mutants._seed_readable(tmp_path, build)
+    seed.write_text('{"shape": "dig')  # a record stopped mid-write
+    assert not mutants._seed_readable(tmp_path, build) and not seed.exists()

@@ -140,14 +140,10 @@ def main() -> int:
         return 1 if differing else 0
     args.path.mkdir(parents=True, exist_ok=True)
     for name in args.builds or list(by_id):
-        path = args.path / (name.replace("/", "_") + ".json")  # build ids hold slashes
-        if args.action == "record" and path.is_file():
-            continue  # DIR is kept by the sources the digests come from (mutants.bitwise_seed_folder)
         found = digests(by_id[name])
+        path = args.path / (name.replace("/", "_") + ".json")  # build ids hold slashes
         if args.action == "record":
-            partial = path.with_suffix(".partial")  # a run stopped mid-write leaves no seed
-            partial.write_text(json.dumps(found))
-            partial.replace(path)
+            path.write_text(json.dumps(found))
             continue
         seed = json.loads(path.read_text())
         differing += [f"{name} {shape}" for shape, digest in seed.items() if found.get(shape) != digest]

@@ -656,6 +656,20 @@ def bitwise_seed_folder() -> Path:
     return Path("~/.cache/fa-kernel/bitwise-seeds").expanduser() / digest
 
 
+def _seed_readable(folder: Path, build: str) -> bool:
+    """Whether `folder` holds a whole seed of `build` (a record stopped mid-write leaves half a
+    file, which goes). The file name is tools/bitwise_sweep.py's: the build id, slashes as _."""
+    path = folder / (build.replace("/", "_") + ".json")
+    try:
+        json.loads(path.read_text())
+    except FileNotFoundError:
+        return False
+    except ValueError:
+        path.unlink()
+        return False
+    return True
+
+
 def unmutated_env(**variables: str) -> dict[str, str]:
     """This process's environment with the unmutated package first on PYTHONPATH (from src/,
     where it is not installed: nox --no-venv does the same), and `variables`."""
@@ -1136,8 +1150,10 @@ def main() -> int:
         # The unmutated kernel's bits, for the mutants whose recorded reason is checked bitwise:
         # recorded once per host and source (a minute and more for the 12 builds).
         bitwise_seed = bitwise_seed_folder()
-        command = [sys.executable, BITWISE, "record", str(bitwise_seed), *bitwise_builds]
-        subprocess.run(command, cwd=ROOT, env=unmutated_env(), check=True)
+        missing = [build for build in bitwise_builds if not _seed_readable(bitwise_seed, build)]
+        if missing:
+            command = [sys.executable, BITWISE, "record", str(bitwise_seed), *missing]
+            subprocess.run(command, cwd=ROOT, env=unmutated_env(), check=True)
     # A mutant's smoke tier is mostly one kernel's compile, on one core: one mutant per core.
     jobs = args.jobs or max(4, os.cpu_count() or 1)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
