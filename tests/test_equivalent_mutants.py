@@ -160,3 +160,18 @@ def test_no_recorded_equivalent_has_been_killed():
     record = mutants.ROOT / "tools" / "records" / "generated_smoke.jsonl"
     recorded = [m for m in generate() if m.key in EQUIVALENT]
     assert not mutants.recorded_kills(record, recorded)
+
+
+def test_no_mutant_triage_finds_equivalent_has_been_killed():
+    # Identical PrimFuncs, or identical generated code, mean the unmutated kernel: a recorded
+    # kill of such a mutant would make triage unsound (or a test flaky). From the committed
+    # triage cache alone (a kernel.py edit since leaves its mutants to a triage run).
+    import mutants
+
+    cache = mutants.ROOT / "tools" / "records" / "triage.json"
+    kernel_mutants = [m for m in generate() if m.file == "kernel.py"]
+    found = mutants.triage(kernel_mutants, jobs=1, sm_count=132, cache=cache, compute=False)
+    equivalent = [m for m in kernel_mutants if found.verdicts.get(m.id, ("",))[0] == "equivalent"]
+    assert equivalent, "the committed triage cache settles no mutant: is it for this kernel.py?"
+    record = mutants.ROOT / "tools" / "records" / "generated_smoke.jsonl"
+    assert not mutants.recorded_kills(record, equivalent)

@@ -234,3 +234,20 @@ def test_a_bitwise_seed_is_reused_whole_and_a_half_written_one_goes(tmp_path):
     assert mutants._seed_readable(tmp_path, build)
     seed.write_text('{"shape": "dig')  # a record stopped mid-write
     assert not mutants._seed_readable(tmp_path, build) and not seed.exists()
+
+
+def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
+    from ast_mutants import generate
+
+    from boundaries import build_id, sweep_builds
+
+    source = (mutants.PACKAGE / "kernel.py").read_text()
+    build = next(b for b in sweep_builds() if build_id(b) == "d128-causal-128x176/2st/256thr")
+    original = mutants.generated_code_digests(source, [build], [0])
+    # T.copy takes its source fragment's extent, so a destination region one row short lowers
+    # to the same code, though the PrimFunc differs.
+    short_copy = next(m for m in generate() if m.id == "kernel-epilogue-off_by_one-14")
+    assert "pipe.V[0:(block_m - 1), :]" in short_copy.line_for_list()
+    assert mutants.generated_code_digests(short_copy.mutated_source(), [build], [0]) == original
+    dropped_rescale = mutants.KERNEL_MUTANTS[0].mutated_source()
+    assert mutants.generated_code_digests(dropped_rescale, [build], [0]) != original

@@ -520,33 +520,76 @@ def primfunc_digests(
     unmutated `original` digests, it stops at the first build past the first `always` whose
     digest differs (the mutant is then known to change the kernel)."""
     import hashlib
+
+    digests: list[str] = []
+    try:
+        with _kernel_module(kernel_source) as module:
+            for index, build in enumerate(builds):
+                # forward_program takes what compiled_forward does, but the target (arch).
+                arguments = {name: value for name, value in build.items() if name not in ("dtype", "arch")}
+                try:
+                    program = module.forward_program(dtype=build["dtype"], **arguments)
+                    # The pass configs enter TileLang's cache key too (a mutant may switch a pass off).
+                    compiled = program.script(show_meta=True) + repr(getattr(module, "PASS_CONFIGS", None))
+                    digests.append(hashlib.sha256(compiled.encode()).hexdigest())
+                except Exception as error:  # a mutant may break the Python that builds the kernel
+                    digests.append(f"error: {type(error).__name__}: {error}")
+                if original is not None and index >= always and digests[-1] != original[index]:
+                    break
+    except Exception as error:  # the mutated module itself does not import
+        digests = [f"error: {type(error).__name__}: {error}"]
+    return digests
+
+
+def generated_code_digests(
+    kernel_source: str, builds: list[dict], indices: list[int], original: dict[int, str] | None = None
+) -> dict[int, str]:
+    """{index: sha256 of what TileLang generates for builds[index]}, kernel.py's text replaced
+    by `kernel_source`: the CUDA source, the host module (launch configuration, TMA
+    descriptors, argument checks), the kernel's parameters and the pass configs, which is all
+    nvcc and the runtime wrapper are given, so equal digests mean the same compiled kernel.
+    Given the unmutated digests `original`, it stops at the first build whose digest differs."""
+    import hashlib
+
+    import tilelang
+    from tilelang import tvm
+    from tilelang.engine.lower import lower
+
+    tilelang.set_log_level("WARNING")
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    digests: dict[int, str] = {}
+    with _kernel_module(kernel_source) as module:
+        for index in indices:
+            build = builds[index]
+            arguments = {name: value for name, value in build.items() if name not in ("dtype", "arch")}
+            try:
+                program = module.forward_program(dtype=build["dtype"], **arguments)
+                with tvm.transform.PassContext(opt_level=3, config=module.PASS_CONFIGS), target:
+                    artifact = lower(program, target=target)
+                generated = f"{artifact.kernel_source}\n{artifact.host_mod}\n{artifact.params}\n{module.PASS_CONFIGS!r}"
+                digests[index] = hashlib.sha256(generated.encode()).hexdigest()
+            except Exception as error:  # a build that lowers in one source and not in the other differs
+                digests[index] = f"error: {type(error).__name__}: {error}"
+            if original is not None and digests[index] != original[index]:
+                break
+    return digests
+
+
+@contextlib.contextmanager
+def _kernel_module(kernel_source: str):
+    """kernel.py's text replaced by `kernel_source`, imported as a module of its own (TileLang
+    reads a prim_func's source from its file)."""
     import importlib.util
 
     with tempfile.NamedTemporaryFile("w", suffix="_kernel.py", delete=False) as file:
         file.write(kernel_source)
-    # A module of its own: TileLang reads the prim_func's source from this file.
-    spec = importlib.util.spec_from_file_location(f"mutated_kernel_{Path(file.name).stem}", file.name)
-    module = importlib.util.module_from_spec(spec)
-    digests: list[str] = []
     try:
+        spec = importlib.util.spec_from_file_location(f"mutated_kernel_{Path(file.name).stem}", file.name)
+        module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        for index, build in enumerate(builds):
-            # forward_program takes what compiled_forward does, but the target (arch).
-            arguments = {name: value for name, value in build.items() if name not in ("dtype", "arch")}
-            try:
-                program = module.forward_program(dtype=build["dtype"], **arguments)
-                # The pass configs enter TileLang's cache key too (a mutant may switch a pass off).
-                compiled = program.script(show_meta=True) + repr(getattr(module, "PASS_CONFIGS", None))
-                digests.append(hashlib.sha256(compiled.encode()).hexdigest())
-            except Exception as error:  # a mutant may break the Python that builds the kernel
-                digests.append(f"error: {type(error).__name__}: {error}")
-            if original is not None and index >= always and digests[-1] != original[index]:
-                break
-    except Exception as error:
-        digests = [f"error: {type(error).__name__}: {error}"]
+        yield module
     finally:
         os.unlink(file.name)
-    return digests
 
 
 @dataclass
@@ -558,12 +601,13 @@ class Triage:
     changed_sweep_builds: dict[str, list[dict]]
 
 
-def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None) -> Triage:
+def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, compute: bool = True) -> Triage:
     """For the kernel.py mutants: 'equivalent' where every triage build has the unmutated
     PrimFunc (so the compiled kernels are the same), 'killed' where building the kernel raises
     (every test that launches it fails there); for the others, the sweep builds whose PrimFunc
     the mutant changes. `cache` (JSON) keeps each mutated source's digests, so that a run on
-    the GPU host reuses a triage made on another machine."""
+    the GPU host reuses a triage made on another machine. `compute` False: the cache alone; a
+    mutant it does not hold is left out."""
     import hashlib
 
     from boundaries import sweep_builds
@@ -582,10 +626,12 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None) -
     except json.JSONDecodeError:  # a copy taken mid-write: computed again
         stored = {}
     original_source = (PACKAGE / "kernel.py").read_text()
-    original = stored.get(key(original_source)) or primfunc_digests(original_source, builds)
+    original = stored.get(key(original_source)) or (primfunc_digests(original_source, builds) if compute else None)
+    if original is None:
+        return Triage({}, {})
     stored[key(original_source)] = original
     sources = [m.mutated_source() for m in kernel_mutants]
-    missing = [source for source in dict.fromkeys(sources) if key(source) not in stored]
+    missing = [source for source in dict.fromkeys(sources) if key(source) not in stored] if compute else []
     with ProcessPoolExecutor(max(1, jobs)) as pool:
         computed = pool.map(
             primfunc_digests,
@@ -601,8 +647,11 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None) -
                 cache.with_suffix(".tmp").write_text(json.dumps(stored))
                 cache.with_suffix(".tmp").replace(cache)
     result = Triage({}, {})
+    changed_at: dict[str, list[int]] = {}  # source: the builds whose PrimFunc differs or was not computed
     for mutant, source in zip(kernel_mutants, sources, strict=True):
-        mutated = stored[key(source)]
+        mutated = stored.get(key(source))
+        if mutated is None:  # not in the cache, and not computed
+            continue
         if mutated == original:
             reason = f"identical PrimFunc for all {len(builds)} shipped and swept kernels"
             result.verdicts[mutant.id] = ("equivalent", reason)
@@ -613,7 +662,62 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None) -
             result.changed_sweep_builds[mutant.id] = [
                 build for build, before, after in zip(sweep, original, mutated, strict=False) if before != after
             ]
+            changed_at[source] = [i for i in range(len(builds)) if i >= len(mutated) or mutated[i] != original[i]]
+    # A PrimFunc that differs may still lower to the same code (TileLang's simplifier proves a
+    # bound, a copy takes its source's extent): where every build that differs does, the
+    # compiled kernels are the unmutated ones.
+    same_code = _same_generated_code(original_source, changed_at, builds, jobs, stored, key, cache, compute)
+    for mutant, source in zip(kernel_mutants, sources, strict=True):
+        if same_code.get(source):
+            lowered = len(changed_at[source])
+            reason = f"the same generated code for all {len(builds)} shipped and swept kernels ({lowered} lowered)"
+            result.verdicts[mutant.id] = ("equivalent", reason)
+            del result.changed_sweep_builds[mutant.id]
     return result
+
+
+def _same_generated_code(original_source, changed_at, builds, jobs, stored, key, cache, compute) -> dict[str, bool]:
+    """{mutated source: whether each build in changed_at[source] lowers to the unmutated code}
+    (generated_code_digests), kept in the triage cache beside the PrimFunc digests; `compute`
+    False: from the cache alone (a build it does not hold counts as differing)."""
+
+    def save() -> None:
+        if cache is not None and compute:  # as each comes: a triage cut short keeps what it did
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.with_suffix(".tmp").write_text(json.dumps(stored))
+            cache.with_suffix(".tmp").replace(cache)
+
+    def generated(source: str) -> dict[int, str]:
+        return {int(index): digest for index, digest in stored.get("generated " + key(source), {}).items()}
+
+    original = generated(original_source)
+    needed = sorted({index for indices in changed_at.values() for index in indices} - set(original))
+    missing = [source for source in changed_at if "generated " + key(source) not in stored]
+    if not compute:
+        needed, missing = [], []
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        # The unmutated builds first, one task each: every mutant is compared with them.
+        unmutated = pool.map(
+            generated_code_digests, itertools.repeat(original_source), itertools.repeat(builds), [[i] for i in needed]
+        )
+        for digests in unmutated:
+            original.update(digests)
+        stored["generated " + key(original_source)] = original
+        save()
+        computed = pool.map(
+            generated_code_digests,
+            missing,
+            itertools.repeat(builds),
+            [changed_at[source] for source in missing],
+            itertools.repeat(original),
+        )
+        for source, digests in zip(missing, computed, strict=True):
+            stored["generated " + key(source)] = digests
+            save()
+    return {
+        source: all(index in original and generated(source).get(index) == original[index] for index in indices)
+        for source, indices in changed_at.items()
+    }
 
 
 def recorded_equivalents(mutants: list[GeneratedMutant]) -> dict[str, tuple[str, str]]:
