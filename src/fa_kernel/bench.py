@@ -103,7 +103,7 @@ MODEL_HEADS = (
     (40, 8, 128),  # Qwen 2.5 14B
     (40, 10, 128),  # Phi-3 medium
     (48, 4, 128),  # StarCoder2 15B
-    (52, 4, 128),  # no model: the one head count of the list asked for that none above has
+    (52, 4, 128),  # no released model: the head count between 48 and 56, 13 query heads per K/V head
     (56, 8, 128),  # Yi 34B
     (64, 8, 128),  # Llama 3 70B, Qwen 2.5 72B
     (96, 96, 128),  # GPT-3 175B
