@@ -147,13 +147,14 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     from fa_kernel.bench import Shape
 
     point = (Shape(1, 16, 512, 64, False), timings(fa_kernel=[90.0], cudnn_BHSD=[100.0]))
-    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress: [point])
+    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress, rounds: [point])
     plot = str(tmp_path / "plot.png")
     assert main(["bench", "--markdown", "--plot", plot]) == 0
     out = capsys.readouterr().out
     assert f"the points of {plot}" in out and "| 1x16x512x64 float16 | 90 | 100 | - | - | 0.90x | 0.90-0.90 |" in out
     assert "| 8x32x4096x128 float16 | 110 | 90 | 100 | 50 | 1.10x | 1.00-1.20 |" in out
     assert (128, True, 4096) in built[0] and (128, False, 8192) in built[0]  # the prefill's keys pick its config
+    assert (64, True, 512) in built[0]  # and the plot's shapes, asked for with --plot
     assert main(["bench", "--json", "--plot", plot]) == 0
     record = json.loads(capsys.readouterr().out)
     first = record["results"][0]
@@ -185,7 +186,7 @@ def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path
     import fa_kernel.bench as bench
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
-    measured = lambda shape, repeats: timings(fa_kernel=[shape.seqlen_q / 10], cudnn_BHSD=[100.0])  # noqa: E731
+    measured = lambda shape, rounds, repeats: timings(fa_kernel=[shape.seqlen_q / 10], cudnn_BHSD=[100.0])  # noqa: E731
     monkeypatch.setattr(bench, "measure", measured)
     path = tmp_path / "plot.png"
     points = bench.plot_seqlen_sweep(str(path), torch.float16, repeats=1)

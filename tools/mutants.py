@@ -642,10 +642,7 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
         )
         for source, digests in zip(missing, computed, strict=True):
             stored[key(source)] = digests
-            if cache is not None:  # as each comes: a triage cut short keeps what it did
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.with_suffix(".tmp").write_text(json.dumps(stored))
-                cache.with_suffix(".tmp").replace(cache)
+            _save_triage(cache, stored)  # as each comes: a triage cut short keeps what it did
     result = Triage({}, {})
     changed_at: dict[str, list[int]] = {}  # source: the builds whose PrimFunc differs or was not computed
     for mutant, source in zip(kernel_mutants, sources, strict=True):
@@ -676,16 +673,22 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
     return result
 
 
+def _save_triage(cache: Path | None, stored: dict) -> None:
+    """Write the triage cache whole, by a rename: a copy taken meanwhile is never half written."""
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.with_suffix(".tmp").write_text(json.dumps(stored))
+        cache.with_suffix(".tmp").replace(cache)
+
+
 def _same_generated_code(original_source, changed_at, builds, jobs, stored, key, cache, compute) -> dict[str, bool]:
     """{mutated source: whether each build in changed_at[source] lowers to the unmutated code}
     (generated_code_digests), kept in the triage cache beside the PrimFunc digests; `compute`
     False: from the cache alone (a build it does not hold counts as differing)."""
 
-    def save() -> None:
-        if cache is not None and compute:  # as each comes: a triage cut short keeps what it did
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.with_suffix(".tmp").write_text(json.dumps(stored))
-            cache.with_suffix(".tmp").replace(cache)
+    def save() -> None:  # as each comes: a triage cut short keeps what it did
+        if compute:
+            _save_triage(cache, stored)
 
     def generated(source: str) -> dict[int, str]:
         return {int(index): digest for index, digest in stored.get("generated " + key(source), {}).items()}
@@ -752,15 +755,21 @@ def gpu_count() -> int:
     return int(result.stdout.strip() or 0)
 
 
-def bitwise_seed_folder() -> Path:
-    """Where this host keeps the unmutated kernel's digests (tools/bitwise_sweep.py record), by
-    the sources they come from: the package, the sweep script and tests/'s helpers. A seed left
-    stale by a new toolchain can only make a mutant's bits differ, which sends it to the tests."""
+def host_cache(name: str, files: list[Path], extra: str = "") -> Path:
+    """~/.cache/fa-kernel/NAME/DIGEST: where this host keeps what was made from the unmutated
+    package's sources, the `files` and `extra` alone (DIGEST is theirs, so an edit starts anew)."""
     import hashlib
 
-    sources = [*sorted(PACKAGE.glob("*.py")), ROOT / BITWISE, *sorted((ROOT / "tests").glob("[!t]*.py"))]
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:16]
-    return Path("~/.cache/fa-kernel/bitwise-seeds").expanduser() / digest
+    sources = [*sorted(PACKAGE.glob("*.py")), *files]
+    digest = hashlib.sha256(extra.encode() + b"".join(path.read_bytes() for path in sources)).hexdigest()[:16]
+    return Path("~/.cache/fa-kernel").expanduser() / name / digest
+
+
+def bitwise_seed_folder() -> Path:
+    """Where this host keeps the unmutated kernel's digests (tools/bitwise_sweep.py record): by
+    the package, the sweep script and tests/'s helpers. A seed left stale by a new toolchain can
+    only make a mutant's bits differ, which sends it to the tests."""
+    return host_cache("bitwise-seeds", [ROOT / BITWISE, *sorted((ROOT / "tests").glob("[!t]*.py"))])
 
 
 def _seed_readable(folder: Path, build: str) -> bool:
@@ -892,14 +901,10 @@ def unmutated_failures(all_tiers) -> list[str]:
             smoke |= name.startswith("smoke")
             if name in ("own tests", "selected"):
                 first.update(arg for arg in pytest_args if not arg.startswith("-"))
-    import hashlib
-
     # Passed once on this host for these sources and tests: a stamp, so that each call of a run
     # resumed over several device calls does not pay for it again.
     runs = [(run, selection) for run, selection in ((smoke, SMOKE_ARGS), (bool(first), sorted(first))) if run]
-    files = [*sorted(PACKAGE.glob("*.py")), *_tier_files([("", selection) for _, selection in runs])]
-    digest = hashlib.sha256(json.dumps(runs).encode() + b"".join(path.read_bytes() for path in files))
-    stamp = Path("~/.cache/fa-kernel/baseline-passed").expanduser() / digest.hexdigest()[:16]
+    stamp = host_cache("baseline-passed", _tier_files([("", selection) for _, selection in runs]), json.dumps(runs))
     if stamp.is_file():
         print(f"unmutated kernel: passed these tiers' tests before on this host ({stamp})", flush=True)
         return []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,7 +24,7 @@ import torch
 from fa_kernel.interface import flash_attn_func
 from fa_kernel.reference import attention_flops, random_qkv
 
-Key = TypeVar("Key")
+Key = TypeVar("Key", bound=Hashable)  # what alternated timers are named by
 
 
 def cuda_median_ms(fn: Callable[[], object], warmup: int = 10, repeats: int = 50) -> float:
@@ -264,15 +264,24 @@ def summarise(results: Iterable[tuple[Shape, dict[str, Timing]]]) -> list[Summar
 PLOT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
+PLOT_PANELS = tuple(itertools.product((64, 128), (False, True)))  # (head_dim, causal)
+
+
+def plot_shapes(dtype: torch.dtype) -> list[Shape]:
+    """The shapes plot_seqlen_sweep measures, panel by panel."""
+    return [sweep_shape(seqlen, head_dim, causal, dtype) for head_dim, causal in PLOT_PANELS for seqlen in PLOT_SEQLENS]
+
+
 def plot_seqlen_sweep(
     path: str,
     dtype: torch.dtype,
     repeats: int = 50,
     progress: Callable[[Iterable[int], str], Iterable[int]] = lambda seqlens, description: seqlens,
+    rounds: int = 5,
 ) -> list[tuple[Shape, dict[str, Timing]]]:
-    """TFLOP/s against seq_len (sweep_shape: 32k tokens, 16 heads), one panel per (head_dim,
-    causal), drawn to `path`; returns the measurements by shape. `progress`
-    wraps each panel's lengths (a progress bar)."""
+    """TFLOP/s against seq_len (plot_shapes: 32k tokens, 16 heads), one panel per (head_dim,
+    causal), drawn to `path`, each point measured as `measure` does; returns the measurements
+    by shape. `progress` wraps each panel's lengths (a progress bar)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -280,11 +289,11 @@ def plot_seqlen_sweep(
 
     measured = []
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.5), sharey=True)
-    for ax, (head_dim, causal) in zip(axes, itertools.product((64, 128), (False, True)), strict=True):
+    for ax, (head_dim, causal) in zip(axes, PLOT_PANELS, strict=True):
         series: dict[str, list[float]] = {}
         for seqlen in progress(PLOT_SEQLENS, f"plot d{head_dim}{' causal' if causal else ''}"):
             shape = sweep_shape(seqlen, head_dim, causal, dtype)
-            measured.append((shape, measure(shape, repeats=repeats)))
+            measured.append((shape, measure(shape, rounds=rounds, repeats=repeats)))
             for name, timing in measured[-1][1].items():
                 series.setdefault(name, []).append(timing.median)
         for name, values in series.items():

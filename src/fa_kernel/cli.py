@@ -31,6 +31,7 @@ from fa_kernel.bench import (
     measure,
     model_grid,
     plot_seqlen_sweep,
+    plot_shapes,
     ratio_to_cudnn_best,
     summarise,
 )
@@ -245,10 +246,11 @@ def cmd_bench(args) -> int:
             for d in args.dtype
             for s in BENCH_SHAPES
         ]
-    # Every kernel the grid launches, built over all cores first (one compile each, not one at a
-    # time inside the timing loop's warm-up).
+    # Every kernel the grid and the plot launch, built over all cores first (one compile each,
+    # not one at a time inside the timing loop's warm-up).
     device = torch.device("cuda")
-    builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in shapes]
+    launched = shapes + (plot_shapes(DTYPES[args.dtype[0]]) if args.plot else [])
+    builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in launched]
     if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json):
         return EXIT_FAILED
     results: list[tuple[Shape, dict[str, Timing]]] = [
@@ -262,7 +264,7 @@ def cmd_bench(args) -> int:
         def progress(seqlens, description):
             return track(seqlens, description=description, console=console, transient=True)
 
-        plotted = plot_seqlen_sweep(args.plot, DTYPES[args.dtype[0]], args.repeats, progress)
+        plotted = plot_seqlen_sweep(args.plot, DTYPES[args.dtype[0]], args.repeats, progress, args.rounds)
         console.print(f"plot written to {args.plot}")
     if args.json:
         record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": _records(results)}
@@ -271,8 +273,15 @@ def cmd_bench(args) -> int:
             record["plot"] = _records(plotted)
         print(json.dumps(record))
         return 0
-    headers = ["shape BxHxSxD", "fa_kernel", "cuDNN BHSD", "cuDNN BSHD view", "SDPA flash", "vs cuDNN best"]
-    headers.append("ratio range")
+    headers = [
+        "shape BxHxSxD",
+        "fa_kernel",
+        "cuDNN BHSD",
+        "cuDNN BSHD view",
+        "SDPA flash",
+        "vs cuDNN best",
+        "ratio range",
+    ]
     title = (
         f"TFLOP/s on {torch.cuda.get_device_name()}: medians of {args.rounds} rounds alternated in this process,"
         f" each the median of {args.repeats} timings; the ratio round by round against the faster cuDNN layout"

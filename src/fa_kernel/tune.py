@@ -17,12 +17,11 @@ import dataclasses
 import functools
 import itertools
 import statistics
-from collections.abc import Callable, Hashable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Iterable
 
 import torch
 
-from fa_kernel.bench import alternated, cuda_median_ms, sweep_shape
+from fa_kernel.bench import Key, alternated, cuda_median_ms, sweep_shape
 from fa_kernel.builds import build_all
 from fa_kernel.configs import TileConfig
 from fa_kernel.kernel import compiled_forward
@@ -148,9 +147,6 @@ def precompile(cases: Iterable[tuple[int, bool]], jobs: int) -> int:
     ]
     build_all(builds, jobs)
     return len(builds)
-
-
-Key = TypeVar("Key", bound=Hashable)
 
 
 def alternate(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key, float]:
