@@ -177,6 +177,9 @@ def test_first_build_only_keeps_one_compile_and_leaves_checked_equivalents_for_a
     tiers, deferred = mutants.first_build_tiers(whole)
     assert [name for name, _ in tiers[plain.id]] == ["own tests", f"smoke on {first}"]
     assert set(deferred) == {checked.id, "suite only"} and set(tiers) == {plain.id}
+    # Then no suite tier is left: the seed cache needs the smoke tier's kernels alone.
+    assert mutants.precompile_args(whole.values()) == []
+    assert mutants.precompile_args(tiers.values()) == ["--smoke"]
 
 
 def test_a_deadline_starts_only_what_can_end_by_it_and_stops_the_rest(tmp_path, monkeypatch):

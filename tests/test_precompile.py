@@ -1,4 +1,5 @@
-"""tools/precompile.py's stamp: skipped only for the same builds of the same source (no GPU needed)."""
+"""tools/precompile.py: its stamp, skipped only for the same builds of the same source, and the
+smoke tier's share of the builds (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,13 @@ def test_the_stamp_names_the_builds_and_the_package_source(tmp_path, monkeypatch
     assert precompile.built_stamp(builds) == stamp
     (copy / "kernel.py").write_text((copy / "kernel.py").read_text() + "\n")
     assert precompile.built_stamp(builds) != stamp
+
+
+def test_the_smoke_builds_are_the_smoke_tiers_and_part_of_the_suites():
+    import test_boundary_sweep
+    from fa_kernel.builds import unique
+
+    smoke = precompile.smoke_builds("sm_90a")
+    assert smoke == [dict(build, arch="sm_90a") for build in test_boundary_sweep.BUILDS]
+    suite = precompile.suite_builds(132, "sm_90a")
+    assert all(build in suite for build in smoke) and len(unique(smoke)) == len(smoke) < len(suite)

@@ -84,8 +84,14 @@ WARP_ARRIVES_AS_ONE = Reason(
     BITWISE,
 )
 UNSYNCED_ARRIVE = Reason(
-    "with one consumer warpgroup no one syncs on the turn barrier: the arrive that the test adds for it "
-    "changes no value and no order",
+    "where no warpgroup takes turns (one consumer warpgroup, or a config without take_turns) no one syncs "
+    "on a turn barrier: the arrives the mutant adds there change no value and no order",
+    BITWISE,
+)
+TURN_ARRIVES_MORE = Reason(
+    "more arrivals at the turn barrier (every consumer thread, or also for a work tile of one K/V tile, "
+    "which takes no turn) can only end a warpgroup's wait for its turn sooner: warpgroups then issue "
+    "their GEMMs in another order, or at once, and no row's arithmetic depends on that order",
     BITWISE,
 )
 
@@ -108,6 +114,13 @@ ALPHA_IS_ONE = Reason(
     ROUNDING,
 )
 
+VOTE_LIMIT_ONE_OFF = Reason(
+    "the warpgroup's vote to issue S again, at a limit one off or inclusive: a warpgroup that votes where "
+    "it would not gets S again from the same Q and K, and the online softmax keeps the max of each row "
+    "within STALE_SUM_LIMIT, with what the pass before gave it; one that does not vote where it would "
+    "keeps the max of rows whose sum is at most STALE_SUM_LIMIT + 1 (REFERENCE_MAX_IS_FREE)",
+    ROUNDING,
+)
 STALE_SUM_LIMIT_IS_FREE = Reason(
     "STALE_SUM_LIMIT decides which rows keep the max from before a tile, that is, only the reference "
     "max of their P~ (REFERENCE_MAX_IS_FREE): halved, doubled or one off, a kept P~ stays far inside "
@@ -254,6 +267,18 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:first_kv_tile:guard_always:not overlap_epilogue->True": OVERLAP_STEPS_AGAIN,
     "kernel.py:first_kv_tile:guard_always:overlap_epilogue->True": OVERLAP_STEPS_AGAIN,
     "kernel.py:start_work_tile:guard_always:take_turns->True": UNSYNCED_ARRIVE,
+    "kernel.py:kv_step:guard_always:take_turns->True#2": UNSYNCED_ARRIVE,  # pass_turn without take_turns
+    "kernel.py:kv_step:guard_never:take_turns->False": SCHEDULE_ONLY,  # no warpgroup waits for its turn
+    **{
+        f"kernel.py:start_work_tile:{rewrite}": TURN_ARRIVES_MORE
+        for rewrite in (
+            "guard_always:thread >= consumers - 128 and num_kv_blocks > 1->True",
+            "or_and:thread >= consumers - 128 and num_kv_blocks > 1->thread >= consumers - 128 or num_kv_blocks > 1",
+            "off_by_one:num_kv_blocks > 1->num_kv_blocks + 1 > 1",
+            "relational:num_kv_blocks > 1->num_kv_blocks >= 1",
+            "off_by_one:num_kv_blocks > 1->num_kv_blocks > 0",
+        )
+    },
     "kernel.py:start_work_tile:relational:thread >= consumers - 128->thread > consumers - 128": WARP_ARRIVES_AS_ONE,
     "kernel.py:start_work_tile:off_by_one:thread >= consumers - 128->thread - 1 >= consumers - 128": (
         WARP_ARRIVES_AS_ONE
@@ -287,6 +312,17 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] > STALE_SUM_LIMIT - 1": (
         REFERENCE_MAX_IS_FREE
     ),
+    # the vote that issues S again, one off
+    **{
+        f"kernel.py:kv_step:{rewrite}": VOTE_LIMIT_ONE_OFF
+        for rewrite in (
+            "off_by_one:rows.tile_sum[i] > STALE_SUM_LIMIT->rows.tile_sum[i] + 1 > STALE_SUM_LIMIT",
+            "off_by_one:rows.tile_sum[i] > STALE_SUM_LIMIT->rows.tile_sum[i] - 1 > STALE_SUM_LIMIT",
+            "relational:rows.tile_sum[i] > STALE_SUM_LIMIT->rows.tile_sum[i] >= STALE_SUM_LIMIT",
+            "off_by_one:rows.tile_sum[i] > STALE_SUM_LIMIT->rows.tile_sum[i] > STALE_SUM_LIMIT + 1",
+            "off_by_one:rows.tile_sum[i] > STALE_SUM_LIMIT->rows.tile_sum[i] > STALE_SUM_LIMIT - 1",
+        )
+    },
     # alpha's select: never taken, or taken only where the max stayed (the row max is never below
     # the one before; a max past 2^24 absorbs the 1)
     "kernel.py:online_softmax:guard_never:T.if_then_else(row_max[i] == row_max_prev[i], 1, "

@@ -468,8 +468,9 @@ EMULATOR_MUTANTS = [
 ]
 
 # Seconds after which a mutant's one-build smoke tier is stopped and counted as a hang (a kill):
-# unmutated, that tier takes under a minute on the H200 with 16 mutants at once (docs/testing.md).
-HANG_SECONDS = 300
+# with 16 mutants at once on one H200, a passing one-build tier took 24-44 s (2026-12-01), a
+# kernel compile and well under a second of launches; past 120 s it is waiting on a barrier.
+HANG_SECONDS = 120
 # A killed tier whose processes are still there after this long is reported, not waited for.
 KILL_SECONDS = 60
 # pytest-xdist workers of a mutant's suite (or selected tests), all on its one GPU: four per
@@ -891,6 +892,13 @@ def first_build_tiers(whole_tiers: dict[str, list]) -> tuple[dict[str, list], di
     return {key: first for key, first in tiers.items() if key not in deferred}, deferred
 
 
+def precompile_args(all_tiers) -> list[str]:
+    """tools/precompile.py's arguments for the seed cache: the whole suite's kernels only where
+    a mutant may reach a suite tier; else the smoke tier's (a minute and a half less, cold)."""
+    suite = any(name in ("suite", "selected") for mutant_tiers in all_tiers for name, _ in mutant_tiers)
+    return [] if suite else ["--smoke"]
+
+
 def unmutated_failures(all_tiers) -> list[str]:
     """The tests of the mutants' GPU tiers (the smoke tier and the tests run first; not the
     suite, which `nox -s gpu` runs) that fail on the unmutated package: none, or nothing the
@@ -1246,7 +1254,8 @@ def main() -> int:
     if gpus and args.seed_cache.resolve() == _tilelang_cache().resolve():
         # Seed the mutants' caches with every kernel of the unmutated suite: a kernel a mutant
         # leaves alone then loads instead of compiling in each mutant's own cache.
-        subprocess.run([sys.executable, str(ROOT / "tools" / "precompile.py")], cwd=ROOT, check=True)
+        command = [sys.executable, str(ROOT / "tools" / "precompile.py"), *precompile_args(tiers.values())]
+        subprocess.run(command, cwd=ROOT, check=True)
     if gpus and to_run and not args.no_baseline:
         failing = unmutated_failures(tiers.values())
         if failing:

@@ -1,7 +1,7 @@
 """Build every kernel the GPU suite needs, all CPU cores at once, into TileLang's disk cache; the
 tests then load them instead of compiling one at a time.
 
-    python tools/precompile.py [--jobs N]
+    python tools/precompile.py [--jobs N] [--smoke]
 
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
 once all have built, a stamp in TileLang's cache (`built_stamp`) skips even the loads.
@@ -31,11 +31,11 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     guard-region tests' grids."""
     import test_guard_regions
     import test_kernel
-    from boundaries import FALLBACK_ENTRIES, sweep_builds
+    from boundaries import FALLBACK_ENTRIES
     from fa_kernel.builds import shipped_builds, unique
 
     builds = shipped_builds(arch.removesuffix("a"), sm_count=sm_count)  # the tables key "sm_90", nvcc "sm_90a"
-    builds += [dict(build, arch=arch) for build in sweep_builds()]
+    builds += smoke_builds(arch)
     # The property strategies call the fallback directly, in either dtype (boundary_cases).
     builds += [
         dict(
@@ -62,6 +62,7 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="builds at once")
+    parser.add_argument("--smoke", action="store_true", help="only the smoke tier's: the boundary sweep's builds")
     args = parser.parse_args()
     import torch
 
@@ -70,14 +71,18 @@ def main() -> int:
     from fa_kernel.interface import compile_arch
 
     device = torch.device("cuda")
-    builds = suite_builds(torch.cuda.get_device_properties(device).multi_processor_count, compile_arch(device))
+    arch = compile_arch(device)
+    if args.smoke:
+        builds = smoke_builds(arch)
+    else:
+        builds = suite_builds(torch.cuda.get_device_properties(device).multi_processor_count, arch)
     stamp = built_stamp(builds)
     if stamp.is_file():
         print(f"precompile: {len(builds)} kernels built already ({stamp.name} in TileLang's cache)")
         return 0
     start = time.perf_counter()
     errors = build_all(builds, args.jobs)
-    gradients = gradient_builds(compile_arch(device))
+    gradients = [] if args.smoke else gradient_builds(arch)
     errors += build_all(gradients, args.jobs, builder=compiled_gradient_kernels)
     builds += gradients
     failed = [f"  {build}: {error!r}" for build, error in zip(builds, errors, strict=True) if error is not None]
@@ -87,6 +92,13 @@ def main() -> int:
         return 1
     stamp.touch()
     return 0
+
+
+def smoke_builds(arch: str) -> list[dict]:
+    """compiled_forward's arguments of the smoke tier's kernels: the boundary sweep's builds."""
+    from boundaries import sweep_builds
+
+    return [dict(build, arch=arch) for build in sweep_builds()]
 
 
 def built_stamp(builds: list[dict]) -> Path:
