@@ -21,6 +21,7 @@ from boundaries import (
     boundary_offsets,
     build_id,
     length_shapes,
+    rows_per_warpgroup,
     sweep_builds,
     sweep_limit,
     sweep_seqlens_q,
@@ -113,6 +114,44 @@ def test_lengths_at_tile_boundaries(build, request):
         return run_config(q, k, v, head_dim**-0.5, causal, config, kernel=kernel)
 
     assert_every_shape_passes(attend, shapes, inputs, causal, fail_fast)
+
+
+def one_key_shapes(config):
+    """Both sides of the epilogue's `row_sum == 0` (0 and -inf for a row that sees no key): rows
+    that see exactly one key, whose row sum is exactly 1 (2^0: that key is the row's max), and,
+    causal, rows beside them that see none; in one query row, one warpgroup's and one, and a
+    query block and one."""
+    return [(q, k) for q in (1, rows_per_warpgroup(config) + 1, config.block_m + 1) for k in (1, 2)]
+
+
+def one_key_inputs(config, head_dim, nheads, nheads_kv, device):
+    """Random q, k, v for one_key_shapes, and the same with q = 0: every score 0, so that a row
+    sum is exactly its count of keys whatever the rounding of S * scale_log2 - max."""
+    q, k, v = random_qkv(1, config.block_m + 1, 2, nheads, nheads_kv, head_dim, torch.float16, seed=3, device=device)
+    return [(q, k, v), (torch.zeros_like(q), k, v)]
+
+
+@pytest.mark.gpu
+@pytest.mark.smoke
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_rows_that_see_one_key_or_none(build):
+    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
+    kernel = compiled_forward(**build, arch=device_arch())
+
+    def attend(q, k, v):
+        return run_config(q, k, v, head_dim**-0.5, causal, config, kernel=kernel)
+
+    for inputs in one_key_inputs(config, head_dim, SWEEP_HEADS, SWEEP_HEADS_KV, "cuda"):
+        assert_every_shape_passes(attend, one_key_shapes(config), inputs, causal)
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_rows_that_see_one_key_or_none_emulator(build):
+    config = build["config"]
+    attend = functools.partial(attention_tiled, causal=build["causal"], config=config)
+    # head_dim plays no part in the tile logic; 64 keeps the CPU's work small.
+    for inputs in one_key_inputs(config, 64, 1, 1, "cpu"):
+        assert_every_shape_passes(attend, one_key_shapes(config), inputs, build["causal"])
 
 
 @pytest.mark.parametrize("build", [build for build in BUILDS if build["causal"]], ids=build_id)

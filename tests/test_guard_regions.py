@@ -17,11 +17,13 @@ import itertools
 import pytest
 import torch
 
+from boundaries import build_id, sweep_builds
 from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
+from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge, random_qkv
-from launch import kernel_for
+from launch import device_arch, kernel_for
 
 pytestmark = pytest.mark.gpu
 
@@ -34,6 +36,8 @@ GUARD_ROWS = 256
 # The persistent configs' grid: 5 thread blocks over 24 and 9 work tiles (SHAPES), so the last
 # round is partial.
 SM_COUNT = 5
+
+SWEEP_BUILDS = sweep_builds()
 
 CASES = sorted(
     {
@@ -77,23 +81,38 @@ def assert_guards_untouched(buffer: torch.Tensor, guard: int, sentinel: int, wha
             )
 
 
+def assert_writes_only_out_and_lse(kernel_of, head_dim: int, causal: bool, config: TileConfig) -> None:
+    """Each of shapes(config) launched into guarded views by `kernel_of(q)`'s kernel: the guard
+    regions untouched, and out and lse judged."""
+    assert config.block_m <= GUARD_ROWS
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in shapes(config):
+        label = f"{config}, {batch}x{seqlen_q}x{seqlen_k}x{nheads}/{nheads_kv}, d{head_dim}, causal={causal}"
+        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.float16, seed=seqlen_q)
+        out_buffer, out = guarded(q.shape, q.dtype, OUT_SENTINEL, GUARD_ROWS * nheads * head_dim)
+        lse_buffer, lse = guarded((batch, nheads, seqlen_q), torch.float32, LSE_SENTINEL, GUARD_ROWS)
+        kernel_of(q)(q, k, v, out, lse, LOG2E / head_dim**0.5)
+        torch.cuda.synchronize()
+        assert_guards_untouched(out_buffer, GUARD_ROWS * nheads * head_dim, OUT_SENTINEL, f"output, {label}")
+        assert_guards_untouched(lse_buffer, GUARD_ROWS, LSE_SENTINEL, f"LSE, {label}")
+        verdict = judge(q, k, v, out, lse, causal)
+        assert verdict.passed, f"{label}: {verdict}"
+
+
 @pytest.mark.parametrize(
     ("head_dim", "causal", "config"),
     CASES,
     ids=[f"d{head_dim}-{'causal' if causal else 'full'}-{config}" for head_dim, causal, config in CASES],
 )
 def test_a_launch_writes_only_out_and_lse(head_dim, causal, config):
-    assert config.block_m <= GUARD_ROWS
     sm_count = SM_COUNT if config.persistent else None
-    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in shapes(config):
-        label = f"{config}, {batch}x{seqlen_q}x{seqlen_k}x{nheads}/{nheads_kv}, d{head_dim}, causal={causal}"
-        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.float16, seed=seqlen_q)
-        out_buffer, out = guarded(q.shape, q.dtype, OUT_SENTINEL, GUARD_ROWS * nheads * head_dim)
-        lse_buffer, lse = guarded((batch, nheads, seqlen_q), torch.float32, LSE_SENTINEL, GUARD_ROWS)
-        kernel = kernel_for(q, causal, config, sm_count)
-        kernel(q, k, v, out, lse, LOG2E / head_dim**0.5)
-        torch.cuda.synchronize()
-        assert_guards_untouched(out_buffer, GUARD_ROWS * nheads * head_dim, OUT_SENTINEL, f"output, {label}")
-        assert_guards_untouched(lse_buffer, GUARD_ROWS, LSE_SENTINEL, f"LSE, {label}")
-        verdict = judge(q, k, v, out, lse, causal)
-        assert verdict.passed, f"{label}: {verdict}"
+    assert_writes_only_out_and_lse(lambda q: kernel_for(q, causal, config, sm_count), head_dim, causal, config)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("build", SWEEP_BUILDS, ids=build_id)
+def test_sweep_builds_write_only_out_and_lse(build):
+    # The boundary sweep's kernels, at no extra compile: the smoke tier (and so each mutant's
+    # first tiers) sees a store past out or lse, and the persistent ones, on the sweep's grid of
+    # SWEEP_GRID thread blocks, run a partial last round on the second shape's 9 work tiles.
+    kernel = compiled_forward(**build, arch=device_arch())
+    assert_writes_only_out_and_lse(lambda q: kernel, build["head_dim"], build["causal"], build["config"])

@@ -106,6 +106,22 @@ def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):
     }
 
 
+def test_an_equivalence_settled_by_its_check_outlives_a_change_of_the_tests_after_it(tmp_path):
+    from ast_mutants import generate
+    from equivalent_mutants import BITWISE, EQUIVALENT
+
+    checked = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
+    check = ("bitwise", [BITWISE, "some-build"])
+    record = tmp_path / "record.jsonl"
+    mutants.append_record(record, checked, [check, ("smoke on some-build", ["-x", "node"])], ("equivalent", "r", 9.0))
+    # Other smoke tests, or a suite to run after them: the check alone gave the verdict.
+    later = [check, ("smoke on some-build", ["-x", "node", "new_node"]), ("suite", ["-x", "tests"])]
+    assert mutants.load_record(record, [checked], {checked.id: later}) == {checked.id: ("equivalent", "r", 9.0)}
+    # Another check (other builds) is another verdict.
+    other = [("bitwise", [BITWISE, "other-build"]), *later[1:]]
+    assert mutants.load_record(record, [checked], {checked.id: other}) == {}
+
+
 def test_a_record_depends_on_the_tests_its_tiers_run_only():
     smoke = [("smoke", ["-x", *mutants.SMOKE_ARGS])]
     files = {path.name for path in mutants._tier_files(smoke)}
@@ -143,6 +159,29 @@ def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
     assert [name for name, _ in tiers] == ["close", f"smoke on {build}", "suite"]
     assert tiers[0][1] == [BITWISE, build]  # the same script, its `close` action
     assert rounding.id not in mutants.recorded_equivalents([rounding])
+
+
+def test_a_mutant_recorded_as_storing_past_the_end_runs_the_guard_regions_then_bitwise():
+    from ast_mutants import generate
+    from equivalent_mutants import BITWISE, EQUIVALENT, GUARDED
+
+    guarded = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == GUARDED)
+    nodes = mutants.smoke_nodes_by_build()
+    first, second = list(nodes)[:2]
+    tiers = mutants.mutant_tiers(guarded, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
+    assert [name for name, _ in tiers] == [
+        "guard regions",
+        "bitwise",
+        f"smoke on {first}",
+        "smoke on 1 more changed builds",
+    ]
+    # The guard-region test of each changed build, one node each, from the smoke tier's.
+    guard_nodes = tiers[0][1][1:]
+    assert [node.split("[")[1] for node in guard_nodes] == [f"{first}]", f"{second}]"]
+    assert all(node.startswith(mutants.GUARD_TEST) and node in nodes[node.split("[")[1][:-1]] for node in guard_nodes)
+    assert tiers[1][1] == [BITWISE, first, second]
+    assert mutants.first_build_tiers({guarded.id: tiers})[0] == {}  # left for a whole run
+    assert guarded.id not in mutants.recorded_equivalents([guarded])
 
 
 def test_a_recorded_kill_outlives_a_change_of_tests_and_a_survival_does_not(tmp_path):

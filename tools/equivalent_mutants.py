@@ -15,7 +15,10 @@ mutant's tests, over the boundary sweep of every build the mutant changes
 - BITWISE: the mutant's outputs are bitwise the unmutated kernel's;
 - ROUNDING: they are within the judge's allowance of the unmutated kernel's (what a
   same-precision computation may round by), with the same non-finite elements: for mutants
-  that compute the same attention in exact arithmetic.
+  that compute the same attention in exact arithmetic;
+- GUARDED: bitwise too, after those builds' guard-region tests (tests/test_guard_regions.py)
+  saw nothing written outside out and lse: for mutants that store past the end, where a
+  bound outside the kernel's code (the tensor map's, TileLang's) drops the store.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ MASKS_MORE_TILES = Reason(
 # Checked on the GPU by the mutant runner, per mutant (see above).
 BITWISE = "tools/bitwise_sweep.py"
 ROUNDING = "tools/bitwise_sweep.py close"
-GPU_CHECKS = (BITWISE, ROUNDING)
+GUARDED = "tests/test_guard_regions.py, then tools/bitwise_sweep.py"
+GPU_CHECKS = (BITWISE, ROUNDING, GUARDED)
 SCHEDULE_ONLY = Reason(
     "changes when and by whom the work is done (the warpgroups' turns at the tensor cores, the "
     "producer's thread count, the register split, where O is staged on its way out), not the "
@@ -76,6 +80,48 @@ OVERLAP_STEPS_AGAIN = Reason(
     "a step of the overlapped epilogue done again, or in the other place (the work tile's registers "
     "computed again, acc_o zeroed earlier, a barrier phase that has completed waited for again, S_0 "
     "issued again from the same Q and K): the same values, at another time",
+    BITWISE,
+)
+LSE_STORE_BOUNDED = Reason(
+    "the LSE rows it stores past seqlen_q are dropped: TileLang's LegalizeSafeMemoryAccess bounds each "
+    "index of a global store by its dimension (kernel.py's test is a second one, which also skips the "
+    "row's arithmetic), so no row of another head is written and nothing past the tensor",
+    GUARDED,
+)
+ROUND_PAST_THE_LAST_TILE = Reason(
+    "a thread block whose place in the persistent grid's last round holds no tile runs that round "
+    "anyway, producer and consumers alike, on a work tile past the last: its batch index is past the "
+    "end, so its loads read zeros (TMA), its O store is clipped by the tensor map and its LSE store "
+    "dropped (LSE_STORE_BOUNDED); only the time is added",
+    GUARDED,
+)
+VOTE_TAKEN_ALWAYS = Reason(
+    "every warpgroup votes to issue S again after every tile: it gets S again from the same Q and K, "
+    "and the online softmax keeps the max of each row within STALE_SUM_LIMIT, with alpha exactly 1, "
+    "so those rows get the bits the pass before gave them, and the rows over the limit what a vote "
+    "would have given them; only the time of the second GEMM is added",
+    BITWISE,
+)
+NOTHING_TO_WAIT_FOR = Reason(
+    "a wait added where nothing is outstanding (no wgmma in flight without the overlapped epilogue; "
+    "no TMA store in flight where O leaves through the V ring, whose epilogue waits for its own) "
+    "returns at once",
+    BITWISE,
+)
+NO_UNREAD_TILES = Reason(
+    "under the overlapped epilogue every warpgroup visits all of the work tile's K/V tiles "
+    "(warpgroup_kv_blocks), so the loop that releases the ones past its rows runs no trip",
+    BITWISE,
+)
+UNUSED_BARRIER = Reason(
+    "an mbarrier allocated where O has a buffer of its own, which nothing arrives at or waits on "
+    "(the producer waits for o_stored by the config, not by the barrier): 8 bytes of shared memory more",
+    BITWISE,
+)
+LOG2_OF_ZERO = Reason(
+    "a row that sees no key has row_sum 0 and row_max_scaled 0 (the stand-in for -inf), and log2(0) "
+    "is -inf (lg2.approx too), so the formula gives the -inf the select gives; row sums are never "
+    "negative, so a test for -1 holds for no row, as the select taken never does",
     BITWISE,
 )
 WARP_ARRIVES_AS_ONE = Reason(
@@ -144,6 +190,9 @@ ROW_COMPUTED_TWICE = Reason(
     "and the last block's slice ends at seqlen_q",
     EMULATOR_CHECK,
 )
+
+# The stale-max vote as the mutants' keys spell it.
+VOTE = "T.call_extern('int32', 'warpgroup_any', VOTE_BARRIERS[0] + thread // 128, row_over)"
 
 EQUIVALENT: dict[str, Reason] = {
     # ---- the numbers (numerics.py) and the launch (interface.py)
@@ -286,6 +335,40 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:start_work_tile:off_by_one:thread >= consumers - 128->thread >= consumers - 128 + 1": (
         WARP_ARRIVES_AS_ONE
     ),
+    "kernel.py:last_kv_tile:guard_always:overlap_epilogue->True": OVERLAP_STEPS_AGAIN,  # next mask, overwritten
+    "kernel.py:last_kv_tile:guard_always:needs_mask(0, next_q_start, diagonal_offset, seqlen_k)->True": (
+        MASKS_MORE_TILES
+    ),
+    "kernel.py:flash_attention_forward:guard_always:overlap_epilogue->True": OVERLAP_STEPS_AGAIN,  # S_0 twice
+    "kernel.py:flash_attention_forward:guard_always:overlap_epilogue->True#2": OVERLAP_STEPS_AGAIN,  # advance
+    "kernel.py:flash_attention_forward:guard_always:overlap_epilogue->True#3": NOTHING_TO_WAIT_FOR,
+    "kernel.py:flash_attention_forward:guard_always:o_buffer->True#2": NOTHING_TO_WAIT_FOR,
+    "kernel.py:flash_attention_forward:guard_always:not overlap_epilogue->True": NO_UNREAD_TILES,
+    "kernel.py:flash_attention_forward:guard_always:not o_buffer->True": UNUSED_BARRIER,
+    # the stores past the end: LSE rows past seqlen_q, a persistent round past the last tile
+    **{
+        f"kernel.py:epilogue:{rewrite}": LSE_STORE_BOUNDED
+        for rewrite in (
+            "guard_always:q_start + i < seqlen_q->True",
+            "off_by_one:q_start + i < seqlen_q->q_start + i - 1 < seqlen_q",
+            "relational:q_start + i < seqlen_q->q_start + i <= seqlen_q",
+            "off_by_one:q_start + i < seqlen_q->q_start + i < seqlen_q + 1",
+        )
+    },
+    **{
+        f"kernel.py:flash_attention_forward:{rewrite}": ROUND_PAST_THE_LAST_TILE
+        for rewrite in (
+            "guard_always:T.if_then_else(place_in_last < num_tiles % workers, 1, 0)->1",
+            "off_by_one:place_in_last < num_tiles % workers->place_in_last - 1 < num_tiles % workers",
+            "relational:place_in_last < num_tiles % workers->place_in_last <= num_tiles % workers",
+            "off_by_one:place_in_last < num_tiles % workers->place_in_last < num_tiles % workers + 1",
+        )
+    },
+    # the LSE of a row that sees no key: log2(0) = -inf gives the select's -inf
+    "kernel.py:epilogue:guard_never:T.if_then_else(row_sum[i] == 0, neg_inf, (row_max_scaled[i] + "
+    "T.log2(row_sum[i])) * LN2)->(row_max_scaled[i] + T.log2(row_sum[i])) * LN2": LOG2_OF_ZERO,
+    "kernel.py:epilogue:off_by_one:row_sum[i] == 0->row_sum[i] + 1 == 0": LOG2_OF_ZERO,
+    "kernel.py:epilogue:off_by_one:row_sum[i] == 0->row_sum[i] == -1": LOG2_OF_ZERO,
     # the causal mask's past-the-end term
     "kernel.py:write_mask:off_by_one:kv_start + j >= seqlen_k->kv_start + j >= seqlen_k + 1": DIAGONAL_HIDES_THE_END,
     # the online softmax: a row with no visible key yet, at -inf
@@ -312,6 +395,15 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] > STALE_SUM_LIMIT - 1": (
         REFERENCE_MAX_IS_FREE
     ),
+    # the vote that issues S again, taken by every warpgroup (the vote is 0 or 1)
+    **{
+        f"kernel.py:kv_step:{rewrite}": VOTE_TAKEN_ALWAYS
+        for rewrite in (
+            f"guard_always:{VOTE} != 0->True",
+            f"off_by_one:{VOTE} != 0->{VOTE} + 1 != 0",
+            f"off_by_one:{VOTE} != 0->{VOTE} != -1",
+        )
+    },
     # the vote that issues S again, one off
     **{
         f"kernel.py:kv_step:{rewrite}": VOTE_LIMIT_ONE_OFF

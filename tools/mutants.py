@@ -56,7 +56,7 @@ PACKAGE = ROOT / "src" / "fa_kernel"
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
 
 from ast_mutants import GeneratedMutant, apply_patch, generate  # noqa: E402
-from equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS  # noqa: E402
+from equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -486,7 +486,9 @@ TIER_SECONDS = 20
 
 # Which tests judge a mutant: the smoke tier first (the boundary sweep), then the GPU suite, for
 # the kernel; the property suite and the boundary sweep on the emulator for the emulator.
-SMOKE_ARGS = ["tests/test_boundary_sweep.py", "-m", "smoke"]
+SMOKE_ARGS = ["tests/test_boundary_sweep.py", "tests/test_guard_regions.py", "-m", "smoke"]
+# The smoke tier's test of writes outside out and lse, per sweep build: a GUARDED reason's check.
+GUARD_TEST = "tests/test_guard_regions.py::test_sweep_builds_write_only_out_and_lse"
 # Before any GPU tier, for mutants outside kernel.py: the dispatch and the API's checks, on the CPU.
 CPU_ARGS = ["tests/test_configs.py", "tests/test_api.py", "-m", "not gpu"]
 PYTEST_ARGS = {
@@ -822,13 +824,17 @@ def mutant_tiers(
     changes, where triage knows them: the smoke tier then runs on those alone, the first one
     before the rest (one compile settles most mutants). A mutant recorded as equivalent by a
     BITWISE (ROUNDING) reason is compared with the unmutated kernel over those builds first: the
-    same bits (outputs within rounding) settle it, anything else sends it on to the tiers after."""
+    same bits (outputs within rounding) settle it, anything else sends it on to the tiers after.
+    A GUARDED one first runs those builds' guard-region tests: a write outside out and lse kills it."""
     if target == "emulator":
         return [("suite", ["-x", *PYTEST_ARGS[target]])]
     tiers = []
     reason = EQUIVALENT.get(getattr(mutant, "key", None))
     if reason is not None and reason.check in GPU_CHECKS and changed:
-        tiers.append(("bitwise" if reason.check == BITWISE else "close", [BITWISE, *changed]))
+        if reason.check == GUARDED:
+            guard_nodes = [node for build in changed for node in smoke_nodes[build] if node.startswith(GUARD_TEST)]
+            tiers.append(("guard regions", ["-x", *guard_nodes]))
+        tiers.append(("close" if reason.check == ROUNDING else "bitwise", [BITWISE, *changed]))
     if mutant.file != "kernel.py":
         tiers.append(("cpu", ["-x", *CPU_ARGS]))
     first = getattr(mutant, "first", ()) or FIRST_BY_FILE.get(mutant.file, ())
@@ -855,6 +861,8 @@ def tier_builds(name: str, pytest_args: list[str]) -> int:
     its precompile's, unknown here, so it counts as one."""
     if name in ("bitwise", "close"):
         return len(pytest_args) - 1
+    if name == "guard regions":  # its builds, which the bitwise tier after it then loads
+        return len(pytest_args) - 1
     if match := re.fullmatch(r"smoke on (\d+) more changed builds", name):
         return int(match.group(1))
     return 1 if name.startswith("smoke on ") or name == "suite" else 0
@@ -872,6 +880,10 @@ def first_tier_seconds(tiers: list[tuple[str, list[str]]]) -> float:
     return seconds
 
 
+# The tiers that check a recorded reason on the GPU (mutant_tiers), before any test of the mutant.
+CHECK_TIERS = ("guard regions", "bitwise", "close")
+
+
 def first_build_tiers(whole_tiers: dict[str, list]) -> tuple[dict[str, list], dict[str, str]]:
     """--first-build-only: ({id: the tiers of its first changed build's compile alone, after the
     CPU tier and its own tests}, {id: why it is left for a whole run}). Left: a mutant recorded
@@ -881,7 +893,7 @@ def first_build_tiers(whole_tiers: dict[str, list]) -> tuple[dict[str, list], di
         key: [tier for tier in whole if tier[0] in ("cpu", "own tests") or _one_build(tier[0])]
         for key, whole in whole_tiers.items()
     }
-    checked_first = {key for key, whole in whole_tiers.items() if whole and whole[0][0] in ("bitwise", "close")}
+    checked_first = {key for key, whole in whole_tiers.items() if whole and whole[0][0] in CHECK_TIERS}
     deferred = {
         key: "its recorded reason's GPU check runs in a whole run"
         if key in checked_first
@@ -1062,6 +1074,8 @@ def run_mutant(
                 shutil.rmtree(tree, ignore_errors=True)
                 why, check = EQUIVALENT[mutant.key].why, EQUIVALENT[mutant.key].check
                 what = "bitwise the unmutated kernel's outputs" if tier == "bitwise" else "within rounding of them"
+                if "==== guard regions" in log:
+                    what += ", and nothing written outside out and lse"
                 return "equivalent", f"{why} (checked: {what}, {check})", seconds
             continue  # not the same outputs: judged by the tests, as any mutant
         if result.returncode != 0:
@@ -1413,6 +1427,10 @@ def load_record(path: Path, mutants: list, tiers: dict[str, list]) -> dict[str, 
 
 def append_record(path: Path, mutant, tiers: list, outcome: tuple[str, str, float]) -> None:
     status, detail, seconds = outcome
+    checks = len(list(itertools.takewhile(lambda tier: tier[0] in CHECK_TIERS, tiers)))
+    if status == "equivalent" and checks:
+        # Settled by its reason's GPU check alone: a change of the tests after it keeps the verdict.
+        tiers = tiers[:checks]
     entry = dict(id=mutant.id, fingerprint=_fingerprint(mutant, tiers), source=_source_digest(mutant), status=status)
     with path.open("a") as record:
         record.write(json.dumps({**entry, "detail": detail, "seconds": round(seconds, 1)}) + "\n")
