@@ -124,6 +124,12 @@ LOG2_OF_ZERO = Reason(
     "negative, so a test for -1 holds for no row, as the select taken never does",
     BITWISE,
 )
+COPY_TAKES_THE_SOURCE_EXTENT = Reason(
+    "T.copy from a fragment writes the fragment's extent: a destination region of the V ring one row "
+    "longer or shorter gets the same block_m rows at the same addresses (by plain stores where the "
+    "region is not stmatrix's shape)",
+    BITWISE,
+)
 WARP_ARRIVES_AS_ONE = Reason(
     "a named barrier counts arrivals by warp: the last warpgroup's first warp arrives at the turn "
     "barrier whether or not its thread 0 executes the arrive, so leaving one thread out changes nothing",
@@ -345,6 +351,8 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:flash_attention_forward:guard_always:o_buffer->True#2": NOTHING_TO_WAIT_FOR,
     "kernel.py:flash_attention_forward:guard_always:not overlap_epilogue->True": NO_UNREAD_TILES,
     "kernel.py:flash_attention_forward:guard_always:not o_buffer->True": UNUSED_BARRIER,
+    "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m + 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
+    "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m - 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
     # the stores past the end: LSE rows past seqlen_q, a persistent round past the last tile
     **{
         f"kernel.py:epilogue:{rewrite}": LSE_STORE_BOUNDED
