@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -224,3 +226,30 @@ def test_the_summary_gives_each_head_dims_median_and_worst_shape():
     (d64,) = summarise(results)
     assert (d64.head_dim, d64.shapes, d64.worst, d64.worst_shape) == (64, 3, 0.9, "1x8x512x64 float16")
     assert d64.median == pytest.approx(1.0)
+
+
+def test_builds_that_all_built_once_skip_the_pool_after(monkeypatch, tmp_path):
+    # A warm run's pool of processes only loads what is cached, and its imports are most of the
+    # run: the stamp skips it. A failed build leaves no stamp.
+    from rich.console import Console
+    from tilelang import env
+
+    from fa_kernel import cli
+    from fa_kernel.builds import shipped_builds
+
+    monkeypatch.setattr(env, "TILELANG_CACHE_DIR", str(tmp_path))
+    pools = []
+
+    def fake_build_all(builds, jobs, on_done, verbose, fail=False):
+        pools.append(len(builds))
+        for build in builds:
+            on_done(build, None, RuntimeError("nvcc") if fail else None)
+
+    builds = shipped_builds("sm_90", (64,))
+    console = Console(file=io.StringIO())
+    monkeypatch.setattr(cli, "build_all", lambda *args: fake_build_all(*args, fail=True))
+    assert not cli._build_all(console, builds, 2, False)
+    monkeypatch.setattr(cli, "build_all", fake_build_all)
+    assert cli._build_all(console, builds, 2, False) and cli._build_all(console, builds, 2, False)
+    assert pools == [len(builds), len(builds)]
+    assert cli._build_all(console, builds[:1], 2, False) and pools[-1] == 1  # other builds, another stamp

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import fa_kernel
+from fa_kernel.builds import built_stamp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import precompile  # noqa: E402
@@ -15,16 +16,16 @@ import precompile  # noqa: E402
 
 def test_the_stamp_names_the_builds_and_the_package_source(tmp_path, monkeypatch):
     builds = precompile.suite_builds(132, "sm_90a")
-    stamp = precompile.built_stamp(builds)
-    assert stamp == precompile.built_stamp(list(builds))
-    assert stamp != precompile.built_stamp(builds[1:])
+    stamp = built_stamp(builds)
+    assert stamp == built_stamp(list(builds))
+    assert stamp != built_stamp(builds[1:])
     # A mutant's copy of the package: one byte of kernel.py changed, another stamp.
     copy = tmp_path / "fa_kernel"
     shutil.copytree(Path(fa_kernel.__file__).parent, copy)
     monkeypatch.setattr(fa_kernel, "__file__", str(copy / "__init__.py"))
-    assert precompile.built_stamp(builds) == stamp
+    assert built_stamp(builds) == stamp
     (copy / "kernel.py").write_text((copy / "kernel.py").read_text() + "\n")
-    assert precompile.built_stamp(builds) != stamp
+    assert built_stamp(builds) != stamp
 
 
 def test_the_smoke_builds_are_the_smoke_tiers_and_part_of_the_suites():

@@ -4,7 +4,7 @@ tests then load them instead of compiling one at a time.
     python tools/precompile.py [--jobs N] [--smoke]
 
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
-once all have built, a stamp in TileLang's cache (`built_stamp`) skips even the loads.
+once all have built, a stamp in TileLang's cache (`fa_kernel.builds.built_stamp`) skips even the loads.
 The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
 too, and so are the backward's kernels; a test that builds anything else compiles it in its worker.
 """
@@ -67,7 +67,7 @@ def main() -> int:
     import torch
 
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
-    from fa_kernel.builds import build_all
+    from fa_kernel.builds import build_all, built_stamp
     from fa_kernel.interface import compile_arch
 
     device = torch.device("cuda")
@@ -99,24 +99,6 @@ def smoke_builds(arch: str) -> list[dict]:
     from boundaries import sweep_builds
 
     return [dict(build, arch=arch) for build in sweep_builds()]
-
-
-def built_stamp(builds: list[dict]) -> Path:
-    """A file in TileLang's cache that says these builds are there: named by a digest of the
-    builds, the package's source (a mutant's copy included) and TileLang's version. Checking
-    the cache itself means loading every kernel (10 s on 16 cores); where a kernel has gone
-    since, the test that needs it builds it."""
-    import hashlib
-
-    import tilelang
-    from tilelang import env
-
-    import fa_kernel
-
-    digest = hashlib.sha256(f"{builds!r} {tilelang.__version__}".encode())
-    for path in sorted(Path(fa_kernel.__file__).parent.glob("*.py")):
-        digest.update(path.read_bytes())
-    return Path(env.TILELANG_CACHE_DIR) / f"fa_kernel-suite-{digest.hexdigest()[:16]}.built"
 
 
 if __name__ == "__main__":

@@ -4,16 +4,20 @@ A build (TileLang's lowering, then nvcc) takes seconds of one core, and a proces
 a task's kernels as it meets them leaves the other cores idle. `build_all` builds them in a
 pool of processes, which fill TileLang's disk cache; the caller's own `compiled_forward` then
 loads each from there in a fraction of a second. A build is compiled_forward's arguments:
-`fa_kernel.interface.kernel_build` gives those of the kernel a call will launch.
+`fa_kernel.interface.kernel_build` gives those of the kernel a call will launch. Once a set
+of builds has all built, a stamp in TileLang's cache (`built_stamp`) says so, and a caller
+that checks it skips even the pool's start (its processes' imports are most of a warm run).
 """
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 
 from fa_kernel.configs import key_ranges
 
@@ -81,3 +85,19 @@ def build_all(
             if on_done is not None:
                 on_done(builds[index], None if error else future.result(), error)
     return errors
+
+
+def built_stamp(builds: Sequence[dict]) -> Path:
+    """A file in TileLang's cache that says these builds are there: named by a digest of the
+    builds, the package's source (a mutant's copy included) and TileLang's version. Checking
+    the cache itself means loading every kernel; where a kernel has gone since (the cache
+    pruned by hand), the call that needs it builds it."""
+    import tilelang
+    from tilelang import env
+
+    import fa_kernel
+
+    digest = hashlib.sha256(f"{list(builds)!r} {tilelang.__version__}".encode())
+    for path in sorted(Path(fa_kernel.__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return Path(env.TILELANG_CACHE_DIR) / f"fa_kernel-built-{digest.hexdigest()[:16]}"
