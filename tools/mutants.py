@@ -493,10 +493,12 @@ GUARD_TEST = "tests/test_guard_regions.py::test_sweep_builds_write_only_out_and_
 CPU_ARGS = ["tests/test_configs.py", "tests/test_api.py", "-m", "not gpu"]
 PYTEST_ARGS = {
     "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
+    # The boundary cases and the named non-finite ones first: under -x a kill there costs
+    # seconds, where the property draws before them took minutes to reach it.
     "emulator": [
-        "tests/test_properties.py",
         "tests/test_boundary_sweep.py",
         "tests/test_nonfinite.py",
+        "tests/test_properties.py",
         "tests/test_backward.py",
         "-k",
         "emulator or tiled_backward",
