@@ -191,6 +191,11 @@ EMULATOR_MASKS_MORE_TILES = Reason(
     "visible is all zeros",
     EMULATOR_CHECK,
 )
+EMULATOR_MINUS_INFINITY_PLUS_ONE = Reason(
+    "-inf + 1 and -inf - 1 are -inf, and a finite row max plus or minus 1 stays finite, so the "
+    "emulator's test for a row that has seen no key yet holds for exactly the same rows",
+    EMULATOR_CHECK,
+)
 EMULATOR_ROUNDING_CHECK = "tests/test_equivalent_mutants.py::test_recorded_emulator_mutants_round_alike"
 EMULATOR_EVERY_ROW_TAKES_ITS_MAX = Reason(
     "the emulator without its stale-max path, or with it from the third K/V tile on: every row takes "
@@ -223,6 +228,17 @@ EQUIVALENT: dict[str, Reason] = {
     ),
     "emulator.py:_attend_one_head:guard_always:needs_mask->True": EMULATOR_MASKS_MORE_TILES,
     "emulator.py:_attend_one_head:guard_always:causal->True#2": EMULATOR_MASKS_MORE_TILES,  # the diagonal's test
+    **{
+        f"emulator.py:_attend_one_head:off_by_one:row_max_prev == -math.inf->{rewrite}": (
+            EMULATOR_MINUS_INFINITY_PLUS_ONE
+        )
+        for rewrite in (
+            "row_max_prev + 1 == -math.inf",
+            "row_max_prev - 1 == -math.inf",
+            "row_max_prev == -math.inf + 1",
+            "row_max_prev == -math.inf - 1",
+        )
+    },
     "emulator.py:_attend_one_head:guard_never:kv_block > 0->False": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
     "emulator.py:_attend_one_head:off_by_one:kv_block > 0->kv_block - 1 > 0": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
     "emulator.py:_attend_one_head:off_by_one:kv_block > 0->kv_block > 1": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
