@@ -10,7 +10,9 @@ The emulator runs the causal boundaries on the CPU, one step either side of each
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import pytest
 import torch
@@ -95,6 +97,40 @@ def test_sweep_builds_on_hard_scores(build, distribution):
         out, lse = run_config(q, k, v, case.scale, causal, config, kernel=kernel)
         verdict = judge(q, k, v, out, lse, causal, case.scale)
         assert verdict.passed, f"{case}: {verdict}"
+
+
+def far_below_zero(case, device, log2_units=40.0):
+    """The jumping-scores case's q, k, v with every score moved down by `log2_units` (in
+    score * scale * log2(e); q[..., 0] is 1 there, so k[..., 0] carries the shift): the same
+    attention, with each row's max far below 0, the reference that stands in for the max of a
+    row that has seen no key. A finite row that took 0 for its max would keep it past fp16."""
+    q, k, v = case.inputs(device)
+    k = k.clone()
+    k[..., 0] -= log2_units / (case.scale * math.log2(math.e))
+    return q, k, v
+
+
+@pytest.mark.gpu
+@pytest.mark.smoke
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_sweep_builds_on_scores_far_below_zero(build):
+    config, causal = build["config"], build["causal"]
+    kernel = compiled_forward(**build, arch=device_arch())
+    for case in hard_score_cases(build, "jumping_scores"):
+        q, k, v = far_below_zero(case, "cuda")
+        out, lse = run_config(q, k, v, case.scale, causal, config, kernel=kernel)
+        verdict = judge(q, k, v, out, lse, causal, case.scale)
+        assert verdict.passed, f"{case}, scores 40 below: {verdict}"
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_scores_far_below_zero_emulator(build):
+    for case in hard_score_cases(build, "jumping_scores"):
+        case = dataclasses.replace(case, head_dim=64)  # head_dim plays no part in the tile logic
+        q, k, v = far_below_zero(case, "cpu")
+        out, lse = attention_tiled(q, k, v, case.scale, build["causal"], build["config"])
+        verdict = judge(q, k, v, out, lse, build["causal"], case.scale)
+        assert verdict.passed, f"{case}, scores 40 below: {verdict}"
 
 
 @pytest.mark.gpu
