@@ -234,22 +234,25 @@ def test_builds_that_all_built_once_skip_the_pool_after(monkeypatch, tmp_path):
     from rich.console import Console
     from tilelang import env
 
+    from fa_kernel import builds as builds_module
     from fa_kernel import cli
     from fa_kernel.builds import shipped_builds
 
     monkeypatch.setattr(env, "TILELANG_CACHE_DIR", str(tmp_path))
     pools = []
 
-    def fake_build_all(builds, jobs, on_done, verbose, fail=False):
+    def fake_build_all(builds, jobs, on_done, verbose, builder, fail=False):
         pools.append(len(builds))
-        for build in builds:
-            on_done(build, None, RuntimeError("nvcc") if fail else None)
+        errors = [RuntimeError("nvcc") if fail else None for _ in builds]
+        for build, error in zip(builds, errors, strict=True):
+            on_done(build, None, error)
+        return errors
 
     builds = shipped_builds("sm_90", (64,))
     console = Console(file=io.StringIO())
-    monkeypatch.setattr(cli, "build_all", lambda *args: fake_build_all(*args, fail=True))
+    monkeypatch.setattr(builds_module, "build_all", lambda *args: fake_build_all(*args, fail=True))
     assert not cli._build_all(console, builds, 2, False)
-    monkeypatch.setattr(cli, "build_all", fake_build_all)
+    monkeypatch.setattr(builds_module, "build_all", fake_build_all)
     assert cli._build_all(console, builds, 2, False) and cli._build_all(console, builds, 2, False)
     assert pools == [len(builds), len(builds)]
     assert cli._build_all(console, builds[:1], 2, False) and pools[-1] == 1  # other builds, another stamp

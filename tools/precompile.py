@@ -4,7 +4,7 @@ tests then load them instead of compiling one at a time.
     python tools/precompile.py [--jobs N] [--smoke]
 
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
-once all have built, a stamp in TileLang's cache (`fa_kernel.builds.built_stamp`) skips even the loads.
+once all have built, a stamp in TileLang's cache (`fa_kernel.builds.build_unless_built`) skips even the loads.
 The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
 too, and so are the backward's kernels; a test that builds anything else compiles it in its worker.
 """
@@ -67,7 +67,7 @@ def main() -> int:
     import torch
 
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
-    from fa_kernel.builds import build_all, built_stamp
+    from fa_kernel.builds import build_unless_built
     from fa_kernel.interface import compile_arch
 
     device = torch.device("cuda")
@@ -76,21 +76,20 @@ def main() -> int:
         builds = smoke_builds(arch)
     else:
         builds = suite_builds(torch.cuda.get_device_properties(device).multi_processor_count, arch)
-    stamp = built_stamp(builds)
-    if stamp.is_file():
-        print(f"precompile: {len(builds)} kernels built already ({stamp.name} in TileLang's cache)")
-        return 0
     start = time.perf_counter()
-    errors = build_all(builds, args.jobs)
+    forward_errors = build_unless_built(builds, args.jobs)
     gradients = [] if args.smoke else gradient_builds(arch)
-    errors += build_all(gradients, args.jobs, builder=compiled_gradient_kernels)
+    gradient_errors = build_unless_built(gradients, args.jobs, builder=compiled_gradient_kernels)
+    if forward_errors is None and gradient_errors is None:
+        print(f"precompile: {len(builds) + len(gradients)} kernels built already (stamps in TileLang's cache)")
+        return 0
+    errors = (forward_errors or [None] * len(builds)) + (gradient_errors or [None] * len(gradients))
     builds += gradients
     failed = [f"  {build}: {error!r}" for build, error in zip(builds, errors, strict=True) if error is not None]
     print(f"precompile: {len(builds)} kernel builds in {time.perf_counter() - start:.0f} s on {args.jobs} processes")
     if failed:
         print("\n".join(failed))
         return 1
-    stamp.touch()
     return 0
 
 

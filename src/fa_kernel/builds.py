@@ -87,6 +87,24 @@ def build_all(
     return errors
 
 
+def build_unless_built(
+    builds: Sequence[dict],
+    jobs: int | None = None,
+    on_done: Callable[[dict, float | None, BaseException | None], None] | None = None,
+    verbose: bool = False,
+    builder: Callable[..., object] | None = None,
+) -> list[BaseException | None] | None:
+    """build_all, unless built_stamp(builds) says they have all built before: None then. The
+    stamp is written once every build has built."""
+    stamp = built_stamp(builds)
+    if stamp.is_file():
+        return None
+    errors = build_all(builds, jobs, on_done, verbose, builder)
+    if all(error is None for error in errors):
+        stamp.touch()
+    return errors
+
+
 def built_stamp(builds: Sequence[dict]) -> Path:
     """A file in TileLang's cache that says these builds are there: named by a digest of the
     builds, the package's source (a mutant's copy included) and TileLang's version. Checking

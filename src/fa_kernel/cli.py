@@ -35,7 +35,7 @@ from fa_kernel.bench import (
     ratio_to_cudnn_best,
     summarise,
 )
-from fa_kernel.builds import build_all, built_stamp, quiet_tilelang, shipped_builds, unique
+from fa_kernel.builds import build_unless_built, quiet_tilelang, shipped_builds, unique
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func, kernel_build
 from fa_kernel.reference import judge, random_qkv
@@ -194,11 +194,6 @@ def _build_all(console: Console, builds: list[dict], jobs: int, verbose: bool, q
     """Build every kernel over `jobs` processes, with a progress bar and one line per build
     that fails; True if all built."""
     builds = unique(builds)
-    stamp = built_stamp(builds)
-    if stamp.is_file():
-        if not quiet:
-            console.print(f"{len(builds)} kernels built already (TileLang's cache holds them)")
-        return True
     failures = []
     with Progress(console=console, transient=True, disable=quiet) as progress:
         task = progress.add_task(f"building {len(builds)} kernels on {jobs} processes", total=len(builds))
@@ -209,15 +204,17 @@ def _build_all(console: Console, builds: list[dict], jobs: int, verbose: bool, q
                 failures.append(f"  {_build_label(build)}: {type(error).__name__}: {error}")
 
         start = time.perf_counter()
-        build_all(builds, jobs, done, verbose)
+        errors = build_unless_built(builds, jobs, done, verbose)
+    if errors is None:
+        if not quiet:
+            console.print(f"{len(builds)} kernels built already (TileLang's cache holds them)")
+        return True
     for line in failures:
         console.print(line)
     if not quiet:
         console.print(
             f"{len(builds) - len(failures)}/{len(builds)} kernels built in {time.perf_counter() - start:.0f} s"
         )
-    if not failures:
-        stamp.touch()
     return not failures
 
 
