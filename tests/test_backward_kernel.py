@@ -214,3 +214,21 @@ def test_compiled_training_step_matches_sdpa_math(dtype):
         atol = 2 * (b.float() - w).abs().max() + 2 * ((rounded + 0.3) - 0.3 - rounded).float().abs().max()
         error = (g.float() - w).abs().max()
         assert torch.isfinite(g).all() and error <= atol, f"{name}: error {error:.3g} > bound {atol:.3g}"
+
+
+def test_bench_backward_runners_take_each_implementations_gradients():
+    # `fa-kernel bench --backward` times these calls: each must give the gradients of its own
+    # forward's inputs (in that forward's layout), every one finite and not all zero.
+    from fa_kernel.bench import Shape, runners
+
+    shape = Shape(2, 4, 200, 64, True, torch.bfloat16, nheads_kv=2)
+    timed = runners(shape, backward=True)
+    assert {"fa_kernel", "cudnn BHSD", "flash"} <= set(timed)
+    layouts = {"fa_kernel": (shape.seqlen_q, shape.nheads), "cudnn BHSD": (shape.nheads, shape.seqlen_q)}
+    for name, call in timed.items():
+        dq, dk, dv = call()
+        rows = layouts.get(name, (shape.nheads, shape.seqlen_q))
+        assert dq.shape == (shape.batch, *rows, shape.head_dim), name
+        assert dk.shape[0] == shape.batch and dk.shape == dv.shape, name
+        for grad in (dq, dk, dv):
+            assert torch.isfinite(grad).all() and grad.abs().max() > 0, name

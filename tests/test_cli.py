@@ -141,11 +141,11 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     # The BSHD view is cuDNN's faster layout here; the ratio is taken round by round against it.
     measured = timings(fa_kernel=[110, 120, 100], cudnn_BHSD=[90, 90, 90], cudnn_BSHD_view=[100, 100, 100], flash=[50])
-    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats: measured)
+    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: measured)
     # The kernels are built before anything is timed: one build per shape asked (no GPU here to build for).
     built = []
     monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
-    monkeypatch.setattr(cli, "_build_all", lambda console, builds, jobs, verbose, quiet: built.append(builds) or True)
+    monkeypatch.setattr(cli, "_build_all", lambda console, builds, jobs, *args, **kwargs: built.append(builds) or True)
     from fa_kernel.bench import Shape
 
     point = (Shape(1, 16, 512, 64, False), timings(fa_kernel=[90.0], cudnn_BHSD=[100.0]))
@@ -167,6 +167,30 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     # Every shape of the grid is d128 or d64 here, each at 1.10x: the summary says so per head_dim.
     summary = {row["head_dim"]: row["median"] for row in record["summary"]}
     assert summary == {64: pytest.approx(1.1), 128: pytest.approx(1.1)}
+
+
+def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monkeypatch, capsys):
+    import json
+
+    import fa_kernel.cli as cli
+    from fa_kernel.backward import compiled_gradient_kernels
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
+    timed = []
+    measured = timings(fa_kernel=[100.0], cudnn_BHSD=[80.0], cudnn_BSHD_view=[90.0])
+    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: timed.append(backward) or measured)
+    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    built = []
+    monkeypatch.setattr(cli, "_build_all", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True)
+    assert main(["bench", "--backward", "--json", "--dtype", "bf16"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["pass"] == "backward" and timed == [True] * len(cli.BENCH_SHAPES)
+    (_, forward_builder), (gradients, gradient_builder) = built
+    assert forward_builder is None and gradient_builder is compiled_gradient_kernels
+    assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a") in gradients
+    assert main(["bench", "--backward", "--plot", "plot.png"]) == cli.EXIT_FAILED  # the plot is the forward's
 
 
 def test_a_shape_cudnn_does_not_take_has_no_ratio():

@@ -9,6 +9,11 @@ shape, and a ratio is taken against the faster of the two ("cuDNN best"): the la
 cuDNN's speed by up to 8% (2026-11-30, H200). `measure` alternates the implementations over
 rounds, so that the GPU's drift over the rounds falls on all of them alike, and keeps each
 round's figure: the median and the spread come from those.
+
+The backward is timed alone (`backward=True`): each implementation's forward graph is built
+once, and each timed call takes the gradients of q, k and v from it (retain_graph), which is
+the whole of a training step's attention backward (fa_kernel's preprocess, its kernel and dQ's
+cast; cuDNN's and flash's own).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import itertools
 import statistics
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -74,6 +79,11 @@ class Shape:
         return random_qkv(
             self.batch, self.seqlen_q, self.keys, self.nheads, self.heads_kv, self.head_dim, self.dtype, seed
         )
+
+
+# The backward's FLOPs against the forward's: five GEMMs of the forward's size (S and dP
+# recomputed, then dV, dK and dQ) against two, as flash-attn and cuDNN count them.
+BACKWARD_FLOPS = 2.5
 
 
 def sweep_shape(
@@ -143,9 +153,10 @@ def sdpa_backends() -> dict[str, object]:
 CUDNN_LAYOUTS = ("cudnn BHSD", "cudnn BSHD view")
 
 
-def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
+def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Callable[[], object]]:
     """A zero-argument callable per implementation, inputs prepared once: fa_kernel, torch SDPA's
-    cuDNN backend on each of CUDNN_LAYOUTS, and its flash backend on [B, H, S, D] contiguous.
+    cuDNN backend on each of CUDNN_LAYOUTS, and its flash backend on [B, H, S, D] contiguous;
+    `backward`: each one's backward alone (gradient_of).
 
     SDPA takes GQA through enable_gqa, and bottom-right causal only where seqlen_q == seqlen_k
     (its is_causal is top-left aligned otherwise, a different function, so it is left out there).
@@ -153,12 +164,14 @@ def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
     from torch.nn.attention import sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
-    q, k, v = shape.inputs(seed)
-    result: dict[str, Callable[[], object]] = {"fa_kernel": lambda: flash_attn_func(q, k, v, causal=shape.causal)}
-    if shape.causal and shape.keys != shape.seqlen_q:
-        return result
+    q, k, v = (t.requires_grad_(backward) for t in shape.inputs(seed))
+    # Each implementation's call, and the inputs its gradients are taken of.
+    forwards: dict[str, tuple[Callable[[], Any], tuple[torch.Tensor, ...]]] = {
+        "fa_kernel": (lambda: flash_attn_func(q, k, v, causal=shape.causal), (q, k, v))
+    }
     views = tuple(t.transpose(1, 2) for t in (q, k, v))
-    contiguous = tuple(t.contiguous() for t in views)
+    # Leaves of their own: cuDNN's gradients come out in this layout, as its inputs are.
+    contiguous = tuple(t.detach().contiguous().requires_grad_(backward) for t in views)
     gqa = shape.heads_kv != shape.nheads
     backends = sdpa_backends()
     competitors = {
@@ -166,6 +179,8 @@ def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
         "cudnn BSHD view": (backends["cudnn"], views),
         "flash": (backends["flash"], contiguous),
     }
+    if shape.causal and shape.keys != shape.seqlen_q:
+        competitors = {}
     for name, (backend, (qt, kt, vt)) in competitors.items():
 
         def call(backend=backend, qt=qt, kt=kt, vt=vt):
@@ -174,10 +189,25 @@ def runners(shape: Shape, seed: int = 0) -> dict[str, Callable[[], object]]:
 
         try:
             call()
+            if backward:
+                gradient_of(call, (qt, kt, vt), seed)()
         except RuntimeError:  # this backend does not take this shape (dtype, head_dim, GQA, layout)
             continue
-        result[name] = call
-    return result
+        forwards[name] = (call, (qt, kt, vt))
+    if not backward:
+        return {name: forward for name, (forward, _) in forwards.items()}
+    return {name: gradient_of(forward, inputs, seed) for name, (forward, inputs) in forwards.items()}
+
+
+def gradient_of(
+    forward: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...], seed: int = 0
+) -> Callable[[], object]:
+    """A callable that runs the backward alone: `forward`'s graph is built here, once, and each
+    call takes the gradients of `inputs` from it, for a fixed random output gradient."""
+    out = forward()
+    generator = torch.Generator(out.device).manual_seed(seed + 1)
+    grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=generator)
+    return lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
 
 
 @dataclass(frozen=True)
@@ -206,14 +236,18 @@ def alternated(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key,
     return samples
 
 
-def measure(shape: Shape, rounds: int = 5, repeats: int = 50, warmup: int = 10) -> dict[str, Timing]:
+def measure(
+    shape: Shape, rounds: int = 5, repeats: int = 50, warmup: int = 10, backward: bool = False
+) -> dict[str, Timing]:
     """TFLOP/s of each implementation on this shape, measured in this process: `rounds`
-    alternated rounds, each the median of `repeats` CUDA-event timings after `warmup` calls."""
+    alternated rounds, each the median of `repeats` CUDA-event timings after `warmup` calls;
+    `backward`: of the backward alone (runners), at BACKWARD_FLOPS times the forward's FLOPs."""
+    flops = shape.flops * (BACKWARD_FLOPS if backward else 1.0)
 
     def timer(fn: Callable[[], object]) -> Callable[[], float]:
-        return lambda: shape.flops / (cuda_median_ms(fn, warmup, repeats) * 1e-3) / 1e12
+        return lambda: flops / (cuda_median_ms(fn, warmup, repeats) * 1e-3) / 1e12
 
-    samples = alternated({name: timer(fn) for name, fn in runners(shape).items()}, rounds)
+    samples = alternated({name: timer(fn) for name, fn in runners(shape, backward=backward).items()}, rounds)
     return {name: Timing(tuple(values)) for name, values in samples.items()}
 
 

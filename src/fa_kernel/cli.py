@@ -23,7 +23,9 @@ from rich.progress import Progress, track
 from rich.table import Table
 
 from fa_kernel import __version__, tune
+from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels
 from fa_kernel.bench import (
+    BACKWARD_FLOPS,
     CUDNN_LAYOUTS,
     Shape,
     Timing,
@@ -37,7 +39,7 @@ from fa_kernel.bench import (
 )
 from fa_kernel.builds import build_unless_built, quiet_tilelang, shipped_builds, unique
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
-from fa_kernel.interface import SUPPORTED_HEAD_DIMS, flash_attn_func, kernel_build
+from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build
 from fa_kernel.reference import judge, random_qkv
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
@@ -120,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         help="standard: eight shapes (MHA, GQA, prefill); models: the head counts, GQA groups and head dims of "
         "released models at 512-32k tokens, causal and not, and prefill chunks (bench.model_grid)",
     )
+    bench.add_argument(
+        "--backward",
+        action="store_true",
+        help="time the backward alone (the gradients of q, k, v from a forward graph built once), "
+        f"at {BACKWARD_FLOPS}x the forward's FLOPs; head_dim 64 and 128",
+    )
     bench.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels built at once (default: cores)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
@@ -190,9 +198,12 @@ def cmd_verify(args) -> int:
     return EXIT_FAILED if failed else 0
 
 
-def _build_all(console: Console, builds: list[dict], jobs: int, verbose: bool, quiet: bool = False) -> bool:
-    """Build every kernel over `jobs` processes, with a progress bar and one line per build
-    that fails; True if all built."""
+def _build_all(
+    console: Console, builds: list[dict], jobs: int, verbose: bool, quiet: bool = False, builder=None
+) -> bool:
+    """Build every kernel over `jobs` processes (`builder`: other kernels than the forward, from
+    the builds' arguments), with a progress bar and one line per build that fails; True if all
+    built."""
     builds = unique(builds)
     failures = []
     with Progress(console=console, transient=True, disable=quiet) as progress:
@@ -204,7 +215,7 @@ def _build_all(console: Console, builds: list[dict], jobs: int, verbose: bool, q
                 failures.append(f"  {_build_label(build)}: {type(error).__name__}: {error}")
 
         start = time.perf_counter()
-        errors = build_unless_built(builds, jobs, done, verbose)
+        errors = build_unless_built(builds, jobs, done, verbose, builder)
     if errors is None:
         if not quiet:
             console.print(f"{len(builds)} kernels built already (TileLang's cache holds them)")
@@ -219,7 +230,7 @@ def _build_all(console: Console, builds: list[dict], jobs: int, verbose: bool, q
 
 
 def _build_label(build: dict) -> str:
-    return f"{build['dtype']} head_dim={build['head_dim']} causal={build['causal']} {build['config']}"
+    return f"{build['dtype']} head_dim={build['head_dim']} causal={build['causal']} {build.get('config', 'backward')}"
 
 
 def _compile_only(console: Console, jobs: int, verbose: bool) -> int:
@@ -250,6 +261,11 @@ def cmd_bench(args) -> int:
             for d in args.dtype
             for s in BENCH_SHAPES
         ]
+    if args.backward:
+        if args.plot:
+            console.print("fa-kernel bench: --plot draws the forward; run it without --backward")
+            return EXIT_FAILED
+        shapes = [shape for shape in shapes if shape.head_dim in BACKWARD_TILES]
     # Every kernel the grid and the plot launch, built over all cores first (one compile each,
     # not one at a time inside the timing loop's warm-up).
     device = torch.device("cuda")
@@ -257,8 +273,17 @@ def cmd_bench(args) -> int:
     builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in launched]
     if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json):
         return EXIT_FAILED
+    if args.backward:
+        # compiled_gradient_kernels' arguments, as the gradient of each shape's call builds them.
+        arch = compile_arch(device)
+        gradients = [
+            dict(head_dim=s.head_dim, causal=s.causal, dtype=str(s.dtype).removeprefix("torch."), arch=arch)
+            for s in shapes
+        ]
+        if not _build_all(console, gradients, args.jobs, False, args.json, builder=compiled_gradient_kernels):
+            return EXIT_FAILED
     results: list[tuple[Shape, dict[str, Timing]]] = [
-        (shape, measure(shape, rounds=args.rounds, repeats=args.repeats))
+        (shape, measure(shape, rounds=args.rounds, repeats=args.repeats, backward=args.backward))
         for shape in track(shapes, description="benchmarking", console=console, transient=True)
     ]
     # The numbers behind the plot are printed too: a figure alone cannot be quoted or compared.
@@ -272,6 +297,7 @@ def cmd_bench(args) -> int:
         console.print(f"plot written to {args.plot}")
     if args.json:
         record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": _records(results)}
+        record["pass"] = "backward" if args.backward else "forward"
         record["summary"] = [asdict(summary) for summary in summarise(results)]
         if args.plot:
             record["plot"] = _records(plotted)
@@ -287,7 +313,8 @@ def cmd_bench(args) -> int:
         "ratio range",
     ]
     title = (
-        f"TFLOP/s on {torch.cuda.get_device_name()}: medians of {args.rounds} rounds alternated in this process,"
+        f"{'Backward' if args.backward else 'Forward'} TFLOP/s on {torch.cuda.get_device_name()}:"
+        f" medians of {args.rounds} rounds alternated in this process,"
         f" each the median of {args.repeats} timings; the ratio round by round against the faster cuDNN layout"
     )
     _print_table(console, headers, _rows(results), args.markdown, title=title)
