@@ -193,6 +193,28 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
     assert main(["bench", "--backward", "--plot", "plot.png"]) == cli.EXIT_FAILED  # the plot is the forward's
 
 
+def test_bench_decode_grid_times_the_split_kv_kernels_and_gives_gb_per_s(monkeypatch, capsys):
+    import fa_kernel.cli as cli
+    from fa_kernel.decode import compiled_decode_kernels
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
+    # 64x32/8 heads, 1 query against 8192 keys at d128: 250 GB/s of K/V per TFLOP/s.
+    measured = timings(fa_kernel=[4.0], fa_kernel_split=[16.0], cudnn_BHSD=[20.0], cudnn_BSHD_view=[10.0])
+    measured["fa_kernel split-KV"] = measured.pop("fa_kernel_split")
+    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: measured)
+    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    built = []
+    monkeypatch.setattr(cli, "_build_all", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True)
+    assert main(["bench", "--grid", "decode", "--dtype", "bf16", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| 64x32/8x1x8192x128 bfloat16 | 1000 | 4000 | 5000 | 2500 | - | 0.80x (0.80-0.80) | 83% |" in out
+    (_, forward_builder), (split_kv, split_kv_builder) = built
+    assert forward_builder is None and split_kv_builder is compiled_decode_kernels
+    assert dict(head_dim=128, causal=True, dtype="bfloat16", arch="sm_90a") in split_kv  # the append step's
+
+
 def test_a_shape_cudnn_does_not_take_has_no_ratio():
     from fa_kernel.bench import cudnn_best, ratio_to_cudnn_best
 

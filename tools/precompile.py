@@ -6,7 +6,7 @@ tests then load them instead of compiling one at a time.
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
 once all have built, a stamp in TileLang's cache (`fa_kernel.builds.build_unless_built`) skips even the loads.
 The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
-too, and so are the backward's kernels; a test that builds anything else compiles it in its worker.
+too, and so are the backward's and the split-KV kernels; a test that builds anything else compiles it in its worker.
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
+    import test_decode
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
     from fa_kernel.builds import build_unless_built
+    from fa_kernel.decode import compiled_decode_kernels
     from fa_kernel.interface import compile_arch
 
     device = torch.device("cuda")
@@ -80,11 +82,18 @@ def main() -> int:
     forward_errors = build_unless_built(builds, args.jobs)
     gradients = [] if args.smoke else gradient_builds(arch)
     gradient_errors = build_unless_built(gradients, args.jobs, builder=compiled_gradient_kernels)
-    if forward_errors is None and gradient_errors is None:
-        print(f"precompile: {len(builds) + len(gradients)} kernels built already (stamps in TileLang's cache)")
+    decodes = [] if args.smoke else test_decode.gpu_builds(arch)
+    decode_errors = build_unless_built(decodes, args.jobs, builder=compiled_decode_kernels)
+    if forward_errors is None and gradient_errors is None and decode_errors is None:
+        built = len(builds) + len(gradients) + len(decodes)
+        print(f"precompile: {built} kernels built already (stamps in TileLang's cache)")
         return 0
-    errors = (forward_errors or [None] * len(builds)) + (gradient_errors or [None] * len(gradients))
-    builds += gradients
+    errors = [
+        *(forward_errors or [None] * len(builds)),
+        *(gradient_errors or [None] * len(gradients)),
+        *(decode_errors or [None] * len(decodes)),
+    ]
+    builds += gradients + decodes
     failed = [f"  {build}: {error!r}" for build, error in zip(builds, errors, strict=True) if error is not None]
     print(f"precompile: {len(builds)} kernel builds in {time.perf_counter() - start:.0f} s on {args.jobs} processes")
     if failed:

@@ -19,6 +19,7 @@ cast; cuDNN's and flash's own).
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -64,6 +65,11 @@ class Shape:
     @property
     def keys(self) -> int:
         return self.seqlen_k or self.seqlen_q
+
+    @property
+    def kv_bytes(self) -> int:
+        """The bytes of K and V, which a decode step reads once at best."""
+        return 2 * self.batch * self.keys * self.heads_kv * self.head_dim * self.dtype.itemsize
 
     @property
     def flops(self) -> float:
@@ -142,6 +148,23 @@ def model_grid(dtype: torch.dtype = torch.bfloat16) -> list[Shape]:
     return shapes
 
 
+# Decode and append steps: a few queries against a long KV cache (the issue's two anchors first),
+# where the split-KV kernels (`fa_kernel.decode`) are timed beside the forward kernel. SDPA's
+# causal is top-left where seqlen_q != seqlen_k, so the causal append step has no competitor.
+DECODE_SHAPES = (
+    Shape(64, 32, 1, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=8192),
+    Shape(1, 32, 1, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=32768),
+    Shape(16, 32, 4, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=8192),
+    Shape(8, 32, 16, 128, True, torch.bfloat16, nheads_kv=8, seqlen_k=8192),
+    Shape(32, 32, 1, 128, False, torch.bfloat16, seqlen_k=4096),
+    Shape(64, 8, 1, 64, False, torch.bfloat16, nheads_kv=1, seqlen_k=8192),
+)
+# Queries up to which the split-KV kernels are timed too: one row block of a K/V head's group.
+SPLIT_KV_QUERIES = 64
+# HBM bandwidth of an H200 SXM as NVIDIA specifies it (4.8 TB/s), the roof of a decode step.
+H200_HBM_BYTES_PER_S = 4.8e12
+
+
 def sdpa_backends() -> dict[str, object]:
     from torch.nn.attention import SDPBackend
 
@@ -169,6 +192,8 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
     forwards: dict[str, tuple[Callable[[], Any], tuple[torch.Tensor, ...]]] = {
         "fa_kernel": (lambda: flash_attn_func(q, k, v, causal=shape.causal), (q, k, v))
     }
+    if shape.seqlen_q <= SPLIT_KV_QUERIES and not backward:
+        forwards["fa_kernel split-KV"] = (split_kv_call(q, k, v, shape.causal), (q, k, v))
     views = tuple(t.transpose(1, 2) for t in (q, k, v))
     # Leaves of their own: cuDNN's gradients come out in this layout, as its inputs are.
     contiguous = tuple(t.detach().contiguous().requires_grad_(backward) for t in views)
@@ -197,6 +222,16 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
     if not backward:
         return {name: forward for name, (forward, _) in forwards.items()}
     return {name: gradient_of(forward, inputs, seed) for name, (forward, inputs) in forwards.items()}
+
+
+def split_kv_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:
+    """The split-KV kernels' launch on these inputs, for this device's SMs and architecture."""
+    from fa_kernel.decode import split_kv_attention
+    from fa_kernel.interface import compile_arch
+
+    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
+    scale, arch = 1.0 / math.sqrt(q.shape[-1]), compile_arch(q.device)
+    return lambda: split_kv_attention(q, k, v, scale, causal, sm_count, arch)
 
 
 def gradient_of(
@@ -257,15 +292,13 @@ def cudnn_best(timings: dict[str, Timing]) -> str | None:
     return max(measured, key=lambda name: timings[name].median) if measured else None
 
 
-def ratio_to_cudnn_best(timings: dict[str, Timing]) -> Timing | None:
-    """fa_kernel's TFLOP/s over cuDNN best's, round by round (the two were timed back to back in
+def ratio_to_cudnn_best(timings: dict[str, Timing], ours: str = "fa_kernel") -> Timing | None:
+    """`ours`' TFLOP/s over cuDNN best's, round by round (the two were timed back to back in
     each): the median and spread of the ratio itself. None where cuDNN took no part."""
     best = cudnn_best(timings)
-    if best is None:
+    if best is None or ours not in timings:
         return None
-    return Timing(
-        tuple(ours / theirs for ours, theirs in zip(timings["fa_kernel"].rounds, timings[best].rounds, strict=True))
-    )
+    return Timing(tuple(mine / theirs for mine, theirs in zip(timings[ours].rounds, timings[best].rounds, strict=True)))
 
 
 @dataclass(frozen=True)

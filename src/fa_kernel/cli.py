@@ -15,7 +15,7 @@ import platform
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 from rich.console import Console
@@ -27,6 +27,9 @@ from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels
 from fa_kernel.bench import (
     BACKWARD_FLOPS,
     CUDNN_LAYOUTS,
+    DECODE_SHAPES,
+    H200_HBM_BYTES_PER_S,
+    SPLIT_KV_QUERIES,
     Shape,
     Timing,
     cudnn_best,
@@ -39,6 +42,7 @@ from fa_kernel.bench import (
 )
 from fa_kernel.builds import build_unless_built, quiet_tilelang, shipped_builds, unique
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
+from fa_kernel.decode import compiled_decode_kernels
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build
 from fa_kernel.reference import judge, random_qkv
 
@@ -117,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument(
         "--grid",
-        choices=["standard", "models"],
+        choices=["standard", "models", "decode"],
         default="standard",
         help="standard: eight shapes (MHA, GQA, prefill); models: the head counts, GQA groups and head dims of "
-        "released models at 512-32k tokens, causal and not, and prefill chunks (bench.model_grid)",
+        "released models at 512-32k tokens, causal and not, and prefill chunks (bench.model_grid); decode: a few "
+        "queries against a long KV cache (bench.DECODE_SHAPES), the split-KV kernels too, also in GB/s of K/V",
     )
     bench.add_argument(
         "--backward",
@@ -255,6 +260,8 @@ def cmd_bench(args) -> int:
         return EXIT_NO_GPU
     if args.grid == "models":
         shapes = [shape for d in args.dtype for shape in model_grid(DTYPES[d])]
+    elif args.grid == "decode":
+        shapes = [replace(s, dtype=DTYPES[d]) for d in args.dtype for s in DECODE_SHAPES]
     else:
         shapes = [
             Shape(s.batch, s.nheads, s.seqlen_q, s.head_dim, s.causal, DTYPES[d], s.nheads_kv, s.seqlen_k)
@@ -273,13 +280,16 @@ def cmd_bench(args) -> int:
     builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in launched]
     if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json):
         return EXIT_FAILED
+    decodes = [s for s in shapes if s.seqlen_q <= SPLIT_KV_QUERIES and not args.backward]
+    if decodes:
+        arch = compile_arch(device)
+        split_kv = [dict(head_dim=s.head_dim, causal=s.causal, dtype=_dtype_name(s.dtype), arch=arch) for s in decodes]
+        if not _build_all(console, split_kv, args.jobs, False, args.json, builder=compiled_decode_kernels):
+            return EXIT_FAILED
     if args.backward:
         # compiled_gradient_kernels' arguments, as the gradient of each shape's call builds them.
         arch = compile_arch(device)
-        gradients = [
-            dict(head_dim=s.head_dim, causal=s.causal, dtype=str(s.dtype).removeprefix("torch."), arch=arch)
-            for s in shapes
-        ]
+        gradients = [dict(head_dim=s.head_dim, causal=s.causal, dtype=_dtype_name(s.dtype), arch=arch) for s in shapes]
         if not _build_all(console, gradients, args.jobs, False, args.json, builder=compiled_gradient_kernels):
             return EXIT_FAILED
     results: list[tuple[Shape, dict[str, Timing]]] = [
@@ -326,7 +336,48 @@ def cmd_bench(args) -> int:
     _print_table(console, summary_headers, summary_rows, args.markdown, title="Ratios to cuDNN best by head_dim")
     if args.plot:
         _print_table(console, headers, _rows(plotted), args.markdown, title=f"{title}: the points of {args.plot}")
+    if decodes:
+        bandwidth_headers = [
+            "shape BxHxSqxSkxD",
+            "fa_kernel",
+            "split-KV",
+            "cuDNN BHSD",
+            "cuDNN BSHD view",
+            "SDPA flash",
+            "split-KV vs cuDNN best",
+            "split-KV of HBM",
+        ]
+        bandwidth_title = (
+            f"GB/s of K and V read, from the same timings; HBM {H200_HBM_BYTES_PER_S / 1e12:.1f} TB/s (H200 SXM)"
+        )
+        _print_table(console, bandwidth_headers, _bandwidth_rows(results), args.markdown, title=bandwidth_title)
     return 0
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _bandwidth_rows(results: list[tuple[Shape, dict[str, Timing]]]) -> list[list[str]]:
+    """GB/s of K/V per implementation (TFLOP/s times the shape's K/V bytes per FLOP) of the
+    shapes the split-KV kernels ran on."""
+    rows = []
+    for shape, timings in results:
+        if "fa_kernel split-KV" not in timings:
+            continue
+        per_tflops = shape.kv_bytes / shape.flops * 1e3  # GB/s per TFLOP/s
+        names = ("fa_kernel", "fa_kernel split-KV", *CUDNN_LAYOUTS, "flash")
+        ratio = ratio_to_cudnn_best(timings, ours="fa_kernel split-KV")
+        split_kv = timings["fa_kernel split-KV"].median * per_tflops
+        rows.append(
+            [
+                shape.label(),
+                *(f"{timings[name].median * per_tflops:.0f}" if name in timings else "-" for name in names),
+                "-" if ratio is None else f"{ratio.median:.2f}x ({min(ratio.rounds):.2f}-{max(ratio.rounds):.2f})",
+                f"{split_kv * 1e9 / H200_HBM_BYTES_PER_S:.0%}",
+            ]
+        )
+    return rows
 
 
 def _records(results: list[tuple[Shape, dict[str, Timing]]]) -> list[dict[str, object]]:

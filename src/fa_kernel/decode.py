@@ -1,0 +1,259 @@
+# mypy: disable-error-code="valid-type"
+# (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types.)
+"""Split-KV attention for a few queries against many keys (the decode and append steps of a
+server), in TileLang: flash-decoding, with the query heads of a GQA group in one tile.
+
+With seqlen_q in the tens, the forward kernel's grid has one mostly empty 128-row tile per
+(batch, query head) and reads each K/V head once per query head. Here:
+
+1. `split_program`: one thread block per (key split, row block, K/V head, batch). Its rows are
+   the (query, query head) pairs of the K/V head's group, `group_size * seqlen_q` of them in
+   row blocks of `block_m`, so a K/V tile is read once for all of a group's heads. It walks
+   the K/V tiles of its split with the forward's online softmax (exp2, fp32 row state, P cast
+   before P·V, one normalisation) and writes its normalised partial O and its LSE in log2
+   units (−inf for a row that sees none of the split's keys), both fp32.
+2. `combine_program`: per (query, head, batch), LSE₂ = log2 Σₛ 2^lseₛ, O = Σₛ 2^(lseₛ − LSE₂)·Oₛ,
+   and the natural-log LSE the forward returns; a row that sees no key gets 0 and −inf.
+
+Splits are whole multiples of `block_n` keys, as many as fill the GPU (`split_plan`).
+`split_kv_attention` launches both. flash_attn_func does not route to it yet: it is compiled
+and its algorithm checked on the CPU (`emulator.attention_split_kv`), its GPU tests written
+(`tests/test_decode.py`), and it takes over from the forward kernel where it measures faster.
+"""
+
+# No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
+# against this module's closure, which string annotations would hide.
+import functools
+
+import tilelang
+import tilelang.language as T
+import torch
+
+from fa_kernel.numerics import LN2, LOG2E
+
+DTYPES = {"float16": T.float16, "bfloat16": T.bfloat16}
+
+PASS_CONFIGS = {
+    # exp2 goes to the MUFU unit's ex2.approx (relative error 2^-22), far below P's rounding to
+    # fp16/bf16 before P·V, as in the forward.
+    tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
+}
+
+# (block_n, num_stages) by head dim, not yet tuned on a GPU. One warpgroup of 64 rows: wgmma's
+# smallest M, and a decode step has few rows. At d64 and d128 two thread blocks fit an SM's
+# shared memory (Q and two stages of K and V: 72 and 80 KB), so one block's start and end hide
+# under the other's loads; each keeps two K/V tiles (64 KB at d128) in flight, about what an
+# SM's share of HBM bandwidth (36 GB/s) needs over a microsecond of load latency.
+DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}
+BLOCK_M = 64
+THREADS = 128
+# Thread blocks per SM the splits aim for: K/V tiles are read once, so the split count only has
+# to keep every SM streaming.
+BLOCKS_PER_SM = 2
+
+
+def ceildiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_plan(
+    batch: int, heads_kv: int, row_blocks: int, seqlen_k: int, head_dim: int, sm_count: int
+) -> tuple[int, int]:
+    """(splits, K/V tiles per split) for this launch: at least the splits that give every SM
+    BLOCKS_PER_SM thread blocks (fewer than twice as many), or one per tile where there are fewer
+    tiles; every split the same number of tiles but the last, which has at least one."""
+    block_n, _ = DECODE_TILES[head_dim]
+    tiles = max(1, ceildiv(seqlen_k, block_n))
+    wanted = ceildiv(BLOCKS_PER_SM * sm_count, max(1, batch * heads_kv * row_blocks))
+    tiles_per_split = max(1, tiles // wanted)
+    return ceildiv(tiles, tiles_per_split), tiles_per_split
+
+
+def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_stages: int):
+    """The partial attention of each key split, as a TileLang PrimFunc.
+
+    Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], then O_partial
+    [B, splits, H, Sq, D] and LSE_partial [B, splits, H, Sq] (fp32, log2 units), then
+    scale_log2 = softmax_scale·log2(e) and tiles_per_split (K/V tiles per split).
+    """
+    batch, seqlen_q, seqlen_k, heads, heads_kv, splits = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv, splits")
+    dtype = DTYPES[dtype]
+    accum = T.float32
+    neg_inf = -T.infinity(accum)
+    block_m = BLOCK_M
+
+    @T.prim_func
+    def flash_decoding_split(
+        Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        K: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        V: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        O_partial: T.Tensor([batch, splits, heads, seqlen_q, head_dim], accum),
+        LSE_partial: T.Tensor([batch, splits, heads, seqlen_q], accum),
+        scale_log2: T.float32,
+        tiles_per_split: T.int32,
+    ):
+        group_size = heads // heads_kv
+        rows = group_size * seqlen_q  # (query i, head h of the group) is row i * group_size + h
+        row_blocks = T.ceildiv(rows, block_m)
+        with T.Kernel(splits, row_blocks * heads_kv, batch, threads=THREADS) as (split, row_block_head, b):
+            Q_shared = T.alloc_shared([block_m, head_dim], dtype)
+            K_shared = T.alloc_shared([block_n, head_dim], dtype)
+            V_shared = T.alloc_shared([block_n, head_dim], dtype)
+            acc_s = T.alloc_fragment([block_m, block_n], accum)
+            acc_p = T.alloc_fragment([block_m, block_n], dtype)
+            acc_o = T.alloc_fragment([block_m, head_dim], accum)
+            row_max = T.alloc_fragment([block_m], accum)
+            row_max_prev = T.alloc_fragment([block_m], accum)
+            row_max_scaled = T.alloc_fragment([block_m], accum)
+            alpha = T.alloc_fragment([block_m], accum)
+            tile_sum = T.alloc_fragment([block_m], accum)
+            row_sum = T.alloc_fragment([block_m], accum)
+
+            kv_head = row_block_head % heads_kv
+            first_row = (row_block_head // heads_kv) * block_m
+            # Rows past the group's are zeros (read at the last row, in bounds): their scores
+            # are 0 and nothing of theirs is stored.
+            for r, d in T.Parallel(block_m, head_dim):
+                row = T.min(first_row + r, rows - 1)
+                Q_shared[r, d] = T.if_then_else(
+                    first_row + r < rows, Q[b, row // group_size, kv_head * group_size + row % group_size, d], 0
+                )
+            T.fill(acc_o, 0)
+            T.fill(row_sum, 0)
+            T.fill(row_max, neg_inf)
+            first_tile = split * tiles_per_split
+            tiles = T.max(0, T.min(tiles_per_split, T.ceildiv(seqlen_k, block_n) - first_tile))
+            for tile in T.Pipelined(tiles, num_stages=num_stages):
+                kv_start = (first_tile + tile) * block_n
+                T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
+                T.clear(acc_s)
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                # The mask is a select, not an addition: a NaN or Inf score of a key the row
+                # cannot see (past seqlen_k, right of its diagonal) never reaches it.
+                for r, j in T.Parallel(block_m, block_n):
+                    key = kv_start + j
+                    visible = key < seqlen_k
+                    if causal:
+                        # Bottom-right: query i sees key j <= i + seqlen_k - seqlen_q.
+                        visible = T.And(visible, key <= (first_row + r) // group_size + seqlen_k - seqlen_q)
+                    acc_s[r, j] = T.if_then_else(visible, acc_s[r, j], neg_inf)
+                T.copy(row_max, row_max_prev)
+                T.reduce_max(acc_s, row_max, dim=1, clear=False)
+                for r in T.Parallel(block_m):
+                    # 0 stands in for the max of a row that has seen only masked keys, so that
+                    # exp2 sees -inf - 0 (weight 0), not -inf + inf.
+                    row_max_scaled[r] = T.if_then_else(row_max[r] == neg_inf, 0, row_max[r] * scale_log2)
+                    alpha[r] = T.if_then_else(
+                        row_max[r] == row_max_prev[r], 1, T.exp2(row_max_prev[r] * scale_log2 - row_max_scaled[r])
+                    )
+                for r, j in T.Parallel(block_m, block_n):
+                    acc_s[r, j] = T.exp2(acc_s[r, j] * scale_log2 - row_max_scaled[r])
+                T.reduce_sum(acc_s, tile_sum, dim=1)
+                for r in T.Parallel(block_m):
+                    row_sum[r] = row_sum[r] * alpha[r] + tile_sum[r]
+                T.copy(acc_s, acc_p)
+                # The rescale before P·V, which adds into acc_o.
+                for r, d in T.Parallel(block_m, head_dim):
+                    acc_o[r, d] = acc_o[r, d] * alpha[r]
+                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+                T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+            for r, d in T.Parallel(block_m, head_dim):
+                row = first_row + r
+                if row < rows:
+                    O_partial[b, split, kv_head * group_size + row % group_size, row // group_size, d] = T.if_then_else(
+                        row_sum[r] == 0, 0, acc_o[r, d] / row_sum[r]
+                    )
+            for r in T.Parallel(block_m):
+                row = first_row + r
+                if row < rows:
+                    LSE_partial[b, split, kv_head * group_size + row % group_size, row // group_size] = T.if_then_else(
+                        row_sum[r] == 0, neg_inf, row_max_scaled[r] + T.log2(row_sum[r])
+                    )
+
+    return flash_decoding_split
+
+
+def combine_program(*, head_dim: int, dtype: str):
+    """The splits' partial results combined by their LSE, as a TileLang PrimFunc.
+
+    Arguments at launch: O_partial [B, splits, H, Sq, D] and LSE_partial [B, splits, H, Sq]
+    (split_program's), then Output [B, Sq, H, D] and LSE [B, H, Sq] (natural log).
+    """
+    batch, seqlen_q, heads, splits = T.dynamic("batch, seqlen_q, heads, splits")
+    dtype = DTYPES[dtype]
+    accum = T.float32
+    neg_inf = -T.infinity(accum)
+
+    @T.prim_func
+    def flash_decoding_combine(
+        O_partial: T.Tensor([batch, splits, heads, seqlen_q, head_dim], accum),
+        LSE_partial: T.Tensor([batch, splits, heads, seqlen_q], accum),
+        Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        LSE: T.Tensor([batch, heads, seqlen_q], accum),
+    ):
+        # One thread per column of O; every thread of the row's block computes the row's LSE.
+        with T.Kernel(seqlen_q, heads, batch, threads=head_dim) as (i, head, b):
+            d = T.get_thread_binding()
+            lse_max = T.alloc_var(accum)
+            weights = T.alloc_var(accum)
+            lse = T.alloc_var(accum)
+            out = T.alloc_var(accum)
+            lse_max = neg_inf
+            for split in T.serial(splits):
+                lse_max = T.max(lse_max, LSE_partial[b, split, head, i])
+            # A row that sees no key in any split: every weight below is 2^-inf = 0.
+            reference = T.if_then_else(lse_max == neg_inf, 0, lse_max)
+            weights = 0
+            for split in T.serial(splits):
+                weights = weights + T.exp2(LSE_partial[b, split, head, i] - reference)
+            lse = T.if_then_else(weights == 0, neg_inf, reference + T.log2(weights))
+            out = 0
+            for split in T.serial(splits):
+                # A split the row sees no key of has O 0 and weight 0; skipped, so that a NaN
+                # elsewhere in it cannot reach the row through 0 * NaN.
+                if LSE_partial[b, split, head, i] != neg_inf:
+                    out = out + T.exp2(LSE_partial[b, split, head, i] - lse) * O_partial[b, split, head, i, d]
+            Output[b, i, head, d] = T.Cast(dtype, out)
+            if d == 0:
+                LSE[b, head, i] = lse * LN2
+
+    return flash_decoding_combine
+
+
+def _compile(program, arch: str | None):
+    """`program` compiled for `arch` ("sm_90a": nvcc only, no GPU needed), or for the current
+    CUDA device where None, as the forward and backward kernels compile."""
+    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
+    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+
+
+@functools.cache
+def compiled_decode_kernels(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None) -> tuple:
+    """(split, combine): the two kernels a split-KV launch runs (a module-level builder, for
+    `builds.build_all`)."""
+    block_n, num_stages = DECODE_TILES[head_dim]
+    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, block_n=block_n, num_stages=num_stages)
+    return _compile(split, arch), _compile(combine_program(head_dim=head_dim, dtype=dtype), arch)
+
+
+def split_kv_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, sm_count: int, arch: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention by the split-KV kernels, as flash_attn_func returns them: q, k, v
+    contiguous [batch, seqlen, heads, head_dim] on one Hopper GPU, as flash_attn_func checks
+    them, seqlen_k >= 1; `sm_count` the device's SMs, `arch` the nvcc architecture."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    row_blocks = ceildiv(heads // heads_kv * seqlen_q, BLOCK_M)
+    splits, tiles_per_split = split_plan(batch, heads_kv, row_blocks, seqlen_k, head_dim, sm_count)
+    dtype = str(q.dtype).removeprefix("torch.")
+    split_kernel, combine_kernel = compiled_decode_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    # Every (split, head, query) row of the partials is written by the one block whose rows it is.
+    o_partial = torch.empty(batch, splits, heads, seqlen_q, head_dim, dtype=torch.float32, device=q.device)
+    lse_partial = torch.empty(batch, splits, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    with torch.cuda.device(q.device):
+        split_kernel(q, k, v, o_partial, lse_partial, softmax_scale * LOG2E, tiles_per_split)
+        combine_kernel(o_partial, lse_partial, out, lse)
+    return out, lse

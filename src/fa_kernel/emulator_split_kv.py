@@ -1,0 +1,91 @@
+"""The split-KV kernels of `decode.py` in plain torch: their algorithm, runnable on a CPU.
+
+Each row (a query of one head) is split along its keys into runs of `tiles_per_split` K/V
+tiles of `block_n` keys. Per split, the forward's online softmax over the split's tiles, the
+mask a select after Q·Kᵀ (keys past seqlen_k, right of the diagonal), P cast to the input
+dtype before P·V, one normalisation: O_s (fp32) and lse_s = log2 of the split's sum of
+exponentials, −inf where the row sees none of its keys. Then the combine:
+LSE₂ = log2 Σₛ 2^lseₛ and O = Σₛ 2^(lseₛ − LSE₂)·Oₛ over the splits the row sees a key of.
+The kernel packs a GQA group's heads into one tile's rows; rows are independent, so the
+packing changes which thread block computes a row, not what it computes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fa_kernel.numerics import LN2, LOG2E
+
+
+def attention_split_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None,
+    causal: bool,
+    block_n: int,
+    tiles_per_split: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) as the split-KV kernels compute them; inputs [batch, seqlen, heads, headdim]."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale_log2 = (softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32)
+    split_keys = block_n * tiles_per_split
+    splits = range(0, max(seqlen_k, 1), split_keys)  # one split without keys where there are none
+    for b in range(batch):
+        for head in range(heads):
+            kv_head = head // (heads // heads_kv)
+            partials = [
+                _split_partial(q[b, :, head], k[b, :, kv_head], v[b, :, kv_head], scale_log2, causal, block_n, keys)
+                for keys in (range(start, min(start + split_keys, seqlen_k), block_n) for start in splits)
+            ]
+            out[b, :, head], lse[b, head] = _combine(partials, q.dtype)
+    return out, lse
+
+
+def _split_partial(q, k, v, scale_log2, causal, block_n, tile_starts):
+    """One split of one head, over the K/V tiles starting at `tile_starts`: (O_s fp32
+    [seqlen_q, head_dim], lse_s [seqlen_q], log2 units)."""
+    seqlen_q, head_dim = q.shape
+    seqlen_k = k.shape[0]
+    acc_o = torch.zeros(seqlen_q, head_dim)
+    row_sum = torch.zeros(seqlen_q)
+    row_max = torch.full((seqlen_q,), -math.inf)
+    query = torch.arange(seqlen_q)[:, None]
+    for kv_start in tile_starts:
+        key = torch.arange(kv_start, kv_start + block_n)[None, :]
+        k_tile = torch.nn.functional.pad(k[kv_start : kv_start + block_n].float(), (0, 0, 0, block_n))[:block_n]
+        v_tile = torch.nn.functional.pad(v[kv_start : kv_start + block_n].float(), (0, 0, 0, block_n))[:block_n]
+        scores = q.float() @ k_tile.T
+        visible = key < seqlen_k
+        if causal:
+            visible = visible & (key <= query + seqlen_k - seqlen_q)
+        scores = torch.where(visible, scores, -math.inf)
+        row_max_prev = row_max
+        row_max = torch.maximum(row_max_prev, scores.amax(dim=1))
+        row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
+        alpha = torch.where(row_max == row_max_prev, 1.0, torch.exp2(row_max_prev * scale_log2 - row_max_scaled))
+        p = torch.exp2(scores * scale_log2 - row_max_scaled[:, None])
+        row_sum = row_sum * alpha + p.sum(dim=1)
+        acc_o = acc_o * alpha[:, None] + p.to(q.dtype).float() @ v_tile
+    row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
+    seen = row_sum != 0
+    out = torch.where(seen[:, None], acc_o / torch.where(seen, row_sum, 1.0)[:, None], 0.0)
+    return out, torch.where(seen, row_max_scaled + torch.log2(row_sum), -math.inf)
+
+
+def _combine(partials, dtype):
+    """The splits of one head weighed by their LSE: (out [seqlen_q, head_dim], lse, natural log)."""
+    outs = torch.stack([out for out, _ in partials])
+    lses = torch.stack([lse for _, lse in partials])
+    lse_max = lses.amax(dim=0)
+    reference = torch.where(lse_max == -math.inf, 0.0, lse_max)
+    weights = torch.exp2(lses - reference).sum(dim=0)
+    lse = torch.where(weights == 0, -math.inf, reference + torch.log2(weights))
+    # A split the row sees no key of is left out (not 0 * its O).
+    terms = torch.where((lses != -math.inf)[..., None], torch.exp2(lses - lse)[..., None] * outs, 0.0)
+    return terms.sum(dim=0).to(dtype), lse * LN2

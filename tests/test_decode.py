@@ -1,0 +1,131 @@
+"""The split-KV kernels (`decode.py`): their plan, their algorithm on the CPU (the emulator),
+and the kernels on a GPU, each judged against the fp32 reference with the forward's bound.
+
+The cases come from the kernels' own conditions: a key split's end (`tiles_per_split` tiles of
+`block_n` keys) and the last tile's (`key < seqlen_k`), the diagonal (bottom-right causal,
+rows that see no key), and the GQA group's rows in a tile (`row < rows`: group_size *
+seqlen_q next to multiples of BLOCK_M).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa_kernel.decode import BLOCK_M, BLOCKS_PER_SM, DECODE_TILES, ceildiv, split_plan
+from fa_kernel.emulator_split_kv import attention_split_kv
+from fa_kernel.reference import judge, random_qkv
+
+
+def boundary_key_counts(block_n: int, tiles_per_split: int) -> list[int]:
+    """seqlen_k on both sides of the first tile's end, the first split's and the second's."""
+    split_keys = block_n * tiles_per_split
+    ends = sorted({block_n, split_keys, 2 * split_keys})
+    return sorted({1, *(end + side for end in ends for side in (-1, 0, 1))})
+
+
+@pytest.mark.parametrize("head_dim", sorted(DECODE_TILES))
+@pytest.mark.parametrize("sm_count", [1, 4, 132])
+@pytest.mark.parametrize("batch_heads", [(1, 1), (2, 8), (64, 8)])
+def test_split_plan_covers_every_tile_once_and_fills_the_gpu(head_dim, sm_count, batch_heads):
+    batch, heads_kv = batch_heads
+    block_n, _ = DECODE_TILES[head_dim]
+    for seqlen_k in (1, block_n - 1, block_n, block_n + 1, 1000, 8192, 32768 + 1):
+        for row_blocks in (1, 2):
+            splits, tiles_per_split = split_plan(batch, heads_kv, row_blocks, seqlen_k, head_dim, sm_count)
+            tiles = ceildiv(seqlen_k, block_n)
+            # Every tile in one split, and every split with a tile (the kernel's `tiles` >= 1).
+            assert (splits - 1) * tiles_per_split < tiles <= splits * tiles_per_split
+            # At least the splits BLOCKS_PER_SM on every SM asks for, one per tile where there
+            # are fewer tiles, and fewer than twice as many.
+            wanted = ceildiv(BLOCKS_PER_SM * sm_count, batch * heads_kv * row_blocks)
+            assert min(wanted, tiles) <= splits < max(2 * wanted, 2)
+
+
+def emulator_cases():
+    """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, block_n, tiles_per_split)."""
+    cases = []
+    for tiles_per_split in (1, 3):
+        for seqlen_k in boundary_key_counts(64, tiles_per_split):
+            cases.append((1, 3, 4, 2, seqlen_k, 64, 64, tiles_per_split))
+    # seqlen_q > seqlen_k: causal rows that see no key; one query; MQA.
+    cases += [(2, 9, 2, 1, 5, 64, 64, 1), (1, 1, 6, 1, 130, 128, 64, 2), (1, 70, 1, 1, 200, 64, 64, 1)]
+    return cases
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", emulator_cases(), ids=lambda case: "x".join(map(str, case)))
+def test_emulator_within_the_bound(case, causal):
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, block_n, tiles_per_split = case
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, torch.float16, seqlen_k, "cpu")
+    out, lse = attention_split_kv(q, k, v, None, causal, block_n, tiles_per_split)
+    verdict = judge(q, k, v, out, lse, causal)
+    assert verdict.passed, verdict
+    if causal and seqlen_q > seqlen_k:  # rows that see no key: 0 and -inf, never NaN
+        hidden = seqlen_q - seqlen_k
+        assert torch.all(out[:, :hidden] == 0) and torch.all(lse[..., :hidden] == -math.inf)
+
+
+def test_emulator_a_nan_reaches_the_rows_that_see_its_key_only():
+    # Causal, 4 queries against 200 keys in splits of 64: query i sees keys j <= i + 196. A NaN
+    # in key 199 is hidden from queries 0-2 (a select, not an addition, masks it), in the last
+    # split; a NaN in key 10, which every query sees, reaches all of them.
+    q, k, v = random_qkv(1, 4, 200, 2, 1, 64, torch.bfloat16, seed=0, device="cpu")
+    k[0, 199, 0, 5] = math.nan
+    out, lse = attention_split_kv(q, k, v, None, True, 64, 1)
+    assert torch.isnan(out[0, 3]).all() and torch.isnan(lse[0, :, 3]).all()
+    assert torch.isfinite(out[0, :3]).all() and torch.isfinite(lse[0, :, :3]).all()
+    k[0, 10, 0, 5] = math.nan
+    out, _ = attention_split_kv(q, k, v, None, True, 64, 1)
+    assert torch.isnan(out).all()
+
+
+# ---- the kernels on a GPU ----
+
+
+def gpu_cases():
+    """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, sm_count): sm_count sets the
+    split count, so that the same shape runs as one split and as many."""
+    cases = []
+    for head_dim in sorted(DECODE_TILES):
+        block_n, _ = DECODE_TILES[head_dim]
+        for seqlen_k in boundary_key_counts(block_n, 2):
+            for sm_count in (1, 8):
+                cases.append((1, 2, 8, 2, seqlen_k, head_dim, sm_count))
+        # The group's rows next to a multiple of BLOCK_M: 4 query heads per K/V head.
+        for rows in (BLOCK_M - 1, BLOCK_M, BLOCK_M + 1, 2 * BLOCK_M + 1):
+            cases.append((2, ceildiv(rows, 4), 8, 2, 3 * block_n + 5, head_dim, 132))
+        cases += [(3, 1, 32, 8, 8192 + 7, head_dim, 132), (1, 9, 4, 4, 5, head_dim, 132)]
+    return cases
+
+
+# One dtype per head dim, both across the three: the dtype enters the kernels as the element
+# type only.
+GPU_DTYPES = {64: torch.bfloat16, 128: torch.float16, 256: torch.bfloat16}
+
+
+def gpu_builds(arch: str) -> list[dict]:
+    """compiled_decode_kernels' arguments of every build these tests launch (tools/precompile.py)."""
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype=str(dtype).removeprefix("torch."), arch=arch)
+        for head_dim, dtype in GPU_DTYPES.items()
+        for causal in (False, True)
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", gpu_cases(), ids=lambda case: "x".join(map(str, case)))
+def test_split_kv_kernels_within_the_bound(case, causal):
+    from fa_kernel.decode import split_kv_attention
+    from fa_kernel.interface import compile_arch
+
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, sm_count = case
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, GPU_DTYPES[head_dim], seed=seqlen_k)
+    # Whatever the partials' memory held before: fill the allocator's free blocks with NaN.
+    torch.full((1 << 26,), math.nan, device=q.device)
+    out, lse = split_kv_attention(q, k, v, 1.0 / math.sqrt(head_dim), causal, sm_count, compile_arch(q.device))
+    verdict = judge(q, k, v, out, lse, causal)
+    assert verdict.passed, f"{case} causal={causal}: {verdict}"
