@@ -86,18 +86,19 @@ def test_emulator_a_nan_reaches_the_rows_that_see_its_key_only():
 
 
 def gpu_cases():
-    """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, sm_count): sm_count sets the
-    split count, so that the same shape runs as one split and as many."""
+    """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, tiles_per_split): the K/V tiles per
+    split chosen, so that split ends fall next to the tile counts; None: split_plan's, for an
+    H200's 132 SMs."""
     cases = []
     for head_dim in sorted(DECODE_TILES):
         block_n, _ = DECODE_TILES[head_dim]
-        for seqlen_k in boundary_key_counts(block_n, 2):
-            for sm_count in (1, 8):
-                cases.append((1, 2, 8, 2, seqlen_k, head_dim, sm_count))
+        for tiles_per_split in (1, 2):
+            for seqlen_k in boundary_key_counts(block_n, tiles_per_split):
+                cases.append((1, 2, 8, 2, seqlen_k, head_dim, tiles_per_split))
         # The group's rows next to a multiple of BLOCK_M: 4 query heads per K/V head.
         for rows in (BLOCK_M - 1, BLOCK_M, BLOCK_M + 1, 2 * BLOCK_M + 1):
-            cases.append((2, ceildiv(rows, 4), 8, 2, 3 * block_n + 5, head_dim, 132))
-        cases += [(3, 1, 32, 8, 8192 + 7, head_dim, 132), (1, 9, 4, 4, 5, head_dim, 132)]
+            cases.append((2, ceildiv(rows, 4), 8, 2, 3 * block_n + 5, head_dim, None))
+        cases += [(3, 1, 32, 8, 8192 + 7, head_dim, None), (1, 9, 4, 4, 5, head_dim, None)]
     return cases
 
 
@@ -119,13 +120,21 @@ def gpu_builds(arch: str) -> list[dict]:
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", gpu_cases(), ids=lambda case: "x".join(map(str, case)))
 def test_split_kv_kernels_within_the_bound(case, causal):
-    from fa_kernel.decode import split_kv_attention
+    from fa_kernel.decode import split_kv_into, split_plan_for
     from fa_kernel.interface import compile_arch
 
-    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, sm_count = case
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, tiles_per_split = case
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, GPU_DTYPES[head_dim], seed=seqlen_k)
-    # Whatever the partials' memory held before: fill the allocator's free blocks with NaN.
-    torch.full((1 << 26,), math.nan, device=q.device)
-    out, lse = split_kv_attention(q, k, v, 1.0 / math.sqrt(head_dim), causal, sm_count, compile_arch(q.device))
+    if tiles_per_split is None:
+        splits, tiles_per_split = split_plan_for(q, k, sm_count=132)
+    else:
+        splits = ceildiv(ceildiv(seqlen_k, DECODE_TILES[head_dim][0]), tiles_per_split)
+    # Every buffer NaN: an element no thread block writes fails, whatever the memory held.
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((batch, heads, seqlen_q), math.nan, device=q.device)
+    o_partial = torch.full((batch, splits, heads, seqlen_q, head_dim), math.nan, device=q.device)
+    lse_partial = torch.full((batch, splits, heads, seqlen_q), math.nan, device=q.device)
+    scale = 1.0 / math.sqrt(head_dim)
+    split_kv_into(out, lse, o_partial, lse_partial, q, k, v, scale, causal, tiles_per_split, compile_arch(q.device))
     verdict = judge(q, k, v, out, lse, causal)
     assert verdict.passed, f"{case} causal={causal}: {verdict}"

@@ -243,17 +243,32 @@ def split_kv_attention(
     contiguous [batch, seqlen, heads, head_dim] on one Hopper GPU, as flash_attn_func checks
     them, seqlen_k >= 1; `sm_count` the device's SMs, `arch` the nvcc architecture."""
     batch, seqlen_q, heads, head_dim = q.shape
+    splits, tiles_per_split = split_plan_for(q, k, sm_count)
+    o_partial = q.new_empty((batch, splits, heads, seqlen_q, head_dim), dtype=torch.float32)
+    lse_partial = q.new_empty((batch, splits, heads, seqlen_q), dtype=torch.float32)
+    out = torch.empty_like(q)
+    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    split_kv_into(out, lse, o_partial, lse_partial, q, k, v, softmax_scale, causal, tiles_per_split, arch)
+    return out, lse
+
+
+def split_plan_for(q: torch.Tensor, k: torch.Tensor, sm_count: int) -> tuple[int, int]:
+    """split_plan for these inputs: (splits, K/V tiles per split)."""
+    batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     row_blocks = ceildiv(heads // heads_kv * seqlen_q, BLOCK_M)
-    splits, tiles_per_split = split_plan(batch, heads_kv, row_blocks, seqlen_k, head_dim, sm_count)
+    return split_plan(batch, heads_kv, row_blocks, seqlen_k, head_dim, sm_count)
+
+
+def split_kv_into(
+    out, lse, o_partial, lse_partial, q, k, v, softmax_scale: float, causal: bool, tiles_per_split: int, arch: str
+) -> None:
+    """The split-KV launch into the caller's buffers (split_kv_attention's shapes; the tests pass
+    NaN-filled ones, so that an element no thread block writes fails whatever memory held)."""
+    head_dim = q.shape[-1]
     dtype = str(q.dtype).removeprefix("torch.")
     split_kernel, combine_kernel = compiled_decode_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
-    # Every (split, head, query) row of the partials is written by the one block whose rows it is.
-    o_partial = torch.empty(batch, splits, heads, seqlen_q, head_dim, dtype=torch.float32, device=q.device)
-    lse_partial = torch.empty(batch, splits, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
-    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
     with torch.cuda.device(q.device):
+        # Every (split, head, query) row of the partials is written by the one block whose rows it is.
         split_kernel(q, k, v, o_partial, lse_partial, softmax_scale * LOG2E, tiles_per_split)
         combine_kernel(o_partial, lse_partial, out, lse)
-    return out, lse
