@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from fa_kernel.configs import TileConfig, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
 from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward, own_output_buffer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from codegen_rules import outstanding_at_exit  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -47,6 +53,63 @@ def test_compiles_for_sm90a_with_hopper_instructions(head_dim, causal, dtype, se
     assert signature, "kernel signature not found"
     for name in ("batch", "seqlen_q", "seqlen_k", "heads", "heads_kv", "scale_log2"):
         assert re.search(rf"\b{name}\b", signature.group(2)), f"{name} should be a runtime argument"
+
+
+@SHIPPED_CASES
+def test_nothing_asynchronous_outlives_the_block(head_dim, causal, dtype, seqlen_k):
+    # A wgmma or TMA store still reading shared memory when the block exits reads the memory
+    # of the block the SM runs next: no output shows it, so the code is checked
+    # (tools/codegen_rules.py). The mutant runner's triage applies the same rule to each mutant.
+    _, source = shipped_source(head_dim, causal, dtype, seqlen_k)
+    assert outstanding_at_exit(source) == []
+
+
+# The other kernels, each head dim once, causal or not in turn (the rule is about their structure).
+@pytest.mark.parametrize(
+    ("family", "head_dim", "causal"),
+    [
+        ("backward", 64, True),
+        ("backward", 128, False),
+        ("decode", 64, False),
+        ("decode", 128, True),
+        ("decode", 256, False),
+    ],
+)
+def test_nothing_asynchronous_outlives_the_backward_and_decode_blocks(family, head_dim, causal):
+    from fa_kernel.backward import compiled_gradient_kernels
+    from fa_kernel.decode import compiled_decode_kernels
+
+    builder = compiled_gradient_kernels if family == "backward" else compiled_decode_kernels
+    for compiled in builder(head_dim=head_dim, causal=causal, dtype="bfloat16", arch="sm_90a"):
+        assert outstanding_at_exit(compiled.get_kernel_source()) == []
+
+
+@pytest.mark.parametrize(
+    ("family", "wait"),
+    [
+        ("forward", "tl::wait_wgmma<0>();"),
+        ("forward", "tl::tma_store_wait<0, true>();"),
+        ("decode", "tl::warpgroup_wait<0>();"),
+    ],
+)
+def test_the_exit_rule_sees_the_last_wait_dropped(family, wait):
+    # The forward's overlapped epilogue: its last wgmma wait ends the next tile's S_0, in flight
+    # after the last round; its last TMA store wait ends O's store. The split-KV kernel's last
+    # wait ends its last P.V (T.gemm's spelling of the wait).
+    if family == "forward":
+        _, source = shipped_source(128, False, "float16", None)
+    else:
+        from fa_kernel.decode import compiled_decode_kernels
+
+        split, _ = compiled_decode_kernels(head_dim=128, causal=True, dtype="bfloat16", arch="sm_90a")
+        source = split.get_kernel_source()
+    assert outstanding_at_exit(source) == []
+    last = source.rindex(wait)
+    (problem,) = outstanding_at_exit(source[:last] + source[last + len(wait) :])
+    assert "not waited for before the exit" in problem
+    # A wait inside a branch opened after the operation does not count: it may not run.
+    guarded = source[:last] + "if (threadIdx.x == 0) { " + wait + " }" + source[last + len(wait) :]
+    assert outstanding_at_exit(guarded) == [problem]
 
 
 def test_a_config_whose_output_tile_outgrows_the_v_ring_is_refused():

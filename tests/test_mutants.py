@@ -293,3 +293,27 @@ def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
     assert mutants.generated_code_digests(short_copy.mutated_source(), [build], [0]) == original
     dropped_rescale = mutants.KERNEL_MUTANTS[0].mutated_source()
     assert mutants.generated_code_digests(dropped_rescale, [build], [0]) != original
+
+
+def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
+    from ast_mutants import generate
+
+    from boundaries import build_id, sweep_builds
+
+    source = (mutants.PACKAGE / "kernel.py").read_text()
+    # The overlapped epilogue's build: its last wgmma wait ends the S_0 of a tile after the last.
+    build = next(b for b in sweep_builds() if build_id(b).endswith("persistent/overlap-grid4"))
+    original = mutants.generated_code_digests(source, [build], [0])
+    assert not original[0].startswith("breaks: ")
+    dropped = next(m for m in generate() if m.key.endswith("guard_never:overlap_epilogue->False#3"))
+    mutated = mutants.generated_code_digests(dropped.mutated_source(), [build], [0], original)
+    assert mutated[0].startswith("breaks: a wgmma started at line")
+    # Triage turns it into a kill, from its cache alone; not where the unmutated build breaks it too.
+    stored = {
+        mutants.GENERATED + name: {0: digest} for name, digest in (("before", original[0]), ("after", mutated[0]))
+    }
+    args = ({"after": [0]}, [build], 1, stored, lambda name: name, None, False)
+    same, broken = mutants._same_generated_code("before", *args)
+    assert same == {"after": False} and broken["after"].startswith("a wgmma started at line")
+    stored[mutants.GENERATED + "before"] = {0: mutated[0]}
+    assert mutants._same_generated_code("before", *args)[1] == {}

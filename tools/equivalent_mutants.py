@@ -113,6 +113,18 @@ NO_UNREAD_TILES = Reason(
     "(warpgroup_kv_blocks), so the loop that releases the ones past its rows runs no trip",
     BITWISE,
 )
+ONE_WARPGROUP_READS_EVERY_TILE = Reason(
+    "take_turns is off only where one consumer warpgroup holds every row of the work tile (FALLBACK's "
+    "128 threads): warpgroup_kv_blocks then gives it all num_kv_blocks tiles, so the loop that releases "
+    "the tiles past its rows, where the turn would be taken, runs no trip",
+    BITWISE,
+)
+PER_TILE_ROUNDS_REDO_THE_TILE = Reason(
+    "in the per-tile grid a thread block's work tile is its grid index, whatever the round: the rounds "
+    "the persistent count adds compute the same tile again, through the same ring and turns, and store "
+    "the same values over it; only time is added (which the benchmarks, not the tests, measure)",
+    BITWISE,
+)
 UNUSED_BARRIER = Reason(
     "an mbarrier allocated where O has a buffer of its own, which nothing arrives at or waits on "
     "(the producer waits for o_stored by the config, not by the barrier): 8 bytes of shared memory more",
@@ -379,6 +391,8 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:flash_attention_forward:guard_always:o_buffer->True#2": NOTHING_TO_WAIT_FOR,
     "kernel.py:flash_attention_forward:guard_always:not overlap_epilogue->True": NO_UNREAD_TILES,
     "kernel.py:flash_attention_forward:guard_always:not o_buffer->True": UNUSED_BARRIER,
+    "kernel.py:flash_attention_forward:guard_always:config.persistent->True#2": PER_TILE_ROUNDS_REDO_THE_TILE,
+    "kernel.py:release_unread_tiles:guard_always:take_turns->True": ONE_WARPGROUP_READS_EVERY_TILE,
     "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m + 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
     "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m - 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
     # the stores past the end: LSE rows past seqlen_q, a persistent round past the last tile

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -56,6 +57,7 @@ PACKAGE = ROOT / "src" / "fa_kernel"
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
 
 from ast_mutants import GeneratedMutant, apply_patch, generate  # noqa: E402
+from codegen_rules import outstanding_at_exit  # noqa: E402
 from equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING  # noqa: E402
 
 
@@ -553,7 +555,8 @@ def generated_code_digests(
     by `kernel_source`: the CUDA source, the host module (launch configuration, TMA
     descriptors, argument checks), the kernel's parameters and the pass configs, which is all
     nvcc and the runtime wrapper are given, so equal digests mean the same compiled kernel.
-    Given the unmutated digests `original`, it stops at the first build whose digest differs."""
+    'breaks: ...' where the CUDA source breaks a rule of tools/codegen_rules.py. Given the
+    unmutated digests `original`, it stops at the first build whose digest differs."""
     import hashlib
 
     import tilelang
@@ -573,6 +576,8 @@ def generated_code_digests(
                     artifact = lower(program, target=target)
                 generated = f"{artifact.kernel_source}\n{artifact.host_mod}\n{artifact.params}\n{module.PASS_CONFIGS!r}"
                 digests[index] = hashlib.sha256(generated.encode()).hexdigest()
+                if problems := outstanding_at_exit(artifact.kernel_source):
+                    digests[index] = f"breaks: {problems[0]}"
             except Exception as error:  # a build that lowers in one source and not in the other differs
                 digests[index] = f"error: {type(error).__name__}: {error}"
             if original is not None and digests[index] != original[index]:
@@ -668,14 +673,23 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
     # A PrimFunc that differs may still lower to the same code (TileLang's simplifier proves a
     # bound, a copy takes its source's extent): where every build that differs does, the
     # compiled kernels are the unmutated ones.
-    same_code = _same_generated_code(original_source, changed_at, builds, jobs, stored, key, cache, compute)
+    same_code, broken = _same_generated_code(original_source, changed_at, builds, jobs, stored, key, cache, compute)
     for mutant, source in zip(kernel_mutants, sources, strict=True):
-        if same_code.get(source):
+        if source in broken:
+            result.verdicts[mutant.id] = ("killed", f"triage: {CODEGEN_TEST} fails on its code: {broken[source]}")
+            del result.changed_sweep_builds[mutant.id]
+        elif same_code.get(source):
             lowered = len(changed_at[source])
             reason = f"the same generated code for all {len(builds)} shipped and swept kernels ({lowered} lowered)"
             result.verdicts[mutant.id] = ("equivalent", reason)
             del result.changed_sweep_builds[mutant.id]
     return result
+
+
+# The test that checks tools/codegen_rules.py on the shipped builds, which triage applies to a
+# mutant's. Triage cache entries name the rules' digest: a changed rule lowers the builds again.
+CODEGEN_TEST = "tests/test_codegen.py::test_nothing_asynchronous_outlives_the_block"
+GENERATED = f"generated {hashlib.sha256((ROOT / 'tools' / 'codegen_rules.py').read_bytes()).hexdigest()[:12]} "
 
 
 def _save_triage(cache: Path | None, stored: dict) -> None:
@@ -686,9 +700,12 @@ def _save_triage(cache: Path | None, stored: dict) -> None:
         cache.with_suffix(".tmp").replace(cache)
 
 
-def _same_generated_code(original_source, changed_at, builds, jobs, stored, key, cache, compute) -> dict[str, bool]:
-    """{mutated source: whether each build in changed_at[source] lowers to the unmutated code}
-    (generated_code_digests), kept in the triage cache beside the PrimFunc digests; `compute`
+def _same_generated_code(
+    original_source, changed_at, builds, jobs, stored, key, cache, compute
+) -> tuple[dict[str, bool], dict[str, str]]:
+    """({mutated source: whether each build in changed_at[source] lowers to the unmutated code},
+    {mutated source: the rule of tools/codegen_rules.py a build it lowered breaks}), from
+    generated_code_digests, kept in the triage cache beside the PrimFunc digests; `compute`
     False: from the cache alone (a build it does not hold counts as differing)."""
 
     def save() -> None:  # as each comes: a triage cut short keeps what it did
@@ -696,11 +713,11 @@ def _same_generated_code(original_source, changed_at, builds, jobs, stored, key,
             _save_triage(cache, stored)
 
     def generated(source: str) -> dict[int, str]:
-        return {int(index): digest for index, digest in stored.get("generated " + key(source), {}).items()}
+        return {int(index): digest for index, digest in stored.get(GENERATED + key(source), {}).items()}
 
     original = generated(original_source)
     needed = sorted({index for indices in changed_at.values() for index in indices} - set(original))
-    missing = [source for source in changed_at if "generated " + key(source) not in stored]
+    missing = [source for source in changed_at if GENERATED + key(source) not in stored]
     if not compute:
         needed, missing = [], []
     with ProcessPoolExecutor(max(1, jobs)) as pool:
@@ -710,7 +727,7 @@ def _same_generated_code(original_source, changed_at, builds, jobs, stored, key,
         )
         for digests in unmutated:
             original.update(digests)
-        stored["generated " + key(original_source)] = original
+        stored[GENERATED + key(original_source)] = original
         save()
         computed = pool.map(
             generated_code_digests,
@@ -720,15 +737,24 @@ def _same_generated_code(original_source, changed_at, builds, jobs, stored, key,
             itertools.repeat(original),
         )
         for source, digests in zip(missing, computed, strict=True):
-            stored["generated " + key(source)] = digests
+            stored[GENERATED + key(source)] = digests
             save()
 
     def same(source: str, index: int) -> bool:  # an unmutated build that does not lower proves nothing
-        return not original.get(index, "error: not lowered").startswith("error: ") and (
+        return not original.get(index, "error: not lowered").startswith(("error: ", "breaks: ")) and (
             generated(source).get(index) == original[index]
         )
 
-    return {source: all(same(source, index) for index in indices) for source, indices in changed_at.items()}
+    broken = {}  # where the unmutated build keeps the rules and the mutated one breaks one
+    for source, indices in changed_at.items():
+        for index in indices:
+            digest = generated(source).get(index, "")
+            unmutated = original.get(index, "error: not lowered")
+            if digest.startswith("breaks: ") and not unmutated.startswith(("error: ", "breaks: ")):
+                broken[source] = digest.removeprefix("breaks: ")
+                break
+    same_code = {source: all(same(source, index) for index in indices) for source, indices in changed_at.items()}
+    return same_code, broken
 
 
 def recorded_equivalents(mutants: list[GeneratedMutant]) -> dict[str, tuple[str, str]]:

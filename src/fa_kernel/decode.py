@@ -241,7 +241,7 @@ def split_kv_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of attention by the split-KV kernels, as flash_attn_func returns them: q, k, v
     contiguous [batch, seqlen, heads, head_dim] on one Hopper GPU, as flash_attn_func checks
-    them, seqlen_k >= 1; `sm_count` the device's SMs, `arch` the nvcc architecture."""
+    them, seqlen_q and seqlen_k >= 1; `sm_count` the device's SMs, `arch` the nvcc architecture."""
     batch, seqlen_q, heads, head_dim = q.shape
     splits, tiles_per_split = split_plan_for(q, k, sm_count)
     o_partial = q.new_empty((batch, splits, heads, seqlen_q, head_dim), dtype=torch.float32)
