@@ -13,8 +13,8 @@ order's makespan over the ideal (total work / SMs):
 
     python perf/causal_balance.py [--sms 132]
 
-Fifth session: snake predicted 1.265 against hardware's 1.035 for d64 causal at 16k (-18%);
-the H200 measured -12% (390.7 persistent vs 442.4 per tile). Sixth session: a persistent grid
+At 9090863 (2026-11-30): snake predicted 1.265 against hardware's 1.035 for d64 causal at 16k (-18%);
+the H200 measured -12% (390.7 persistent vs 442.4 per tile). At f01b8c6: a persistent grid
 drawing tiles from a global counter (the hardware's order) measured 449.8 against 452.3 per
 tile there: balanced, and no faster (docs/perf-log.md).
 """

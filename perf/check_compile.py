@@ -15,7 +15,7 @@ wheel carries): of the MUFU.EX2 between the steady-state loop's wait for S_j
 (`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the next instruction after it that touches the tensor
 cores, how many come before the wait for P_{j-1}.V_{j-1} (`DEPBAR.LE gsb0, 0x0`). "0/90"
 means ptxas placed that wait before the exponentials: the softmax runs after the P.V GEMM,
-not under it (docs/perf-log.md, third session); "-" where the loop has no separate wait for S_j.
+not under it (docs/perf-log.md); "-" where the loop has no separate wait for S_j.
 """
 
 from __future__ import annotations

@@ -27,15 +27,15 @@ loaded as a module of its own; a patch that no longer applies raises). Levers, c
   mask_first           the mask written before the turn-taking wait, not after it: -3% d128.
   (row_limit_mask, the mask from one bound per row, measured within noise and -4% d64 causal
   free: perf/variants.py before the patches were anchored on the AST has it.)
-  (two_blocks_per_sm, fourth session, is now a config: TileConfig.blocks_per_sm, "/2persm"
+  (two_blocks_per_sm, measured at a1545a2, is now a config: TileConfig.blocks_per_sm, "/2persm"
   in sweep configs, shipped for causal at seqlen_k <= 2048.)
 
   turns_from_8 / 16   take turns only in blocks with more than 8 / 16 K/V tiles: d64 causal
                        370 / 374 against the ring's 357-361 and free 380-388.
-(Fourth session: the ring of three consumer warpgroups was a patch here, `round_robin`,
-before it became kernel.py's `config.take_turns`; eighth session: `inter_tile_overlap`, the
+(The ring of three consumer warpgroups was a patch here (measured at a1545a2), `round_robin`,
+before it became kernel.py's `config.take_turns`; `inter_tile_overlap` (measured at b162cfc), the
 next work tile's S_0 issued before the current tile's epilogue, became kernel.py's
-`config.overlap_epilogue`. Ninth session: the softmax of every tile after the first keeps the
+`config.overlap_epilogue`. Since fb2a424 the softmax of every tile after the first keeps the
 max from before the tile unless its sum says otherwise (kernel.STALE_SUM_LIMIT), so the patches
 on the row max and the rescale it made obsolete left with it: pinned, skip_rescale,
 lazy_rescale, wait_both, pairwise_max and the no_max diagnostic; perf/variants.py at c0e6052
