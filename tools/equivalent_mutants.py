@@ -215,6 +215,12 @@ EMULATOR_EVERY_ROW_TAKES_ITS_MAX = Reason(
     "decides only the rounding (REFERENCE_MAX_IS_FREE)",
     EMULATOR_ROUNDING_CHECK,
 )
+EMULATOR_STALE_LIMIT_ONE_OFF = Reason(
+    "the emulator's stale-max test one off or inclusive: a row keeps the max from before a tile while "
+    "its sum is within the limit give or take one, as STALE_SUM_LIMIT one off would have it; which max "
+    "a row's P~ is taken against decides only the rounding (REFERENCE_MAX_IS_FREE)",
+    EMULATOR_ROUNDING_CHECK,
+)
 ROW_COMPUTED_TWICE = Reason(
     "each query block also computes the next block's first row, which the next block writes again, "
     "and the last block's slice ends at seqlen_q",
@@ -249,6 +255,16 @@ EQUIVALENT: dict[str, Reason] = {
             "row_max_prev - 1 == -math.inf",
             "row_max_prev == -math.inf + 1",
             "row_max_prev == -math.inf - 1",
+        )
+    },
+    **{
+        f"emulator.py:_attend_one_head:{rewrite}": EMULATOR_STALE_LIMIT_ONE_OFF
+        for rewrite in (
+            "off_by_one:stale_sum > STALE_SUM_LIMIT->stale_sum + 1 > STALE_SUM_LIMIT",
+            "off_by_one:stale_sum > STALE_SUM_LIMIT->stale_sum - 1 > STALE_SUM_LIMIT",
+            "relational:stale_sum > STALE_SUM_LIMIT->stale_sum >= STALE_SUM_LIMIT",
+            "off_by_one:stale_sum > STALE_SUM_LIMIT->stale_sum > STALE_SUM_LIMIT + 1",
+            "off_by_one:stale_sum > STALE_SUM_LIMIT->stale_sum > STALE_SUM_LIMIT - 1",
         )
     },
     "emulator.py:_attend_one_head:guard_never:kv_block > 0->False": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
