@@ -100,8 +100,13 @@ def backward_program(
     block_n: int,
     threads: int = 256,
     num_stages: int = 2,
+    rows_bottom_up: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
+
+    `rows_bottom_up`: each block walks its query tiles from the last up (a measurement, not yet
+    shipped: causal, the blocks of a head start their walks at different query tiles top-down,
+    so they share no Q, dO or dQ tile in L2; bottom-up they all start at the last one).
 
     Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
     [B, H, padded_rows(Sq)] (from the preprocess), dQ_accum [B, H, Sq, D] fp32 (zeroed by the caller; BHSD so
@@ -160,7 +165,10 @@ def backward_program(
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             for step in T.Pipelined(group_size * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks
-                q_start = (first_q_block + step % q_blocks) * block_m
+                q_tile = step % q_blocks
+                if rows_bottom_up:
+                    q_tile = q_blocks - 1 - q_tile
+                q_start = (first_q_block + q_tile) * block_m
                 T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
                 T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
                 T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
@@ -214,11 +222,19 @@ def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None):
 
 
 @functools.cache
-def compiled_backward(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None):
+def compiled_backward(
+    *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, rows_bottom_up: bool = False
+):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
     block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
     program = backward_program(
-        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages
+        head_dim=head_dim,
+        causal=causal,
+        dtype=dtype,
+        block_m=block_m,
+        block_n=block_n,
+        num_stages=num_stages,
+        rows_bottom_up=rows_bottom_up,
     )
     return _compile(program, arch)
 
