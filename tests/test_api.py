@@ -126,5 +126,15 @@ def test_a_gradient_at_head_dim_256_is_refused_before_the_forward(monkeypatch):
 def test_the_backward_op_is_registered_for_torch_compile():
     q, k, v = qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300, device="meta")
     out, lse = torch.ops.fa_kernel.forward(q, k, v, 0.125, True)
-    dq, dk, dv = torch.ops.fa_kernel.backward(out, None, q, k, v, out, lse, 0.125, True)
-    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    for deterministic in (False, True):
+        dq, dk, dv = torch.ops.fa_kernel.backward(out, None, q, k, v, out, lse, 0.125, True, deterministic)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+
+
+def test_deterministic_must_be_a_bool(monkeypatch):
+    from fa_kernel import interface
+
+    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal: 0.0625)
+    monkeypatch.setattr(torch.ops.fa_kernel, "forward", lambda *args: pytest.fail("launched"), raising=False)
+    with pytest.raises(TypeError, match=r"deterministic: expected a bool, got int"):
+        flash_attn_func(*qkv(), deterministic=1)

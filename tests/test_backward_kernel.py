@@ -25,12 +25,12 @@ pytestmark = pytest.mark.gpu
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def kernel_gradients(q, k, v, dout, causal, softmax_scale=None):
+def kernel_gradients(q, k, v, dout, causal, softmax_scale=None, deterministic=False):
     """(dq, dk, dv) of the backward kernels for flash_attn_func's forward, written into NaN."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal)
+    backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic)
     return grads
 
 
@@ -38,9 +38,9 @@ def random_dout(q, seed):
     return torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).to(q.device)
 
 
-def assert_gradients_within_the_bound(q, k, v, causal, label, softmax_scale=None, seed=0):
+def assert_gradients_within_the_bound(q, k, v, causal, label, softmax_scale=None, seed=0, deterministic=False):
     dout = random_dout(q, seed)
-    grads = kernel_gradients(q, k, v, dout, causal, softmax_scale)
+    grads = kernel_gradients(q, k, v, dout, causal, softmax_scale, deterministic)
     verdict = judge_backward(q, k, v, dout, grads, causal, softmax_scale)
     assert verdict.passed, f"{label}: {verdict}"
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
@@ -73,6 +73,59 @@ def test_backward_boundary_sweep(head_dim, causal, dtype):
                 continue
             inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, DTYPES[dtype], seed=seqlen_k)
             assert_gradients_within_the_bound(*inputs, causal, f"{seqlen_q}x{seqlen_k}", seed=offset)
+
+
+def deterministic_builds(arch: str) -> list[dict]:
+    """compiled_gradient_kernels' arguments of the deterministic tests' builds (tools/precompile.py)."""
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch=arch, deterministic=True)
+        for head_dim in sorted(BACKWARD_TILES)
+        for causal in (False, True)
+    ]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
+def test_deterministic_backward_boundary_sweep(head_dim, causal):
+    # The fixed-order dQ kernel walks K/V tiles per query tile: its own boundaries are the
+    # dK/dV kernel's seen from the other side (a query tile's last K/V tile, rows that see none).
+    block_m, _, _ = BACKWARD_TILES[head_dim]
+    for seqlen_q in (2 * block_m, 2 * block_m + 1):
+        for offset in backward_offsets(head_dim):
+            seqlen_k = seqlen_q + offset
+            if seqlen_k < 1:
+                continue
+            inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, torch.bfloat16, seed=seqlen_k)
+            label = f"deterministic {seqlen_q}x{seqlen_k}"
+            assert_gradients_within_the_bound(*inputs, causal, label, seed=offset, deterministic=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
+def test_deterministic_gradients_are_the_same_bits_in_every_run(head_dim, causal):
+    # 30 runs, as the report of FlashAttention-3's deterministic mode counted (dq differed in 29):
+    # many K/V tiles per query tile and a GQA group, where an atomic sum's order would show.
+    q, k, v = random_qkv(2, 700, 1500, 8, 2, head_dim, torch.bfloat16, seed=3)
+    dout = random_dout(q, 4)
+    first = kernel_gradients(q, k, v, dout, causal, deterministic=True)
+    verdict = judge_backward(q, k, v, dout, first, causal)
+    assert verdict.passed, verdict
+    for run in range(1, 30):
+        again = kernel_gradients(q, k, v, dout, causal, deterministic=True)
+        for name, before, after in zip(("dq", "dk", "dv"), first, again, strict=True):
+            assert torch.equal(before, after), f"run {run}: {name} differs from run 0"
+
+
+def test_flash_attn_func_takes_deterministic_through_autograd():
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 300, 400, 4, 2, 64, torch.bfloat16, seed=8))
+    dout = random_dout(q, 9)
+    grads = []
+    for _ in range(2):
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), dout))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    verdict = judge_backward(q.detach(), k.detach(), v.detach(), dout, grads[0], True)
+    assert verdict.passed, verdict
 
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv): one row and key, ragged lengths both ways,

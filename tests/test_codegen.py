@@ -70,6 +70,7 @@ def test_nothing_asynchronous_outlives_the_block(head_dim, causal, dtype, seqlen
     [
         ("backward", 64, True),
         ("backward", 128, False),
+        ("deterministic backward", 128, True),
         ("decode", 64, False),
         ("decode", 128, True),
         ("decode", 256, False),
@@ -79,8 +80,12 @@ def test_nothing_asynchronous_outlives_the_backward_and_decode_blocks(family, he
     from fa_kernel.backward import compiled_gradient_kernels
     from fa_kernel.decode import compiled_decode_kernels
 
-    builder = compiled_gradient_kernels if family == "backward" else compiled_decode_kernels
-    for compiled in builder(head_dim=head_dim, causal=causal, dtype="bfloat16", arch="sm_90a"):
+    arguments = dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch="sm_90a")
+    if family == "decode":
+        kernels = compiled_decode_kernels(**arguments)
+    else:
+        kernels = compiled_gradient_kernels(**arguments, deterministic=family.startswith("deterministic"))
+    for compiled in kernels:
         assert outstanding_at_exit(compiled.get_kernel_source()) == []
 
 

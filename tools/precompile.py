@@ -66,6 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
+    import test_backward_kernel
     import test_decode
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
     from fa_kernel.builds import build_unless_built
@@ -80,7 +81,7 @@ def main() -> int:
         builds = suite_builds(torch.cuda.get_device_properties(device).multi_processor_count, arch)
     start = time.perf_counter()
     forward_errors = build_unless_built(builds, args.jobs)
-    gradients = [] if args.smoke else gradient_builds(arch)
+    gradients = [] if args.smoke else gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
     gradient_errors = build_unless_built(gradients, args.jobs, builder=compiled_gradient_kernels)
     decodes = [] if args.smoke else test_decode.gpu_builds(arch)
     decode_errors = build_unless_built(decodes, args.jobs, builder=compiled_decode_kernels)

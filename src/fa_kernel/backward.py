@@ -101,8 +101,12 @@ def backward_program(
     threads: int = 256,
     num_stages: int = 2,
     rows_bottom_up: bool = False,
+    with_dq: bool = True,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
+
+    `with_dq` False: dK and dV alone (the deterministic gradient, whose dQ `dq_program` sums in
+    a fixed order); dQ_accum is still an argument, which it leaves alone.
 
     `rows_bottom_up`: each block walks its query tiles from the last up (a measurement, not yet
     shipped: causal, the blocks of a head start their walks at different query tiles top-down,
@@ -189,17 +193,98 @@ def backward_program(
                 for i, j in T.Parallel(block_n, block_m):
                     ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
                 T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(ds_cast, dS_shared)
-                T.clear(acc_dq)
-                T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
-                T.copy(acc_dq, dQ_shared)
-                T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_tma=True)
+                if with_dq:
+                    T.copy(ds_cast, dS_shared)
+                    T.clear(acc_dq)
+                    T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
+                    T.copy(acc_dq, dQ_shared)
+                    T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_tma=True)
             for i, j in T.Parallel(block_n, head_dim):
                 acc_dk[i, j] = acc_dk[i, j] * softmax_scale
             T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
             T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
 
     return flash_attention_backward
+
+
+def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n: int, num_stages: int = 2):
+    """dQ in a fixed order (the deterministic gradient), as a TileLang PrimFunc: one thread block
+    per query tile and head walks the K/V tiles its rows see, recomputes S = Q·Kᵀ and P from the
+    saved LSE, dP = dO·Vᵀ, dS = P∘(dP − D), and sums dQ = softmax_scale·Σ dS·K in registers, so
+    every run adds the same terms in the same order. Two GEMMs more than the atomic dQ.
+
+    Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
+    [B, H, padded_rows(Sq)] (the preprocess's), dQ [B, Sq, H, D] in the input dtype, then
+    scale_log2 and softmax_scale.
+    """
+    batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = T.dynamic(
+        "batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv"
+    )
+    if PREPROCESS_ROWS % block_m:
+        raise ValueError(f"block_m: expected a divisor of {PREPROCESS_ROWS} (Delta's padding), got {block_m}")
+    dtype = DTYPES[dtype]
+    accum = T.float32
+
+    @T.prim_func
+    def flash_attention_backward_dq(
+        Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        K: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        V: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        dO: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
+        LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
+        dQ: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
+        scale_log2: T.float32,
+        softmax_scale: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(seqlen_q, block_m), heads, batch, threads=128) as (q_block, head, b):
+            Q_shared = T.alloc_shared([block_m, head_dim], dtype)
+            dO_shared = T.alloc_shared([block_m, head_dim], dtype)
+            K_shared = T.alloc_shared([block_n, head_dim], dtype)
+            V_shared = T.alloc_shared([block_n, head_dim], dtype)
+            lse = T.alloc_shared([block_m], accum)
+            delta = T.alloc_shared([block_m], accum)
+            acc_s = T.alloc_fragment([block_m, block_n], accum)  # S, then dS
+            acc_dp = T.alloc_fragment([block_m, block_n], accum)
+            ds_cast = T.alloc_fragment([block_m, block_n], dtype)
+            acc_dq = T.alloc_fragment([block_m, head_dim], accum)
+
+            kv_head = head // (heads // heads_kv)
+            q_start = q_block * block_m
+            diagonal_offset = seqlen_k - seqlen_q
+            num_kv_blocks = T.ceildiv(seqlen_k, block_n)
+            if causal:
+                # Tiles right of the block's last row's diagonal add nothing: none is loaded (a
+                # block whose rows see no key walks none, and its dQ is 0).
+                num_kv_blocks = T.max(0, T.min(num_kv_blocks, T.ceildiv(q_start + block_m + diagonal_offset, block_n)))
+            T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
+            T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
+            T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
+            T.copy(Delta[b, head, q_start : q_start + block_m], delta)
+            T.clear(acc_dq)
+            for kv_block in T.Pipelined(num_kv_blocks, num_stages=num_stages):
+                kv_start = kv_block * block_n
+                T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
+                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+                T.clear(acc_s)
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.clear(acc_dp)
+                T.gemm(dO_shared, V_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                # The keys a row cannot see get P = 0 by a select, as in the dK/dV kernel.
+                for i, j in T.Parallel(block_m, block_n):
+                    key = kv_start + j
+                    row = q_start + i
+                    visible = T.And(key < seqlen_k, row < seqlen_q)
+                    if causal:
+                        visible = T.And(visible, key <= row + diagonal_offset)
+                    p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
+                    ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
+                T.gemm(ds_cast, K_shared, acc_dq, policy=T.GemmWarpPolicy.FullRow)
+            for i, d in T.Parallel(block_m, head_dim):
+                acc_dq[i, d] = acc_dq[i, d] * softmax_scale
+            T.copy(acc_dq, dQ[b, q_start : q_start + block_m, head, :])
+
+    return flash_attention_backward_dq
 
 
 # Tiles by head dim: (block_m, block_n, num_stages), FlashAttention-3's (64 query rows against
@@ -223,7 +308,13 @@ def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None):
 
 @functools.cache
 def compiled_backward(
-    *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, rows_bottom_up: bool = False
+    *,
+    head_dim: int,
+    causal: bool,
+    dtype: str,
+    arch: str | None = None,
+    rows_bottom_up: bool = False,
+    with_dq: bool = True,
 ):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
     block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
@@ -235,15 +326,31 @@ def compiled_backward(
         block_n=block_n,
         num_stages=num_stages,
         rows_bottom_up=rows_bottom_up,
+        with_dq=with_dq,
     )
     return _compile(program, arch)
 
 
-def compiled_gradient_kernels(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None) -> tuple:
-    """(preprocess, backward): the two kernels a gradient launches (a module-level builder, for
-    `builds.build_all`)."""
+@functools.cache
+def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None):
+    """The compiled fixed-order dQ kernel (dq_program) for this head dim (BACKWARD_TILES)."""
+    block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
+    program = dq_program(
+        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages
+    )
+    return _compile(program, arch)
+
+
+def compiled_gradient_kernels(
+    *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, deterministic: bool = False
+) -> tuple:
+    """The kernels a gradient launches (a module-level builder, for `builds.build_all`):
+    (preprocess, backward), or deterministic (preprocess, backward without dQ, dQ)."""
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
-    return preprocess, compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    if not deterministic:
+        return preprocess, compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)
 
 
 def gradient_builds(arch: str, head_dims=tuple(BACKWARD_TILES)) -> list[dict]:

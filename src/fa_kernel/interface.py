@@ -32,6 +32,7 @@ def flash_attn_func(
     softmax_scale: float | None = None,
     causal: bool = False,
     return_lse: bool = False,
+    deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention forward kernel.
 
@@ -46,6 +47,9 @@ def flash_attn_func(
             no key (possible when seqlen_q > seqlen_k) gets output 0 and LSE -inf.
         return_lse: also return the log-sum-exp of the scaled scores, natural log,
             float32, [batch, nheads, seqlen_q].
+        deterministic: the gradients bitwise the same from run to run: dq summed in a fixed
+            order by a kernel of its own (two GEMMs more than the atomic sum). The forward
+            is deterministic either way.
 
     headdim 64, 128 and 256 are supported, on Hopper GPUs (H100, H200); seqlen_q, seqlen_k
     and batch can be any size, including 0 (an empty result, nothing launched). Inputs
@@ -65,15 +69,18 @@ def flash_attn_func(
 
     Gradients (autograd, eager and under torch.compile) come from the backward kernels, for
     out and for lse, at headdim 64 and 128; a call that needs a gradient at headdim 256 raises
-    before anything is launched. dq's fp32 sums arrive by atomic adds, in no fixed order.
+    before anything is launched. dq's fp32 sums arrive by atomic adds, in no fixed order,
+    unless `deterministic`.
 
     Returns:
         out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
     """
     softmax_scale = _check_inputs(q, k, v, softmax_scale, causal)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         _check_backward_head_dim(q.shape[-1])
-    out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal)
+    out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal, deterministic)
     return (out, lse) if return_lse else out
 
 
@@ -179,8 +186,9 @@ def _require_hopper(device: torch.device) -> None:
 
 @torch.library.custom_op("fa_kernel::forward", mutates_args=(), device_types="cuda")
 def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, deterministic: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # `deterministic` is the gradient's (the autograd formula reads it); the forward always is.
     batch, seqlen_q, nheads, head_dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
@@ -198,7 +206,7 @@ def _forward(
 
 
 @_forward.register_fake
-def _forward_fake(q, k, v, softmax_scale, causal):
+def _forward_fake(q, k, v, softmax_scale, causal, deterministic=False):
     batch, seqlen_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -216,16 +224,20 @@ def _backward(
     lse: torch.Tensor,
     softmax_scale: float,
     causal: bool,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale, causal)
+    backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
     return dq, dk, dv
 
 
-def backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+def backward_into(
+    dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool = False
+) -> None:
     """The gradients of flash_attn_func's (out, lse) against (dout, grad_lse; None: 0), written
     into the caller's contiguous dq, dk, dv: the `fa_kernel::backward` op's launch (the tests
-    hand it outputs filled with NaN, so that an element no thread block writes fails)."""
+    hand it outputs filled with NaN, so that an element no thread block writes fails).
+    `deterministic`: dq from the fixed-order kernel, not by atomic adds."""
     batch, seqlen_q, nheads, head_dim = q.shape
     _check_backward_head_dim(head_dim)
     if dq.numel() == 0 or dk.numel() == 0:
@@ -240,20 +252,29 @@ def backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale: 
     rows = padded_rows(seqlen_q)
     delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
-    dq_accum = torch.zeros((batch, nheads, seqlen_q, head_dim), dtype=torch.float32, device=q.device)
-    preprocess, kernel = compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    kernels = compiled_gradient_kernels(
+        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic
+    )
+    # dQ's fp32 sums for the atomic kernel; the deterministic dK/dV kernel takes the argument
+    # and leaves it alone (so it is not zeroed).
+    dq_accum = (torch.empty if deterministic else torch.zeros)(
+        (batch, nheads, seqlen_q, head_dim), dtype=torch.float32, device=q.device
+    )
     with torch.cuda.device(q.device):
-        preprocess(out, dout, lse.contiguous(), delta, lse_log2)
+        kernels[0](out, dout, lse.contiguous(), delta, lse_log2)
         if grad_lse is not None:
             # d LSE_i / d S_ij = P_ij: an upstream gradient of the LSE joins dS = P∘(dP − D) as −D.
             delta[:, :, :seqlen_q] -= grad_lse
-        kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, softmax_scale * LOG2E, softmax_scale)
-        # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
-        torch.mul(dq_accum.transpose(1, 2), softmax_scale, out=dq)
+        kernels[1](q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, softmax_scale * LOG2E, softmax_scale)
+        if deterministic:
+            kernels[2](q, k, v, dout, delta, lse_log2, dq, softmax_scale * LOG2E, softmax_scale)
+        else:
+            # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
+            torch.mul(dq_accum.transpose(1, 2), softmax_scale, out=dq)
 
 
 @_backward.register_fake
-def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal):
+def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic=False):
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
         torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -262,19 +283,22 @@ def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, softmax_scale, causal = inputs
+    q, k, v, softmax_scale, causal, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
+    ctx.deterministic = deterministic
 
 
 def _forward_gradient(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None:  # only the LSE was used
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fa_kernel.backward(grad_out, grad_lse, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
-    return dq, dk, dv, None, None
+    dq, dk, dv = torch.ops.fa_kernel.backward(
+        grad_out, grad_lse, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic
+    )
+    return dq, dk, dv, None, None, None
 
 
 torch.library.register_autograd("fa_kernel::forward", _forward_gradient, setup_context=_setup_context)
