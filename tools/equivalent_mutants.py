@@ -221,6 +221,12 @@ EMULATOR_STALE_LIMIT_ONE_OFF = Reason(
     "a row's P~ is taken against decides only the rounding (REFERENCE_MAX_IS_FREE)",
     EMULATOR_ROUNDING_CHECK,
 )
+EMULATOR_MAX_NEVER_FALLS = Reason(
+    "a row's max after a tile is the one before it or larger (the max of both, or the stale max kept), "
+    "so max + 1 == max before and max == max before - 1 hold for no finite row, and for a row without "
+    "a key both sides are -inf, as they are unmutated: alpha's select is taken for the same rows",
+    EMULATOR_CHECK,
+)
 ROW_COMPUTED_TWICE = Reason(
     "each query block also computes the next block's first row, which the next block writes again, "
     "and the last block's slice ends at seqlen_q",
@@ -247,16 +253,19 @@ EQUIVALENT: dict[str, Reason] = {
     "emulator.py:_attend_one_head:guard_always:needs_mask->True": EMULATOR_MASKS_MORE_TILES,
     "emulator.py:_attend_one_head:guard_always:causal->True#2": EMULATOR_MASKS_MORE_TILES,  # the diagonal's test
     **{
-        f"emulator.py:_attend_one_head:off_by_one:row_max_prev == -math.inf->{rewrite}": (
+        f"emulator.py:_attend_one_head:off_by_one:{name} == -math.inf->{rewrite.format(name)}{site}": (
             EMULATOR_MINUS_INFINITY_PLUS_ONE
         )
-        for rewrite in (
-            "row_max_prev + 1 == -math.inf",
-            "row_max_prev - 1 == -math.inf",
-            "row_max_prev == -math.inf + 1",
-            "row_max_prev == -math.inf - 1",
-        )
+        for name, sites in (("row_max_prev", ("",)), ("row_max", ("", "#2")))  # row_max: in the loop, after it
+        for site in sites
+        for rewrite in ("{} + 1 == -math.inf", "{} - 1 == -math.inf", "{} == -math.inf + 1", "{} == -math.inf - 1")
     },
+    "emulator.py:_attend_one_head:off_by_one:row_max == row_max_prev->row_max + 1 == row_max_prev": (
+        EMULATOR_MAX_NEVER_FALLS
+    ),
+    "emulator.py:_attend_one_head:off_by_one:row_max == row_max_prev->row_max == row_max_prev - 1": (
+        EMULATOR_MAX_NEVER_FALLS
+    ),
     **{
         f"emulator.py:_attend_one_head:{rewrite}": EMULATOR_STALE_LIMIT_ONE_OFF
         for rewrite in (

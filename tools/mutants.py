@@ -95,6 +95,7 @@ NONFINITE = ("tests/test_nonfinite.py",)
 GUARD_REGIONS = ("tests/test_guard_regions.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
+DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
 # The generated mutants of a file whose code the smoke tier never runs (it calls the kernels
 # directly): the GPU tests of the launch (empty inputs, one key, strided inputs) first.
 FIRST_BY_FILE = {
@@ -351,6 +352,7 @@ KERNEL_MUTANTS = [
         "backward.py",
         "visible = T.And(visible, key <= row + diagonal_offset)",
         "visible = visible",
+        within="backward_program",
         first=BACKWARD_SWEEP,
     ),
     Mutant(
@@ -382,6 +384,24 @@ KERNEL_MUTANTS = [
         "torch.mul(dq_accum.transpose(1, 2), softmax_scale, out=dq)",
         "dq.copy_(dq_accum.transpose(1, 2))",
         first=BACKWARD_SWEEP,
+    ),
+    # ---- the deterministic dQ (backward.py's dq_program)
+    Mutant(
+        "deterministic_dq_causal_mask_dropped",
+        "backward.py",
+        "visible = T.And(visible, key <= row + diagonal_offset)",
+        "visible = visible",
+        within="dq_program",
+        first=DETERMINISTIC_SWEEP,
+    ),
+    Mutant(
+        # The walk stops one K/V tile before the last its rows see.
+        "deterministic_dq_last_tile_dropped",
+        "backward.py",
+        "T.ceildiv(q_start + block_m + diagonal_offset, block_n)",
+        "T.ceildiv(q_start + block_m + diagonal_offset, block_n) - 1",
+        within="dq_program",
+        first=DETERMINISTIC_SWEEP,
     ),
 ]
 
