@@ -59,20 +59,25 @@ def backward_offsets(head_dim: int) -> list[int]:
     return sorted({c + side for c in centres for side in range(-2, 3) if -limit <= c + side <= limit})
 
 
+def sweep_lengths(head_dim: int):
+    """(seqlen_q, seqlen_k, offset) of the backward's sweep: two query lengths, a query tile's
+    last row on the Delta padding's edge (2·block_m, with block_m dividing it) and one past it,
+    at every backward_offsets offset that leaves a key."""
+    block_m, _, _ = BACKWARD_TILES[head_dim]
+    for seqlen_q in (2 * block_m, 2 * block_m + 1):
+        for offset in backward_offsets(head_dim):
+            if seqlen_q + offset >= 1:
+                yield seqlen_q, seqlen_q + offset, offset
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
 def test_backward_boundary_sweep(head_dim, causal, dtype):
-    # Two query lengths: a query tile's last row on the Delta padding's edge (2·block_m, with
-    # block_m dividing it), and one past it; 3 query heads on 1 K/V head (a GQA group's walk).
-    block_m, _, _ = BACKWARD_TILES[head_dim]
-    for seqlen_q in (2 * block_m, 2 * block_m + 1):
-        for offset in backward_offsets(head_dim):
-            seqlen_k = seqlen_q + offset
-            if seqlen_k < 1:
-                continue
-            inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, DTYPES[dtype], seed=seqlen_k)
-            assert_gradients_within_the_bound(*inputs, causal, f"{seqlen_q}x{seqlen_k}", seed=offset)
+    # 3 query heads on 1 K/V head: a GQA group's walk.
+    for seqlen_q, seqlen_k, offset in sweep_lengths(head_dim):
+        inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, DTYPES[dtype], seed=seqlen_k)
+        assert_gradients_within_the_bound(*inputs, causal, f"{seqlen_q}x{seqlen_k}", seed=offset)
 
 
 def deterministic_builds(arch: str) -> list[dict]:
@@ -89,15 +94,10 @@ def deterministic_builds(arch: str) -> list[dict]:
 def test_deterministic_backward_boundary_sweep(head_dim, causal):
     # The fixed-order dQ kernel walks K/V tiles per query tile: its own boundaries are the
     # dK/dV kernel's seen from the other side (a query tile's last K/V tile, rows that see none).
-    block_m, _, _ = BACKWARD_TILES[head_dim]
-    for seqlen_q in (2 * block_m, 2 * block_m + 1):
-        for offset in backward_offsets(head_dim):
-            seqlen_k = seqlen_q + offset
-            if seqlen_k < 1:
-                continue
-            inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, torch.bfloat16, seed=seqlen_k)
-            label = f"deterministic {seqlen_q}x{seqlen_k}"
-            assert_gradients_within_the_bound(*inputs, causal, label, seed=offset, deterministic=True)
+    for seqlen_q, seqlen_k, offset in sweep_lengths(head_dim):
+        inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, torch.bfloat16, seed=seqlen_k)
+        label = f"deterministic {seqlen_q}x{seqlen_k}"
+        assert_gradients_within_the_bound(*inputs, causal, label, seed=offset, deterministic=True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -91,6 +91,14 @@ def preprocess_program(*, head_dim: int, dtype: str):
     return flash_attention_backward_preprocess
 
 
+def gradient_sizes(block_m: int):
+    """The sizes the gradient kernels take at launch (T.dynamic), once block_m is checked against
+    Delta's padding, whose rows a query tile's TMA box must not leave."""
+    if PREPROCESS_ROWS % block_m:
+        raise ValueError(f"block_m: expected a divisor of {PREPROCESS_ROWS} (Delta's padding), got {block_m}")
+    return T.dynamic("batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv")
+
+
 def backward_program(
     *,
     head_dim: int,
@@ -117,11 +125,7 @@ def backward_program(
     that a query tile's rows are one box for the TMA reduce-add), dK and dV [B, Sk, Hkv, D],
     then scale_log2 = softmax_scale·log2(e) and softmax_scale.
     """
-    batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = T.dynamic(
-        "batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv"
-    )
-    if PREPROCESS_ROWS % block_m:
-        raise ValueError(f"block_m: expected a divisor of {PREPROCESS_ROWS} (Delta's padding), got {block_m}")
+    batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     dtype = DTYPES[dtype]
     accum = T.float32
 
@@ -217,11 +221,7 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
     [B, H, padded_rows(Sq)] (the preprocess's), dQ [B, Sq, H, D] in the input dtype, then
     scale_log2 and softmax_scale.
     """
-    batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = T.dynamic(
-        "batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv"
-    )
-    if PREPROCESS_ROWS % block_m:
-        raise ValueError(f"block_m: expected a divisor of {PREPROCESS_ROWS} (Delta's padding), got {block_m}")
+    batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     dtype = DTYPES[dtype]
     accum = T.float32
 
