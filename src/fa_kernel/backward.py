@@ -114,7 +114,8 @@ def backward_program(
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
     `with_dq` False: dK and dV alone (the deterministic gradient, whose dQ `dq_program` sums in
-    a fixed order); dQ_accum is still an argument, which it leaves alone.
+    a fixed order); dQ_accum is then a one-element placeholder, left alone, and dQ's shared
+    buffers and registers are not allocated.
 
     `rows_bottom_up`: each block walks its query tiles from the last up (a measurement, not yet
     shipped: causal, the blocks of a head start their walks at different query tiles top-down,
@@ -128,6 +129,7 @@ def backward_program(
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     dtype = DTYPES[dtype]
     accum = T.float32
+    dq_accum_shape = [batch, heads, seqlen_q, head_dim] if with_dq else [1]
 
     @T.prim_func
     def flash_attention_backward(
@@ -137,7 +139,7 @@ def backward_program(
         dO: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
         Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
         LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
-        dQ_accum: T.Tensor([batch, heads, seqlen_q, head_dim], accum),
+        dQ_accum: T.Tensor(dq_accum_shape, accum),
         dK: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
         dV: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
         scale_log2: T.float32,
@@ -148,8 +150,8 @@ def backward_program(
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
-            dS_shared = T.alloc_shared([block_n, block_m], dtype)
-            dQ_shared = T.alloc_shared([block_m, head_dim], accum)
+            dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq else None
+            dQ_shared = T.alloc_shared([block_m, head_dim], accum) if with_dq else None
             lse = T.alloc_shared([block_m], accum)
             delta = T.alloc_shared([block_m], accum)
             acc_s = T.alloc_fragment([block_n, block_m], accum)  # Sᵀ, then Pᵀ
@@ -158,7 +160,7 @@ def backward_program(
             ds_cast = T.alloc_fragment([block_n, block_m], dtype)
             acc_dk = T.alloc_fragment([block_n, head_dim], accum)
             acc_dv = T.alloc_fragment([block_n, head_dim], accum)
-            acc_dq = T.alloc_fragment([block_m, head_dim], accum)
+            acc_dq = T.alloc_fragment([block_m, head_dim], accum) if with_dq else None
 
             group_size = heads // heads_kv
             kv_start = kv_block * block_n
@@ -344,12 +346,13 @@ def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = N
 def compiled_gradient_kernels(
     *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, deterministic: bool = False
 ) -> tuple:
-    """The kernels a gradient launches (a module-level builder, for `builds.build_all`):
-    (preprocess, backward), or deterministic (preprocess, backward without dQ, dQ)."""
+    """(preprocess, backward, dq): the kernels a gradient launches (a module-level builder, for
+    `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
+    fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ)."""
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
-    if not deterministic:
-        return preprocess, compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
     arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    if not deterministic:
+        return preprocess, compiled_backward(**arguments), None
     return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)
 
 

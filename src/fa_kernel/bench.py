@@ -178,8 +178,9 @@ CUDNN_LAYOUTS = ("cudnn BHSD", "cudnn BSHD view")
 
 def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Callable[[], object]]:
     """A zero-argument callable per implementation, inputs prepared once: fa_kernel, torch SDPA's
-    cuDNN backend on each of CUDNN_LAYOUTS, and its flash backend on [B, H, S, D] contiguous;
-    `backward`: each one's backward alone (gradient_of).
+    cuDNN backend on each of CUDNN_LAYOUTS, its flash backend on [B, H, S, D] contiguous, and
+    up to SPLIT_KV_QUERIES queries the split-KV kernels (forward only); `backward`: each one's
+    backward alone (gradient_of).
 
     SDPA takes GQA through enable_gqa, and bottom-right causal only where seqlen_q == seqlen_k
     (its is_causal is top-left aligned otherwise, a different function, so it is left out there).
@@ -188,12 +189,15 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
     from torch.nn.functional import scaled_dot_product_attention
 
     q, k, v = (t.requires_grad_(backward) for t in shape.inputs(seed))
-    # Each implementation's call, and the inputs its gradients are taken of.
-    forwards: dict[str, tuple[Callable[[], Any], tuple[torch.Tensor, ...]]] = {
-        "fa_kernel": (lambda: flash_attn_func(q, k, v, causal=shape.causal), (q, k, v))
-    }
+
+    def timed(forward: Callable[[], Any], inputs: tuple[torch.Tensor, ...]) -> Callable[[], object]:
+        return gradient_of(forward, inputs, seed) if backward else forward
+
+    result = {"fa_kernel": timed(lambda: flash_attn_func(q, k, v, causal=shape.causal), (q, k, v))}
     if shape.seqlen_q <= SPLIT_KV_QUERIES and not backward:
-        forwards["fa_kernel split-KV"] = (split_kv_call(q, k, v, shape.causal), (q, k, v))
+        result["fa_kernel split-KV"] = split_kv_call(q, k, v, shape.causal)
+    if shape.causal and shape.keys != shape.seqlen_q:
+        return result
     views = tuple(t.transpose(1, 2) for t in (q, k, v))
     # Leaves of their own: cuDNN's gradients come out in this layout, as its inputs are.
     contiguous = tuple(t.detach().contiguous().requires_grad_(backward) for t in views)
@@ -204,8 +208,6 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
         "cudnn BSHD view": (backends["cudnn"], views),
         "flash": (backends["flash"], contiguous),
     }
-    if shape.causal and shape.keys != shape.seqlen_q:
-        competitors = {}
     for name, (backend, (qt, kt, vt)) in competitors.items():
 
         def call(backend=backend, qt=qt, kt=kt, vt=vt):
@@ -213,15 +215,13 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
                 return scaled_dot_product_attention(qt, kt, vt, is_causal=shape.causal, enable_gqa=gqa)
 
         try:
-            call()
-            if backward:
-                gradient_of(call, (qt, kt, vt), seed)()
-        except RuntimeError:  # this backend does not take this shape (dtype, head_dim, GQA, layout)
-            continue
-        forwards[name] = (call, (qt, kt, vt))
-    if not backward:
-        return {name: forward for name, (forward, _) in forwards.items()}
-    return {name: gradient_of(forward, inputs, seed) for name, (forward, inputs) in forwards.items()}
+            # Run once here: a backend that does not take this shape (dtype, head_dim, GQA,
+            # layout), forward or backward, raises now rather than inside the timing.
+            result[name] = timed(call, (qt, kt, vt))
+            result[name]()
+        except RuntimeError:
+            result.pop(name, None)
+    return result
 
 
 def split_kv_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:

@@ -235,7 +235,7 @@ def _build_all(
 
 
 def _build_label(build: dict) -> str:
-    return f"{build['dtype']} head_dim={build['head_dim']} causal={build['causal']} {build.get('config', 'backward')}"
+    return f"{build['dtype']} head_dim={build['head_dim']} causal={build['causal']} {build.get('config', '')}".rstrip()
 
 
 def _compile_only(console: Console, jobs: int, verbose: bool) -> int:
@@ -280,17 +280,20 @@ def cmd_bench(args) -> int:
     builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in launched]
     if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json):
         return EXIT_FAILED
+    # The split-KV and the gradient kernels take the same arguments: (head_dim, causal, dtype, arch).
     decodes = [s for s in shapes if s.seqlen_q <= SPLIT_KV_QUERIES and not args.backward]
-    if decodes:
+    for builder, built in (
+        (compiled_decode_kernels, decodes),
+        (compiled_gradient_kernels, shapes if args.backward else []),
+    ):
+        if not built:
+            continue
         arch = compile_arch(device)
-        split_kv = [dict(head_dim=s.head_dim, causal=s.causal, dtype=_dtype_name(s.dtype), arch=arch) for s in decodes]
-        if not _build_all(console, split_kv, args.jobs, False, args.json, builder=compiled_decode_kernels):
-            return EXIT_FAILED
-    if args.backward:
-        # compiled_gradient_kernels' arguments, as the gradient of each shape's call builds them.
-        arch = compile_arch(device)
-        gradients = [dict(head_dim=s.head_dim, causal=s.causal, dtype=_dtype_name(s.dtype), arch=arch) for s in shapes]
-        if not _build_all(console, gradients, args.jobs, False, args.json, builder=compiled_gradient_kernels):
+        arguments = [
+            dict(head_dim=s.head_dim, causal=s.causal, dtype=str(s.dtype).removeprefix("torch."), arch=arch)
+            for s in built
+        ]
+        if not _build_all(console, arguments, args.jobs, False, args.json, builder=builder):
             return EXIT_FAILED
     results: list[tuple[Shape, dict[str, Timing]]] = [
         (shape, measure(shape, rounds=args.rounds, repeats=args.repeats, backward=args.backward))
@@ -352,10 +355,6 @@ def cmd_bench(args) -> int:
         )
         _print_table(console, bandwidth_headers, _bandwidth_rows(results), args.markdown, title=bandwidth_title)
     return 0
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _bandwidth_rows(results: list[tuple[Shape, dict[str, Timing]]]) -> list[list[str]]:

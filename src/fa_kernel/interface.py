@@ -252,22 +252,20 @@ def backward_into(
     rows = padded_rows(seqlen_q)
     delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
-    kernels = compiled_gradient_kernels(
+    preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
         head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic
     )
-    # dQ's fp32 sums for the atomic kernel; the deterministic dK/dV kernel takes the argument
-    # and leaves it alone (so it is not zeroed).
-    dq_accum = (torch.empty if deterministic else torch.zeros)(
-        (batch, nheads, seqlen_q, head_dim), dtype=torch.float32, device=q.device
-    )
+    # dQ's fp32 sums for the atomic kernel; a one-element placeholder for the fixed-order dQ's.
+    accum_shape = (batch, nheads, seqlen_q, head_dim) if dq_kernel is None else (1,)
+    dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)
     with torch.cuda.device(q.device):
-        kernels[0](out, dout, lse.contiguous(), delta, lse_log2)
+        preprocess(out, dout, lse.contiguous(), delta, lse_log2)
         if grad_lse is not None:
             # d LSE_i / d S_ij = P_ij: an upstream gradient of the LSE joins dS = P∘(dP − D) as −D.
             delta[:, :, :seqlen_q] -= grad_lse
-        kernels[1](q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, softmax_scale * LOG2E, softmax_scale)
-        if deterministic:
-            kernels[2](q, k, v, dout, delta, lse_log2, dq, softmax_scale * LOG2E, softmax_scale)
+        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, softmax_scale * LOG2E, softmax_scale)
+        if dq_kernel is not None:
+            dq_kernel(q, k, v, dout, delta, lse_log2, dq, softmax_scale * LOG2E, softmax_scale)
         else:
             # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
             torch.mul(dq_accum.transpose(1, 2), softmax_scale, out=dq)
