@@ -350,9 +350,9 @@ KERNEL_MUTANTS = [
     Mutant(
         "backward_causal_mask_dropped",
         "backward.py",
-        "visible = T.And(visible, key <= row + diagonal_offset)",
+        "visible = T.And(visible, key <= row + (seqlen_k - seqlen_q))",
         "visible = visible",
-        within="backward_program",
+        within="sees",  # both gradient kernels' mask
         first=BACKWARD_SWEEP,
     ),
     Mutant(
@@ -386,14 +386,6 @@ KERNEL_MUTANTS = [
         first=BACKWARD_SWEEP,
     ),
     # ---- the deterministic dQ (backward.py's dq_program)
-    Mutant(
-        "deterministic_dq_causal_mask_dropped",
-        "backward.py",
-        "visible = T.And(visible, key <= row + diagonal_offset)",
-        "visible = visible",
-        within="dq_program",
-        first=DETERMINISTIC_SWEEP,
-    ),
     Mutant(
         # The walk stops one K/V tile before the last its rows see.
         "deterministic_dq_last_tile_dropped",

@@ -91,6 +91,16 @@ def preprocess_program(*, head_dim: int, dtype: str):
     return flash_attention_backward_preprocess
 
 
+def sees(key, row, seqlen_q, seqlen_k, causal: bool):
+    """Whether query `row` sees `key` (both in range; causal, bottom-right: key <= row + seqlen_k -
+    seqlen_q): the gradient kernels give P = 0 by a select elsewhere, so that a NaN or Inf score
+    of a key a row cannot see never reaches its gradients."""
+    visible = T.And(key < seqlen_k, row < seqlen_q)
+    if causal:
+        visible = T.And(visible, key <= row + (seqlen_k - seqlen_q))
+    return visible
+
+
 def gradient_sizes(block_m: int):
     """The sizes the gradient kernels take at launch (T.dynamic), once block_m is checked against
     Delta's padding, whose rows a query tile's TMA box must not leave."""
@@ -190,9 +200,7 @@ def backward_program(
                 for i, j in T.Parallel(block_n, block_m):
                     key = kv_start + i
                     row = q_start + j
-                    visible = T.And(key < seqlen_k, row < seqlen_q)
-                    if causal:
-                        visible = T.And(visible, key <= row + diagonal_offset)
+                    visible = sees(key, row, seqlen_q, seqlen_k, causal)
                     acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
                 T.copy(acc_s, p_cast)
                 T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
@@ -276,10 +284,9 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
                 for i, j in T.Parallel(block_m, block_n):
                     key = kv_start + j
                     row = q_start + i
-                    visible = T.And(key < seqlen_k, row < seqlen_q)
-                    if causal:
-                        visible = T.And(visible, key <= row + diagonal_offset)
-                    p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
+                    p = T.if_then_else(
+                        sees(key, row, seqlen_q, seqlen_k, causal), T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0
+                    )
                     ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
                 T.gemm(ds_cast, K_shared, acc_dq, policy=T.GemmWarpPolicy.FullRow)
             for i, d in T.Parallel(block_m, head_dim):
