@@ -96,6 +96,8 @@ GUARD_REGIONS = ("tests/test_guard_regions.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
 DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
+DETERMINISTIC_RUNS = ("tests/test_backward_kernel.py::test_deterministic_gradients_are_the_same_bits_in_every_run",)
+DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
 # The generated mutants of a file whose code the smoke tier never runs (it calls the kernels
 # directly): the GPU tests of the launch (empty inputs, one key, strided inputs) first.
 FIRST_BY_FILE = {
@@ -394,6 +396,63 @@ KERNEL_MUTANTS = [
         "T.ceildiv(q_start + block_m + diagonal_offset, block_n) - 1",
         within="dq_program",
         first=DETERMINISTIC_SWEEP,
+    ),
+    Mutant(
+        # deterministic=True quietly served by the atomic dQ (its bits vary with the order the
+        # reduce-adds land in): only the repeated runs can tell.
+        "deterministic_served_by_atomics",
+        "interface.py",
+        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, "
+        "deterministic=deterministic)",
+        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=False)",
+        first=DETERMINISTIC_RUNS,
+    ),
+    # ---- the split-KV kernels (decode.py): their GPU tests, split and tile ends next to each other
+    Mutant(
+        # Each split's weight 2^(lse_s - max) without the division by their sum.
+        "decode_combine_unnormalised",
+        "decode.py",
+        "T.exp2(LSE_partial[b, split, head, i] - lse)",
+        "T.exp2(LSE_partial[b, split, head, i] - reference)",
+        first=DECODE,
+    ),
+    Mutant(
+        "decode_rescale_dropped",
+        "decode.py",
+        "acc_o[r, d] = acc_o[r, d] * alpha[r]",
+        "acc_o[r, d] = acc_o[r, d]",
+        first=DECODE,
+    ),
+    Mutant(
+        # The key one past seqlen_k (loaded as zeros) counted as seen.
+        "decode_mask_one_key_wide",
+        "decode.py",
+        "key < seqlen_k",
+        "key <= seqlen_k",
+        first=DECODE,
+    ),
+    Mutant(
+        "decode_causal_off_by_one",
+        "decode.py",
+        "key <= (first_row + r) // group_size + seqlen_k - seqlen_q",
+        "key < (first_row + r) // group_size + seqlen_k - seqlen_q",
+        first=DECODE,
+    ),
+    Mutant(
+        # The last split stops one tile short of the last key.
+        "decode_split_one_tile_short",
+        "decode.py",
+        "T.ceildiv(seqlen_k, block_n) - first_tile",
+        "T.ceildiv(seqlen_k, block_n) - first_tile - 1",
+        first=DECODE,
+    ),
+    Mutant(
+        # A GQA group's rows read the wrong query head: head h of K/V head g is g * group + h.
+        "decode_group_heads_swapped",
+        "decode.py",
+        "Q[b, row // group_size, kv_head * group_size + row % group_size, d]",
+        "Q[b, row // group_size, kv_head + row % group_size * heads_kv, d]",
+        first=DECODE,
     ),
 ]
 
