@@ -101,9 +101,15 @@ def rows_reached(key: int, config: TileConfig, seqlen_q: int, seqlen_k: int, cau
     return visible_keys(seqlen_q, seqlen_k, causal)[:, key] | computed
 
 
+# The batch element that holds each tensor's NaN: one launch checks all three rules, each in an
+# element of its own, which no other element's NaN can reach (work tiles never mix batches).
+POISONED = ("q", "k", "v")
+
+
 @dataclass(frozen=True)
 class Poison:
-    """One problem and one element of q, K or V to poison; reproducible from its fields."""
+    """One problem and one element each of q, K and V to poison (q in batch element 0, K in 1, V
+    in 2); reproducible from its fields."""
 
     head_dim: int
     causal: bool
@@ -118,9 +124,10 @@ class Poison:
     def inputs(self, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Standard-normal fp16 q, k, v, drawn on the CPU: the same on every device."""
         gen = torch.Generator().manual_seed(self.seed)
-        q = torch.randn(1, self.seqlen_q, NHEADS, self.head_dim, generator=gen)
-        k = torch.randn(1, self.seqlen_k, NHEADS_KV, self.head_dim, generator=gen)
-        v = torch.randn(1, self.seqlen_k, NHEADS_KV, self.head_dim, generator=gen)
+        batch = len(POISONED)
+        q = torch.randn(batch, self.seqlen_q, NHEADS, self.head_dim, generator=gen)
+        k = torch.randn(batch, self.seqlen_k, NHEADS_KV, self.head_dim, generator=gen)
+        v = torch.randn(batch, self.seqlen_k, NHEADS_KV, self.head_dim, generator=gen)
         return tuple(t.half().to(device) for t in (q, k, v))
 
 
@@ -166,17 +173,19 @@ def assert_nan_exactly(actual: torch.Tensor, clean: torch.Tensor, expected_nan: 
     assert_same(actual[~expected_nan], clean[~expected_nan], f"{what}, elements the NaN must not reach")
 
 
-def clean_and_poisoned(target: Target, case: Poison, tensor: str):
-    """(clean (out, lse), poisoned (out, lse)) on the CPU: a NaN put into `tensor` at the case's
-    element. Both runs' results are read back with one wait for the GPU: under pytest-xdist
-    each wait also waits for the other workers' turns on the GPU, and an example is small."""
+def clean_and_poisoned(target: Target, case: Poison):
+    """(clean (out, lse), poisoned (out, lse)) on the CPU: a NaN put into q, K and V at the case's
+    elements, each in its batch element (POISONED). Both runs' results are read back with one
+    wait for the GPU: under pytest-xdist each wait also waits for the other workers' turns on
+    the GPU, and an example is small."""
     q, k, v = case.inputs(target.device)
     clean_out, clean_lse = target.attend(q, k, v, case.causal)
     inputs = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
-    if tensor == "q":
-        inputs["q"][0, case.row, case.head * 2, case.column] = math.nan
-    else:
-        inputs[tensor][0, case.key, case.head, case.column] = math.nan
+    for batch, tensor in enumerate(POISONED):
+        if tensor == "q":
+            inputs["q"][batch, case.row, case.head * 2, case.column] = math.nan
+        else:
+            inputs[tensor][batch, case.key, case.head, case.column] = math.nan
     out, lse = target.attend(inputs["q"], inputs["k"], inputs["v"], case.causal)
     clean_out, clean_lse, out, lse = (t.to("cpu", non_blocking=True) for t in (clean_out, clean_lse, out, lse))
     if target.device != "cpu":
@@ -202,54 +211,34 @@ def rows_computing_the_key(target, case):
 @given(case=poisons())
 @example(case=HIDDEN_IN_A_COMPUTED_TILE)
 @example(case=IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS)
-def test_nan_in_q_reaches_its_row_only(target, case):
-    # Also in a row that sees no key (causal, Sq > Sk), which the reference leaves 0: its scores
-    # in the first K/V tile, all hidden, are -inf + NaN.
-    (clean_out, clean_lse), (out, lse) = clean_and_poisoned(TARGETS[target], case, "q")
-    head = case.head * 2
-    expected_out = torch.zeros_like(out, dtype=torch.bool)
-    expected_out[0, case.row, head] = True
-    expected_lse = torch.zeros_like(lse, dtype=torch.bool)
-    expected_lse[0, head, case.row] = True
-    assert_nan_exactly(out, clean_out, expected_out, f"output, NaN in q[{case.row}, head {head}]")
-    assert_nan_exactly(lse, clean_lse, expected_lse, f"LSE, NaN in q[{case.row}, head {head}]")
-
-
-@pytest.mark.parametrize("target", TARGET_PARAMS)
-@given(case=poisons())
-@example(case=HIDDEN_IN_A_COMPUTED_TILE)
-@example(case=IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS)
-def test_nan_in_k_reaches_the_rows_whose_scores_include_its_key(target, case):
+def test_a_nan_in_q_k_or_v_reaches_exactly_the_rows_its_rule_names(target, case):
+    # q: its row only, also a row that sees no key (causal, Sq > Sk), which the reference leaves
+    # 0: its scores in the first K/V tile, all hidden, are -inf + NaN.
+    # K: the rows whose scores include its key, in both query heads of its K/V head.
+    # V: P.V multiplies the key's weight, 0 where it is hidden, by the NaN, so its column of the
+    # same rows, less those that see no key (0 whatever acc_o holds); the LSE does not read V.
     target_ = TARGETS[target]
     config, reached = rows_computing_the_key(target_, case)
-    (clean_out, clean_lse), (out, lse) = clean_and_poisoned(target_, case, "k")
+    (clean_out, clean_lse), (out, lse) = clean_and_poisoned(target_, case)
     expected_out = torch.zeros_like(out, dtype=torch.bool)
     expected_lse = torch.zeros_like(lse, dtype=torch.bool)
+    q_batch, k_batch, v_batch = (POISONED.index(tensor) for tensor in ("q", "k", "v"))
+    expected_out[q_batch, case.row, case.head * 2] = True
+    expected_lse[q_batch, case.head * 2, case.row] = True
+    sees_a_key = visible_keys(case.seqlen_q, case.seqlen_k, case.causal).any(dim=1)
     for head in (case.head * 2, case.head * 2 + 1):  # the query heads of the poisoned K/V head
-        expected_out[0, reached, head] = True
-        expected_lse[0, head, reached] = True
-    what = f"NaN in K at key {case.key} ({config}; expected rows {rows_text(reached)})"
-    assert_nan_exactly(out, clean_out, expected_out, f"output, {what}")
-    assert_nan_exactly(lse, clean_lse, expected_lse, f"LSE, {what}")
-
-
-@pytest.mark.parametrize("target", TARGET_PARAMS)
-@given(case=poisons())
-@example(case=HIDDEN_IN_A_COMPUTED_TILE)
-@example(case=IN_THE_FIRST_TILE_OF_ROWS_WITHOUT_KEYS)
-def test_nan_in_v_reaches_its_column_of_the_rows_that_compute_its_key(target, case):
-    # P.V multiplies the key's weight, 0 where it is hidden, by the NaN; a row that sees no key
-    # is 0 whatever acc_o holds. The LSE does not read V.
-    target_ = TARGETS[target]
-    config, reached = rows_computing_the_key(target_, case)
-    reached &= visible_keys(case.seqlen_q, case.seqlen_k, case.causal).any(dim=1)
-    (clean_out, clean_lse), (out, lse) = clean_and_poisoned(target_, case, "v")
-    expected_out = torch.zeros_like(out, dtype=torch.bool)
-    for head in (case.head * 2, case.head * 2 + 1):
-        expected_out[0, reached, head, case.column] = True
-    what = f"NaN in V at key {case.key} ({config}; expected rows {rows_text(reached)})"
-    assert_nan_exactly(out, clean_out, expected_out, f"output, {what}")
-    assert_same(lse, clean_lse, f"LSE, {what}")
+        expected_out[k_batch, reached, head] = True
+        expected_lse[k_batch, head, reached] = True
+        expected_out[v_batch, reached & sees_a_key, head, case.column] = True
+    where = {
+        "q": f"q[{case.row}, head {case.head * 2}]",
+        "k": f"K at key {case.key} ({config}; expected rows {rows_text(reached)})",
+        "v": f"V at key {case.key} ({config}; expected rows {rows_text(reached & sees_a_key)})",
+    }
+    for batch, tensor in enumerate(POISONED):
+        what = f"NaN in {where[tensor]}, batch element {batch}"
+        assert_nan_exactly(out[batch], clean_out[batch], expected_out[batch], f"output, {what}")
+        assert_nan_exactly(lse[batch], clean_lse[batch], expected_lse[batch], f"LSE, {what}")
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)

@@ -7,6 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 import fa_kernel
 from fa_kernel.builds import built_stamp
 
@@ -36,3 +38,19 @@ def test_the_smoke_builds_are_the_smoke_tiers_and_part_of_the_suites():
     assert smoke == [dict(build, arch="sm_90a") for build in test_boundary_sweep.BUILDS]
     suite = precompile.suite_builds(132, "sm_90a")
     assert all(build in suite for build in smoke) and len(unique(smoke)) == len(smoke) < len(suite)
+
+
+def test_builds_of_several_kinds_share_one_pool_and_keep_their_builder():
+    from fa_kernel.backward import compiled_gradient_kernels
+    from fa_kernel.builds import distinct_tasks
+    from fa_kernel.decode import compiled_decode_kernels
+
+    # The same arguments build a gradient kernel and a split-KV one: both are kept, once each.
+    build = dict(head_dim=64, causal=False, dtype="bfloat16", arch="sm_90a")
+    builders = [compiled_gradient_kernels, compiled_decode_kernels, compiled_gradient_kernels]
+    tasks = distinct_tasks([build, build, build], builders)
+    assert tasks == [(compiled_gradient_kernels, build), (compiled_decode_kernels, build)]
+    assert built_stamp([build], [compiled_gradient_kernels]) != built_stamp([build], [compiled_decode_kernels])
+    assert built_stamp([build], compiled_decode_kernels) == built_stamp([build], [compiled_decode_kernels])
+    with pytest.raises(ValueError, match="builder: expected one per build"):
+        distinct_tasks([build, build], [compiled_decode_kernels])

@@ -49,7 +49,10 @@ def quiet_tilelang(verbose: bool = False) -> None:
     tilelang.set_log_level("INFO" if verbose else "WARNING")
 
 
-def _build(build: dict, builder: Callable[..., object] | None = None) -> float:
+Builder = Callable[..., object]
+
+
+def _build(build: dict, builder: Builder | None = None) -> float:
     from fa_kernel.kernel import compiled_forward
 
     start = time.perf_counter()
@@ -57,33 +60,44 @@ def _build(build: dict, builder: Callable[..., object] | None = None) -> float:
     return time.perf_counter() - start
 
 
+def distinct_tasks(builds: Sequence[dict], builder: Builder | Sequence[Builder | None] | None) -> list[tuple]:
+    """(builder, build) of each build, without repeats: `builder` one for all, or one per build."""
+    builders = list(builder) if isinstance(builder, Sequence) else [builder] * len(builds)
+    if len(builders) != len(builds):
+        raise ValueError(f"builder: expected one per build ({len(builds)}), got {len(builders)}")
+    tasks = list(zip(builders, builds, strict=True))
+    return [task for index, task in enumerate(tasks) if task not in tasks[:index]]
+
+
 def build_all(
     builds: Sequence[dict],
     jobs: int | None = None,
     on_done: Callable[[dict, float | None, BaseException | None], None] | None = None,
     verbose: bool = False,
-    builder: Callable[..., object] | None = None,
+    builder: Builder | Sequence[Builder | None] | None = None,
 ) -> list[BaseException | None]:
     """Build every kernel of `builds` (compiled_forward's arguments), `jobs` at a time (default:
-    every core); `on_done(build, seconds, error)` as each finishes. Returns each build's error,
-    None where it built: a build that fails is the caller's to report. `builder` (a module-level
-    function, for the worker processes) builds other kernels from `builds`' arguments instead of
-    compiled_forward: perf/'s variants."""
-    builds = unique(builds)
-    errors: list[BaseException | None] = [None] * len(builds)
-    if not builds:
+    every core), in the order given; `on_done(build, seconds, error)` as each finishes. Returns
+    each build's error (one per build without repeats), None where it built: a build that fails
+    is the caller's to report. `builder` (module-level functions, for the worker processes)
+    builds other kernels from `builds`' arguments instead of compiled_forward: one for all, or
+    one per build, so that kernels of several kinds share one pool (a pool per kind ends each on
+    a round of idle cores)."""
+    tasks = distinct_tasks(builds, builder)
+    errors: list[BaseException | None] = [None] * len(tasks)
+    if not tasks:
         return errors
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(builds)))
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
     # spawn: a worker must not inherit its parent's CUDA state.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=quiet_tilelang, initargs=(verbose,)) as pool:
-        futures = {pool.submit(_build, build, builder): index for index, build in enumerate(builds)}
+        futures = {pool.submit(_build, build, task_builder): index for index, (task_builder, build) in enumerate(tasks)}
         for future in as_completed(futures):
             index = futures[future]
             error = future.exception()
             errors[index] = error
             if on_done is not None:
-                on_done(builds[index], None if error else future.result(), error)
+                on_done(tasks[index][1], None if error else future.result(), error)
     return errors
 
 
@@ -92,11 +106,11 @@ def build_unless_built(
     jobs: int | None = None,
     on_done: Callable[[dict, float | None, BaseException | None], None] | None = None,
     verbose: bool = False,
-    builder: Callable[..., object] | None = None,
+    builder: Builder | Sequence[Builder | None] | None = None,
 ) -> list[BaseException | None] | None:
-    """build_all, unless built_stamp(builds) says they have all built before: None then. The
+    """build_all, unless built_stamp says these builds have all built before: None then. The
     stamp is written once every build has built."""
-    stamp = built_stamp(builds)
+    stamp = built_stamp(builds, builder)
     if stamp.is_file():
         return None
     errors = build_all(builds, jobs, on_done, verbose, builder)
@@ -105,7 +119,7 @@ def build_unless_built(
     return errors
 
 
-def built_stamp(builds: Sequence[dict]) -> Path:
+def built_stamp(builds: Sequence[dict], builder: Builder | Sequence[Builder | None] | None = None) -> Path:
     """A file in TileLang's cache that says these builds are there: named by a digest of the
     builds, the package's source (a mutant's copy included) and TileLang's version. Checking
     the cache itself means loading every kernel; where a kernel has gone since (the cache
@@ -115,7 +129,8 @@ def built_stamp(builds: Sequence[dict]) -> Path:
 
     import fa_kernel
 
-    digest = hashlib.sha256(f"{list(builds)!r} {tilelang.__version__}".encode())
+    names = [getattr(each, "__qualname__", None) for each, _ in distinct_tasks(builds, builder)]
+    digest = hashlib.sha256(f"{list(builds)!r} {names!r} {tilelang.__version__}".encode())
     for path in sorted(Path(fa_kernel.__file__).parent.glob("*.py")):
         digest.update(path.read_bytes())
     return Path(env.TILELANG_CACHE_DIR) / f"fa_kernel-built-{digest.hexdigest()[:16]}"
