@@ -317,3 +317,51 @@ def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
     assert same == {"after": False} and broken["after"].startswith("a wgmma started at line")
     stored[mutants.GENERATED + "before"] = {0: mutated[0]}
     assert mutants._same_generated_code("before", *args)[1] == {}
+
+
+def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
+    from ast_mutants import generate
+
+    forward = generate()
+    assert {m.file for m in forward}.isdisjoint({"backward.py", "decode.py"})  # the forward's campaign as it was
+    for target, file in (("backward", "backward.py"), ("decode", "decode.py")):
+        generated = generate(files=mutants.GENERATED_FILES[target])
+        assert generated and {m.file for m in generated} == {file}
+        mutant = generated[0]
+        # Their own GPU tests first, then their file's suite; the forward's smoke tier never runs them.
+        tiers = mutants.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
+        assert tiers == [
+            ("own tests", ["-x", *mutants.FIRST_BY_FILE[file]]),
+            ("suite", ["-x", *mutants.PYTEST_ARGS[target]]),
+        ]
+        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=True, cpu_only=False) == tiers[:1]
+        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == []
+        # Their kernels are the whole suite's precompile's, not the smoke tier's.
+        assert mutants.precompile_args([tiers[:1]], target) == []
+
+
+def test_program_triage_settles_only_what_the_primfuncs_decide():
+    from ast_mutants import generate
+
+    def find(generated, function, operator, before, after):
+        (found,) = [
+            m for m in generated if (m.function, m.operator, m.before, m.after) == (function, operator, before, after)
+        ]
+        return found
+
+    backward = generate(files=("backward.py",))
+    decode = generate(files=("decode.py",))
+    picked = [
+        # Shipped builds never walk bottom-up: forcing the flag off changes no kernel.
+        find(backward, "flash_attention_backward", "guard_never", "rows_bottom_up", "False"),
+        # Delta's padding no longer a multiple of block_m: building the gradient kernels raises.
+        find(backward, "<module>", "constant", "PREPROCESS_ROWS = 128", "PREPROCESS_ROWS = 129"),
+        # Host-side: the same PrimFuncs, another split plan at launch. Left to run.
+        find(decode, "split_plan", "min_max", "max(1, tiles // wanted)", "min(1, tiles // wanted)"),
+        # A kernel change: left to run.
+        find(decode, "flash_decoding_split", "relational", "key < seqlen_k", "key <= seqlen_k"),
+    ]
+    verdicts = mutants.triage_programs(picked, jobs=1)
+    assert verdicts[picked[0].id][0] == "equivalent"
+    assert verdicts[picked[1].id][0] == "killed"
+    assert picked[2].id not in verdicts and picked[3].id not in verdicts

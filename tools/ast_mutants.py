@@ -78,6 +78,12 @@ SCOPES = {
     "interface.py": Scope(("_forward",), constants=False),
     "configs.py": Scope(("select_config", "key_ranges"), constants=False),
     "numerics.py": Scope((), constants=True),
+    # The gradient and split-KV kernels, for `tools/mutants.py --generated --target backward`
+    # (`decode`): judged by their own GPU tests, apart from the forward's campaign.
+    "backward.py": Scope(
+        ("preprocess_program", "sees", "gradient_sizes", "backward_program", "dq_program"), constants=True
+    ),
+    "decode.py": Scope(("split_plan", "split_program", "combine_program"), constants=True),
     # The emulator's tile loop, mutated for `tools/mutants.py --generated --target emulator`:
     # the CPU suite's own measure of how well its cases find bugs.
     "emulator.py": Scope(("_attend_one_head",), constants=False),

@@ -101,6 +101,8 @@ DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
 # The generated mutants of a file whose code the smoke tier never runs (it calls the kernels
 # directly): the GPU tests of the launch (empty inputs, one key, strided inputs) first.
 FIRST_BY_FILE = {
+    "backward.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
+    "decode.py": DECODE,
     "interface.py": (
         "tests/test_kernel.py::test_empty_inputs",
         "tests/test_kernel.py::test_matches_reference_head_dim_128",
@@ -566,6 +568,8 @@ GUARD_TEST = "tests/test_guard_regions.py::test_sweep_builds_write_only_out_and_
 CPU_ARGS = ["tests/test_configs.py", "tests/test_api.py", "-m", "not gpu"]
 PYTEST_ARGS = {
     "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
+    "backward": ["tests/test_backward_kernel.py", "-m", "gpu"],
+    "decode": ["tests/test_decode.py", "-m", "gpu"],
     # The boundary cases and the named non-finite ones first: under -x a kill there costs
     # seconds, where the property draws before them took minutes to reach it.
     "emulator": [
@@ -577,6 +581,109 @@ PYTEST_ARGS = {
         "emulator or tiled_backward",
     ],
 }
+
+
+# The files whose generated mutants each target judges (tools/ast_mutants.py's scopes), and the
+# targets that run on a GPU. The gradient and split-KV kernels are targets of their own: their
+# tests are their own GPU tests, and their campaigns apart from the forward's.
+GENERATED_FILES = {
+    "kernel": None,  # ast_mutants.FILES: the forward kernel, its launch, dispatch and constants
+    "emulator": ("emulator.py",),
+    "backward": ("backward.py",),
+    "decode": ("decode.py",),
+}
+GPU_TARGETS = ("kernel", "backward", "decode")
+# Per file of a kernel other than the forward: its module-level builder of every kernel a launch
+# runs, and the builds its GPU tests launch (fp16 alone: the dtype enters a kernel only as its
+# element type, which no operator mutates).
+PROGRAM_BUILDERS = {"backward.py": "compiled_gradient_kernels", "decode.py": "compiled_decode_kernels"}
+# What of those files the host runs too, where an identical PrimFunc proves nothing: split_plan
+# chooses the launch's splits, and a module constant may size a buffer the launch allocates
+# (PREPROCESS_ROWS) as well as a kernel's tile.
+HOST_SIDE = ("split_plan", "<module>")
+
+
+def program_builds(file: str) -> list[dict]:
+    """The builder's arguments (PROGRAM_BUILDERS) of every kernel `file`'s GPU tests launch."""
+    if file == "backward.py":
+        from fa_kernel.backward import BACKWARD_TILES
+
+        return [
+            dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", deterministic=deterministic)
+            for head_dim in sorted(BACKWARD_TILES)
+            for causal in (False, True)
+            for deterministic in (False, True)
+        ]
+    from fa_kernel.decode import DECODE_TILES
+
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a")
+        for head_dim in sorted(DECODE_TILES)
+        for causal in (False, True)
+    ]
+
+
+def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
+    """sha256 of the PrimFunc scripts and pass configs (TileLang's cache key) of the kernels each
+    build's builder compiles, with `file`'s text replaced by `source`, read by standing in for the
+    module's `_compile`; 'error: ...' where building a program raises."""
+    digests = []
+    try:
+        with _kernel_module(source) as module:
+            configs = repr(module.PASS_CONFIGS)
+            module._compile = lambda program, arch: program.script(show_meta=True) + configs
+            builder = getattr(module, PROGRAM_BUILDERS[file])
+            for build in builds:
+                try:
+                    scripts = [script for script in builder(**build) if script is not None]
+                    digests.append(hashlib.sha256("\n".join(scripts).encode()).hexdigest())
+                except Exception as error:  # a mutant may break the Python that builds a kernel
+                    digests.append(f"error: {type(error).__name__}: {error}")
+    except Exception as error:  # the mutated module itself does not import
+        digests = [f"error: {type(error).__name__}: {error}"]
+    return digests
+
+
+def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> dict[str, tuple[str, str]]:
+    """For mutants of backward.py and decode.py: 'equivalent' where every kernel their GPU tests
+    launch has the unmutated PrimFunc (so the compiled kernels are the same) and the host runs
+    none of the mutated code (HOST_SIDE), 'killed' where building one raises (every test that
+    launches it fails there); the rest are left to run. Digests are kept in `cache` by mutated
+    source, as triage's are."""
+    try:
+        stored = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
+    except json.JSONDecodeError:
+        stored = {}
+    verdicts: dict[str, tuple[str, str]] = {}
+    for file in sorted({m.file for m in mutants} & set(PROGRAM_BUILDERS)):
+        builds = program_builds(file)
+        context = hashlib.sha256(f"{file} {builds!r}".encode()).hexdigest()
+
+        def key(source: str, context: str = context) -> str:
+            return hashlib.sha256(f"{context}\n{source}".encode()).hexdigest()
+
+        original_source = (PACKAGE / file).read_text()
+        if key(original_source) not in stored:
+            stored[key(original_source)] = program_digests(original_source, file, builds)
+        original = stored[key(original_source)]
+        ours = [m for m in mutants if m.file == file]
+        sources = {m.id: m.mutated_source() for m in ours}
+        missing = [source for source in dict.fromkeys(sources.values()) if key(source) not in stored]
+        with ProcessPoolExecutor(max(1, jobs)) as pool:
+            computed = pool.map(program_digests, missing, itertools.repeat(file), itertools.repeat(builds))
+            for source, digests in zip(missing, computed, strict=True):
+                stored[key(source)] = digests
+                _save_triage(cache, stored)  # as each comes: a triage cut short keeps what it did
+        for mutant in ours:
+            mutated = stored[key(sources[mutant.id])]
+            if mutated == original and mutant.function not in HOST_SIDE:
+                reason = f"identical PrimFuncs for all {len(builds)} builds its tests launch"
+                verdicts[mutant.id] = ("equivalent", reason)
+            elif any(digest.startswith("error: ") for digest in mutated):
+                error = next(digest for digest in mutated if digest.startswith("error: "))
+                verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({error[7:80]})")
+    _save_triage(cache, stored)
+    return verdicts
 
 
 def triage_builds(sm_count: int) -> list[dict]:
@@ -927,6 +1034,11 @@ def mutant_tiers(
     A GUARDED one first runs those builds' guard-region tests: a write outside out and lse kills it."""
     if target == "emulator":
         return [("suite", ["-x", *PYTEST_ARGS[target]])]
+    if target in ("backward", "decode"):  # their own GPU tests; the forward's smoke tier never runs them
+        if cpu_only:
+            return []
+        own = [("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
+        return own if smoke_only else [*own, ("suite", ["-x", *PYTEST_ARGS[target]])]
     tiers = []
     reason = EQUIVALENT.get(getattr(mutant, "key", None))
     if reason is not None and reason.check in GPU_CHECKS and changed:
@@ -1003,9 +1115,13 @@ def first_build_tiers(whole_tiers: dict[str, list]) -> tuple[dict[str, list], di
     return {key: first for key, first in tiers.items() if key not in deferred}, deferred
 
 
-def precompile_args(all_tiers) -> list[str]:
+def precompile_args(all_tiers, target: str = "kernel") -> list[str]:
     """tools/precompile.py's arguments for the seed cache: the whole suite's kernels only where
-    a mutant may reach a suite tier; else the smoke tier's (a minute and a half less, cold)."""
+    a mutant may reach a suite tier, or its own tests launch the gradient or split-KV kernels
+    (which the suite's precompile alone builds); else the smoke tier's (a minute and a half less,
+    cold)."""
+    if target in ("backward", "decode"):
+        return []
     suite = any(name in ("suite", "selected") for mutant_tiers in all_tiers for name, _ in mutant_tiers)
     return [] if suite else ["--smoke"]
 
@@ -1105,7 +1221,7 @@ def run_mutant(
         PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
         TILELANG_CACHE_DIR=str(cache),
         HYPOTHESIS_PROFILE="mutants",
-        FA_KERNEL_REQUIRE_GPU="1" if target == "kernel" else "0",
+        FA_KERNEL_REQUIRE_GPU="1" if target in GPU_TARGETS else "0",
         FA_KERNEL_EXPECT_SRC=str(tree / "src"),
     )
     if gpu is not None:
@@ -1117,7 +1233,7 @@ def run_mutant(
             command = [sys.executable, pytest_args[0], "compare", str(bitwise_seed), *pytest_args[1:]]
         if tier == "close":  # the unmutated kernel.py, built beside the mutant's
             command = [sys.executable, pytest_args[0], "close", str(PACKAGE / "kernel.py"), *pytest_args[1:]]
-        if tier in ("suite", "selected") and target == "kernel":
+        if tier in ("suite", "selected") and target in GPU_TARGETS:
             # Many kernels: built over all cores first; then the tests shared by workers on the
             # mutant's GPU, as `nox -s gpu` shares them (the suite is work-bound).
             command = ["sh", "-c", '"$0" tools/precompile.py && exec "$0" "$@"', *command]
@@ -1271,8 +1387,11 @@ def main() -> int:
         signal.signal(stop, _stop_running_tiers)
 
     if args.generated:
-        mutants: list = generate(files=("emulator.py",)) if args.target == "emulator" else generate()
+        files = GENERATED_FILES[args.target]
+        mutants: list = generate(files=files) if files else generate()
     else:
+        if args.target in ("backward", "decode"):
+            parser.error("target: the backward's and split-KV kernels' hand-written mutants are the kernel target's")
         mutants = KERNEL_MUTANTS if args.target == "kernel" else EMULATOR_MUTANTS
     if args.only:
         mutants = [m for m in mutants if m.id in args.only]
@@ -1316,6 +1435,19 @@ def main() -> int:
             return 0
     if args.generated and args.target == "emulator":
         settled.update(recorded_equivalents(mutants))
+    if args.generated and args.target in ("backward", "decode") and not args.select:
+        start = time.perf_counter()
+        settled = triage_programs(mutants, os.cpu_count() or 1, args.triage_cache)
+        counts = Counter(verdict for verdict, _ in settled.values())
+        print(
+            f"triage: {counts['equivalent']} equivalent (identical PrimFuncs), {counts['killed']} killed at build,"
+            f" of {len(mutants)} ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+        if args.triage_only:
+            for mutant in mutants:
+                print(f"{settled.get(mutant.id, ('to run', ''))[0]:<10}  {mutant.line_for_list()}")
+            return 0
     if args.record is not None:
         # A recorded kill outweighs a recorded reason: that reason is wrong, and is said so.
         for key, (verdict, detail, _) in recorded_kills(args.record, mutants).items():
@@ -1360,14 +1492,14 @@ def main() -> int:
 
     if args.seed_cache is None:  # resolved only here: --list runs where TileLang is not installed
         args.seed_cache = _tilelang_cache()
-    gpus = gpu_count() if args.target == "kernel" and not args.cpu_only else 0
-    if args.target == "kernel" and not args.cpu_only and not gpus:
+    gpus = gpu_count() if args.target in GPU_TARGETS and not args.cpu_only else 0
+    if args.target in GPU_TARGETS and not args.cpu_only and not gpus:
         # Without one the GPU tiers' tests fail (FA_KERNEL_REQUIRE_GPU), which would read as kills.
         parser.error("the kernel's mutants need a CUDA device (--list, --triage-only and --cpu-only do not)")
     if gpus and args.seed_cache.resolve() == _tilelang_cache().resolve():
         # Seed the mutants' caches with every kernel of the unmutated suite: a kernel a mutant
         # leaves alone then loads instead of compiling in each mutant's own cache.
-        command = [sys.executable, str(ROOT / "tools" / "precompile.py"), *precompile_args(tiers.values())]
+        command = [sys.executable, str(ROOT / "tools" / "precompile.py"), *precompile_args(tiers.values(), args.target)]
         subprocess.run(command, cwd=ROOT, check=True)
     if gpus and to_run and not args.no_baseline:
         failing = unmutated_failures(tiers.values())
