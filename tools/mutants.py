@@ -268,10 +268,12 @@ KERNEL_MUTANTS = [
     ),
     Mutant(
         # overlap_epilogue: the next work tile's first mask is computed for the current tile.
+        # Only a causal mask reads the rows, and no table ships the overlapped epilogue with
+        # causal: test_kernel's schedules build one.
         "next_tile_masked_as_current",
         "kernel.py",
         "write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)",
-        "write_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)",
+        "q_start = tile.q_start\nwrite_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)",
         first=PERSISTENT,
     ),
     Mutant(
@@ -1414,10 +1416,14 @@ def main() -> int:
         if args.generated:
             settled = found.verdicts
             settled.update(recorded_equivalents([m for m in mutants if m.id not in settled]))
-        else:  # a hand-written bug that changes no kernel is a defect of the list, not a verdict
+        else:
+            # A hand-written bug that changes no kernel is a defect of the list, not a verdict;
+            # one whose own tests build a kernel triage does not (test_kernel's schedules) runs them.
+            first = {m.id for m in mutants if m.first}
             settled = {
                 key: ("ERROR", "changes no kernel: " + reason) if verdict == "equivalent" else (verdict, reason)
                 for key, (verdict, reason) in found.verdicts.items()
+                if not (verdict == "equivalent" and key in first)
             }
         counts = Counter(verdict for verdict, _ in settled.values())
         print(
