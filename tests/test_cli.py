@@ -149,7 +149,7 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     from fa_kernel.bench import Shape
 
     point = (Shape(1, 16, 512, 64, False), timings(fa_kernel=[90.0], cudnn_BHSD=[100.0]))
-    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress, rounds: [point])
+    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress, rounds, backward: [point])
     plot = str(tmp_path / "plot.png")
     assert main(["bench", "--markdown", "--plot", plot]) == 0
     out = capsys.readouterr().out
@@ -174,6 +174,7 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
 
     import fa_kernel.cli as cli
     from fa_kernel.backward import compiled_gradient_kernels
+    from fa_kernel.bench import plot_shapes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
@@ -187,10 +188,17 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
     assert main(["bench", "--backward", "--json", "--dtype", "bf16"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["pass"] == "backward" and timed == [True] * len(cli.BENCH_SHAPES)
-    (_, forward_builder), (gradients, gradient_builder) = built
-    assert forward_builder is None and gradient_builder is compiled_gradient_kernels
+    # One pool: the forward kernels (the graph the backward runs through), then the gradients'.
+    ((builds, builders),) = built
+    gradients = [build for build, builder in zip(builds, builders, strict=True) if builder is compiled_gradient_kernels]
+    assert builders[0] is None and len(gradients) == len(cli.BENCH_SHAPES)
     assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a") in gradients
-    assert main(["bench", "--backward", "--plot", "plot.png"]) == cli.EXIT_FAILED  # the plot is the forward's
+    # The plot, of the backward too: its shapes' gradient kernels built with the rest.
+    plotted = []
+    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda *args: plotted.append(args[-1]) or [])
+    assert main(["bench", "--backward", "--json", "--plot", "plot.png"]) == 0
+    with_plot = built[-1][1].count(compiled_gradient_kernels)
+    assert plotted == [True] and with_plot == len(gradients) + len(plot_shapes(torch.float16))
 
 
 def test_bench_decode_grid_times_the_split_kv_kernels_and_gives_gb_per_s(monkeypatch, capsys):
@@ -210,8 +218,9 @@ def test_bench_decode_grid_times_the_split_kv_kernels_and_gives_gb_per_s(monkeyp
     assert main(["bench", "--grid", "decode", "--dtype", "bf16", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert "| 64x32/8x1x8192x128 bfloat16 | 1000 | 4000 | 5000 | 2500 | - | 0.80x (0.80-0.80) | 83% |" in out
-    (_, forward_builder), (split_kv, split_kv_builder) = built
-    assert forward_builder is None and split_kv_builder is compiled_decode_kernels
+    ((builds, builders),) = built  # one pool: the forward's kernels and the split-KV ones
+    split_kv = [build for build, builder in zip(builds, builders, strict=True) if builder is compiled_decode_kernels]
+    assert builders[0] is None and split_kv
     assert dict(head_dim=128, causal=True, dtype="bfloat16", arch="sm_90a") in split_kv  # the append step's
 
 
@@ -234,7 +243,12 @@ def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path
     import fa_kernel.bench as bench
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
-    measured = lambda shape, rounds, repeats: timings(fa_kernel=[shape.seqlen_q / 10], cudnn_BHSD=[100.0])  # noqa: E731
+    passes = []
+
+    def measured(shape, rounds, repeats, backward):
+        passes.append(backward)
+        return timings(fa_kernel=[shape.seqlen_q / 10], cudnn_BHSD=[100.0])
+
     monkeypatch.setattr(bench, "measure", measured)
     path = tmp_path / "plot.png"
     points = bench.plot_seqlen_sweep(str(path), torch.float16, repeats=1)
@@ -243,6 +257,9 @@ def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path
     shape, first = points[0]
     assert shape.label() == "64x16x512x64 float16" and first["fa_kernel"].median == 51.2
     assert first["cudnn BHSD"].median == 100
+    assert not any(passes)
+    bench.plot_seqlen_sweep(str(path), torch.float16, repeats=1, backward=True)  # the backward's, each point
+    assert passes[len(points) :] == [True] * len(points)
 
 
 def test_the_model_grid_spans_the_heads_lengths_and_prefills_asked_for():
@@ -302,3 +319,42 @@ def test_builds_that_all_built_once_skip_the_pool_after(monkeypatch, tmp_path):
     assert cli._build_all(console, builds, 2, False) and cli._build_all(console, builds, 2, False)
     assert pools == [len(builds), len(builds)]
     assert cli._build_all(console, builds[:1], 2, False) and pools[-1] == 1  # other builds, another stamp
+
+
+def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, capsys):
+    # The GPU path with the kernels stood in for by the fp32 reference on the CPU (rounded to the
+    # input dtype): every case passes, and a backward that is wrong in dV alone fails its row.
+    import functools
+
+    import fa_kernel.cli as cli
+    from fa_kernel.backward import compiled_gradient_kernels
+    from fa_kernel.reference import attention_ref, random_qkv
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    built = []
+    monkeypatch.setattr(cli, "_build_all", lambda *args: built.append(args[-1]) or True)
+    monkeypatch.setattr(cli, "random_qkv", functools.partial(random_qkv, device="cpu"))
+    # A ragged GQA case, which the backward covers, and a d256 one, which it does not.
+    monkeypatch.setattr(cli, "VERIFY_SHAPES", [(2, 8, 2, 113, 203, 64), (1, 2, 2, 65, 65, 256)])
+    dv_slip = []
+
+    def attend(q, k, v, causal, return_lse=False):
+        out, lse = attention_ref(q, k, v, causal)
+        # Adds nothing to the output; adds 5% of the upstream gradient's sum to every element of dV.
+        out = (out + 0.05 * sum(dv_slip) * (v.sum() - v.sum().detach())).to(q.dtype)
+        return (out, lse) if return_lse else out
+
+    monkeypatch.setattr(cli, "flash_attn_func", attend)
+    assert main(["verify", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "the forward" in out and "the gradients of a random loss" in out and "12/12 cases pass" in out
+    assert out.count("| 2x8/2x113x203x64 |") == 8 and out.count("| 1x2x65x256 |") == 4  # no d256 gradients
+    (builders,) = built
+    assert builders.count(compiled_gradient_kernels) == 4 and builders.count(None) == 8
+    dv_slip.append(1.0)
+    assert main(["verify", "--markdown"]) == cli.EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "8/12 cases pass, 4 FAIL" in out and out.count("| FAIL |") == 4

@@ -345,10 +345,12 @@ def plot_seqlen_sweep(
     repeats: int = 50,
     progress: Callable[[Iterable[int], str], Iterable[int]] = lambda seqlens, description: seqlens,
     rounds: int = 5,
+    backward: bool = False,
 ) -> list[tuple[Shape, dict[str, Timing]]]:
     """TFLOP/s against seq_len (plot_shapes: 32k tokens, 16 heads), one panel per (head_dim,
-    causal), drawn to `path`, each point measured as `measure` does; returns the measurements
-    by shape. `progress` wraps each panel's lengths (a progress bar)."""
+    causal), drawn to `path`, each point measured as `measure` does (`backward`: of the backward
+    alone); returns the measurements by shape. `progress` wraps each panel's lengths (a
+    progress bar)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -360,7 +362,7 @@ def plot_seqlen_sweep(
         series: dict[str, list[float]] = {}
         for seqlen in progress(PLOT_SEQLENS, f"plot d{head_dim}{' causal' if causal else ''}"):
             shape = sweep_shape(seqlen, head_dim, causal, dtype)
-            measured.append((shape, measure(shape, rounds=rounds, repeats=repeats)))
+            measured.append((shape, measure(shape, rounds=rounds, repeats=repeats, backward=backward)))
             for name, timing in measured[-1][1].items():
                 series.setdefault(name, []).append(timing.median)
         for name, values in series.items():
@@ -372,9 +374,10 @@ def plot_seqlen_sweep(
         )
         ax.set_xticks(PLOT_SEQLENS, [str(s) for s in PLOT_SEQLENS])
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"TFLOP/s ({str(dtype).removeprefix('torch.')})")
+    passed = "backward" if backward else "forward"
+    axes[0].set_ylabel(f"{passed} TFLOP/s ({str(dtype).removeprefix('torch.')})")
     axes[0].legend()
-    fig.suptitle(f"fa_kernel vs torch SDPA on {torch.cuda.get_device_name()}")
+    fig.suptitle(f"fa_kernel vs torch SDPA, the {passed} pass, on {torch.cuda.get_device_name()}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return measured

@@ -40,11 +40,11 @@ from fa_kernel.bench import (
     ratio_to_cudnn_best,
     summarise,
 )
-from fa_kernel.builds import build_unless_built, quiet_tilelang, shipped_builds, unique
+from fa_kernel.builds import build_unless_built, distinct_tasks, quiet_tilelang, shipped_builds
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.decode import compiled_decode_kernels
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build
-from fa_kernel.reference import judge, random_qkv
+from fa_kernel.reference import GRADIENTS, judge, judge_backward, random_qkv
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
 EXIT_CODES = (
@@ -103,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
 
     verify = commands.add_parser(
         "verify",
-        help="check the kernel against the fp32 reference on a sweep of shapes",
-        description="Build the kernels it needs over all cores, then check each case against the fp32 reference. "
-        "Without a GPU, compile every shipped kernel for sm_90a with nvcc and run nothing.",
+        help="check the kernel and its gradients against the fp32 reference on a sweep of shapes",
+        description="Build the kernels it needs over all cores, then check each case's output, and its gradients "
+        "where the backward has tiles for its head dim, against the fp32 reference. Without a GPU, compile every "
+        "shipped forward kernel for sm_90a with nvcc and run nothing.",
         epilog=EXIT_CODES,
     )
     verify.add_argument("--markdown", action="store_true", help="print a markdown table (for CI summaries)")
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--plot",
         metavar="FILE.png",
-        help="also plot TFLOP/s against seq_len to this file; its points follow as a second table (JSON: 'plot')",
+        help="also plot TFLOP/s against seq_len to this file (with --backward, the backward's); its points follow "
+        "as a second table (JSON: 'plot')",
     )
     bench.set_defaults(run=cmd_bench)
 
@@ -166,53 +168,95 @@ def cmd_verify(args) -> int:
     quiet_tilelang(args.verbose)
     if not torch.cuda.is_available():
         return _compile_only(console, args.jobs, args.verbose)
-    rows, failed = [], 0
-    cases = list(itertools.product(VERIFY_SHAPES, DTYPES.items(), (False, True)))
     device = torch.device("cuda")
-    builds = [
-        kernel_build(device, shape[5], causal, dtype, shape[4]) for shape, (_, dtype), causal in cases if shape[4]
-    ]
-    if not _build_all(console, builds, args.jobs, args.verbose, quiet=args.markdown):
+    cases = list(itertools.product(VERIFY_SHAPES, DTYPES.values(), (False, True)))
+    # The gradients of the same cases, where the backward has tiles for the head dim.
+    gradient_cases = [(shape, dtype, causal) for shape, dtype, causal in cases if shape[5] in BACKWARD_TILES]
+    builds = [kernel_build(device, shape[5], causal, dtype, shape[4]) for shape, dtype, causal in cases]
+    arch = compile_arch(device)
+    gradient_builds = [_kernels_arguments(_verify_shape(*case), arch) for case in gradient_cases]
+    builders = [None] * len(builds) + [compiled_gradient_kernels] * len(gradient_builds)
+    if not _build_all(console, builds + gradient_builds, args.jobs, args.verbose, args.markdown, builders):
         return EXIT_FAILED
-    for (batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim), (dtype_name, dtype), causal in track(
-        cases, description="verifying", console=console, transient=True, disable=args.markdown
-    ):
-        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype, seqlen_q * 7919 + seqlen_k)
-        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-        verdict = judge(q, k, v, out, lse, causal)
-        report, bound, ok = verdict.output, verdict.output_bound, verdict.passed
-        lse_err = verdict.lse.max_abs if verdict.lse is not None else math.nan
-        failed += not ok
-        heads = f"{nheads}/{nheads_kv}" if nheads_kv != nheads else f"{nheads}"
-        lens = f"{seqlen_q}" if seqlen_q == seqlen_k else f"{seqlen_q}x{seqlen_k}"
-        rows.append(
-            [
-                f"{batch}x{heads}x{lens}x{head_dim}",
-                dtype_name,
-                "causal" if causal else "",
-                f"{report.max_abs:.2e}",
-                f"{bound.atol:.2e}",
-                f"{report.mismatches}/{report.numel}",
-                f"{lse_err:.1e}",
-                "pass" if ok else "FAIL",
-            ]
-        )
+
+    def progress(items, description):
+        return track(items, description=description, console=console, transient=True, disable=args.markdown)
+
+    rows = [_verify_forward(*case) for case in progress(cases, "verifying")]
+    gradient_rows = [_verify_gradients(*case) for case in progress(gradient_cases, "gradients")]
+    title = f"fa-kernel verify on {torch.cuda.get_device_name()}"
     headers = ["shape BxHxSxD", "dtype", "mask", "max err", "bound", "mismatches", "LSE err", "result"]
-    _print_table(console, headers, rows, args.markdown, title=f"fa-kernel verify on {torch.cuda.get_device_name()}")
-    console.print(f"{len(rows) - failed}/{len(rows)} cases pass" + ("" if not failed else f", {failed} FAIL"))
+    _print_table(console, headers, rows, args.markdown, title=f"{title}: the forward")
+    gradient_headers = ["shape BxHxSxD", "dtype", "mask", *(f"{name} err / bound" for name in GRADIENTS), "result"]
+    gradient_title = f"{title}: the gradients of a random loss (flash-attn's rule for each)"
+    _print_table(console, gradient_headers, gradient_rows, args.markdown, title=gradient_title)
+    results = [row[-1] for row in rows + gradient_rows]
+    failed = results.count("FAIL")
+    console.print(f"{len(results) - failed}/{len(results)} cases pass" + ("" if not failed else f", {failed} FAIL"))
     return EXIT_FAILED if failed else 0
+
+
+def _verify_shape(shape: tuple, dtype: torch.dtype, causal: bool) -> Shape:
+    batch, nheads, nheads_kv, seqlen_q, seqlen_k, head_dim = shape
+    return Shape(batch, nheads, seqlen_q, head_dim, causal, dtype, nheads_kv, seqlen_k)
+
+
+def _verify_inputs(shape: Shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seed = shape.seqlen_q * 7919 + shape.keys
+    return random_qkv(
+        shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, shape.head_dim, shape.dtype, seed
+    )
+
+
+def _case_cells(shape: Shape) -> list[str]:
+    heads = f"{shape.nheads}/{shape.heads_kv}" if shape.heads_kv != shape.nheads else f"{shape.nheads}"
+    lens = f"{shape.seqlen_q}" if shape.seqlen_q == shape.keys else f"{shape.seqlen_q}x{shape.keys}"
+    dtype = next(name for name, dtype in DTYPES.items() if dtype == shape.dtype)
+    return [f"{shape.batch}x{heads}x{lens}x{shape.head_dim}", dtype, "causal" if shape.causal else ""]
+
+
+def _verify_forward(shape: tuple, dtype: torch.dtype, causal: bool) -> list[str]:
+    """One forward case's row: its error against the fp32 reference, within reference.judge's bound."""
+    case = _verify_shape(shape, dtype, causal)
+    q, k, v = _verify_inputs(case)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    verdict = judge(q, k, v, out, lse, causal)
+    report, bound = verdict.output, verdict.output_bound
+    lse_err = verdict.lse.max_abs if verdict.lse is not None else math.nan
+    return [
+        *_case_cells(case),
+        f"{report.max_abs:.2e}",
+        f"{bound.atol:.2e}",
+        f"{report.mismatches}/{report.numel}",
+        f"{lse_err:.1e}",
+        "pass" if verdict.passed else "FAIL",
+    ]
+
+
+def _verify_gradients(shape: tuple, dtype: torch.dtype, causal: bool) -> list[str]:
+    """One case's gradients through flash_attn_func (autograd) for a random upstream gradient,
+    each of dq, dk, dv within reference.judge_backward's bound."""
+    case = _verify_shape(shape, dtype, causal)
+    q, k, v = (t.requires_grad_() for t in _verify_inputs(case))
+    out = flash_attn_func(q, k, v, causal=causal)
+    generator = torch.Generator(out.device).manual_seed(case.seqlen_q)
+    dout = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    verdict = judge_backward(q.detach(), k.detach(), v.detach(), dout, grads, causal)
+    figures = [f"{verdict.reports[name].max_abs:.1e} / {verdict.bounds[name].atol:.1e}" for name in GRADIENTS]
+    return [*_case_cells(case), *figures, "pass" if verdict.passed else "FAIL"]
 
 
 def _build_all(
     console: Console, builds: list[dict], jobs: int, verbose: bool, quiet: bool = False, builder=None
 ) -> bool:
     """Build every kernel over `jobs` processes (`builder`: other kernels than the forward, from
-    the builds' arguments), with a progress bar and one line per build that fails; True if all
-    built."""
-    builds = unique(builds)
+    the builds' arguments; one for all, or one per build), with a progress bar and one line per
+    build that fails; True if all built."""
+    count = len(distinct_tasks(builds, builder))
     failures = []
     with Progress(console=console, transient=True, disable=quiet) as progress:
-        task = progress.add_task(f"building {len(builds)} kernels on {jobs} processes", total=len(builds))
+        task = progress.add_task(f"building {count} kernels on {jobs} processes", total=count)
 
         def done(build, seconds, error):
             progress.advance(task)
@@ -223,15 +267,18 @@ def _build_all(
         errors = build_unless_built(builds, jobs, done, verbose, builder)
     if errors is None:
         if not quiet:
-            console.print(f"{len(builds)} kernels built already (TileLang's cache holds them)")
+            console.print(f"{count} kernels built already (TileLang's cache holds them)")
         return True
     for line in failures:
         console.print(line)
     if not quiet:
-        console.print(
-            f"{len(builds) - len(failures)}/{len(builds)} kernels built in {time.perf_counter() - start:.0f} s"
-        )
+        console.print(f"{count - len(failures)}/{count} kernels built in {time.perf_counter() - start:.0f} s")
     return not failures
+
+
+def _kernels_arguments(shape: Shape, arch: str | None) -> dict:
+    """The split-KV and gradient kernels' build for a shape: (head_dim, causal, dtype, arch)."""
+    return dict(head_dim=shape.head_dim, causal=shape.causal, dtype=str(shape.dtype).removeprefix("torch."), arch=arch)
 
 
 def _build_label(build: dict) -> str:
@@ -269,32 +316,21 @@ def cmd_bench(args) -> int:
             for s in BENCH_SHAPES
         ]
     if args.backward:
-        if args.plot:
-            console.print("fa-kernel bench: --plot draws the forward; run it without --backward")
-            return EXIT_FAILED
         shapes = [shape for shape in shapes if shape.head_dim in BACKWARD_TILES]
     # Every kernel the grid and the plot launch, built over all cores first (one compile each,
-    # not one at a time inside the timing loop's warm-up).
+    # not one at a time inside the timing loop's warm-up), in one pool: the forward's, and the
+    # split-KV or gradient kernels, which take (head_dim, causal, dtype, arch).
     device = torch.device("cuda")
     launched = shapes + (plot_shapes(DTYPES[args.dtype[0]]) if args.plot else [])
     builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in launched]
-    if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json):
-        return EXIT_FAILED
-    # The split-KV and the gradient kernels take the same arguments: (head_dim, causal, dtype, arch).
     decodes = [s for s in shapes if s.seqlen_q <= SPLIT_KV_QUERIES and not args.backward]
-    for builder, built in (
-        (compiled_decode_kernels, decodes),
-        (compiled_gradient_kernels, shapes if args.backward else []),
-    ):
-        if not built:
-            continue
-        arch = compile_arch(device)
-        arguments = [
-            dict(head_dim=s.head_dim, causal=s.causal, dtype=str(s.dtype).removeprefix("torch."), arch=arch)
-            for s in built
-        ]
-        if not _build_all(console, arguments, args.jobs, False, args.json, builder=builder):
-            return EXIT_FAILED
+    others = [(compiled_decode_kernels, s) for s in decodes]
+    others += [(compiled_gradient_kernels, s) for s in launched] if args.backward else []
+    arch = compile_arch(device) if others else None
+    builders = [None] * len(builds) + [builder for builder, _ in others]
+    builds += [_kernels_arguments(s, arch) for _, s in others]
+    if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json, builder=builders):
+        return EXIT_FAILED
     results: list[tuple[Shape, dict[str, Timing]]] = [
         (shape, measure(shape, rounds=args.rounds, repeats=args.repeats, backward=args.backward))
         for shape in track(shapes, description="benchmarking", console=console, transient=True)
@@ -306,7 +342,8 @@ def cmd_bench(args) -> int:
         def progress(seqlens, description):
             return track(seqlens, description=description, console=console, transient=True)
 
-        plotted = plot_seqlen_sweep(args.plot, DTYPES[args.dtype[0]], args.repeats, progress, args.rounds)
+        dtype = DTYPES[args.dtype[0]]
+        plotted = plot_seqlen_sweep(args.plot, dtype, args.repeats, progress, args.rounds, args.backward)
         console.print(f"plot written to {args.plot}")
     if args.json:
         record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": _records(results)}
