@@ -12,7 +12,7 @@ import torch
 
 from fa_kernel.bench import Shape
 from fa_kernel.interface import flash_attn_func
-from fa_kernel.reference import ErrorReport, judge
+from fa_kernel.reference import GRADIENTS, BackwardVerdict, ErrorReport, judge, judge_backward
 
 from .cases import DTYPES, require_cuda
 
@@ -43,5 +43,46 @@ class Accuracy:
     def track_mismatches(self, *params):
         """Output elements outside the tolerance, NaN and Inf included."""
         return self._report().mismatches
+
+    track_mismatches.unit = "elements"
+
+
+class BackwardAccuracy:
+    """The gradients of the same ragged GQA cases, for a fixed upstream gradient, through
+    flash_attn_func's autograd, judged as `reference.judge_backward` does: each of dq, dk, dv
+    against the fp32 reference backward, within flash-attn's rule for gradients."""
+
+    params = ([64, 128], [False, True], list(DTYPES), [1333, 3333])
+    param_names = ["head_dim", "causal", "dtype", "seqlen_k"]
+    timeout = 300
+
+    def setup(self, head_dim, causal, dtype, seqlen_k):
+        require_cuda()
+        shape = Shape(2, 8, 777, head_dim, causal, DTYPES[dtype], nheads_kv=2, seqlen_k=seqlen_k)
+        self.q, self.k, self.v = shape.inputs(seed=0)
+        generator = torch.Generator(self.q.device).manual_seed(1)
+        self.dout = torch.randn(self.q.shape, generator=generator, device=self.q.device, dtype=self.q.dtype)
+        self.causal = causal
+        self._verdict()  # compile
+        torch.cuda.synchronize()
+
+    def _verdict(self) -> BackwardVerdict:
+        q, k, v = (t.detach().requires_grad_() for t in (self.q, self.k, self.v))
+        out = flash_attn_func(q, k, v, causal=self.causal)
+        grads = torch.autograd.grad(out, (q, k, v), self.dout)
+        return judge_backward(self.q, self.k, self.v, self.dout, grads, causal=self.causal)
+
+    def track_error_to_bound(self, *params):
+        """The largest of dq's, dk's and dv's max |grad - reference| over its bound's atol: below
+        1 within flash-attn's rule; each gradient's scale differs, so the ratio, not the error."""
+        verdict = self._verdict()
+        return max(verdict.reports[name].max_abs / verdict.bounds[name].atol for name in GRADIENTS)
+
+    track_error_to_bound.unit = "x bound"
+
+    def track_mismatches(self, *params):
+        """Gradient elements outside their bound, NaN and Inf included, over dq, dk and dv."""
+        verdict = self._verdict()
+        return sum(verdict.reports[name].mismatches for name in GRADIENTS)
 
     track_mismatches.unit = "elements"

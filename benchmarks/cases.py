@@ -7,7 +7,7 @@ TOKENS, so every case has thousands of (query block, head, batch) tiles for 132 
 
 import torch
 
-from fa_kernel.bench import MODEL_TOKENS, Shape, runners
+from fa_kernel.bench import BACKWARD_FLOPS, MODEL_TOKENS, Shape, runners
 
 TOKENS = 32768  # batch * seqlen_q
 HIDDEN = 2048  # nheads * head_dim of the MHA grid: the same bytes per token at every head_dim
@@ -21,17 +21,25 @@ def require_cuda() -> None:
 
 
 class Case:
-    """setup: inputs, kernel compile and a first call of every implementation (untimed)."""
+    """setup: inputs, kernel compile and a first call of every implementation (untimed).
+    `backward`: each implementation's backward alone (the gradients of q, k and v from a forward
+    graph built once, bench.gradient_of), at BACKWARD_FLOPS times the forward's FLOPs."""
 
     timeout = 300  # seconds per benchmark process: a cold TileLang compile is part of setup
+    backward = False
 
     def setup(self, *params):
         require_cuda()
         self.shape = self.shape_for(*params)
-        self.fns = runners(self.shape)  # fa_kernel, and torch SDPA's cuDNN/flash where they take it
+        # fa_kernel, and torch SDPA's cuDNN/flash where they take it
+        self.fns = runners(self.shape, backward=self.backward)
         for fn in self.fns.values():
             fn()
         torch.cuda.synchronize()
+
+    @property
+    def flops(self) -> float:
+        return self.shape.flops * (BACKWARD_FLOPS if self.backward else 1.0)
 
     def shape_for(self, *params) -> Shape:
         raise NotImplementedError
@@ -84,3 +92,15 @@ class Models(Case):
         nheads, nheads_kv = (int(count) for count in heads.split("/"))
         batch = max(1, MODEL_TOKENS // seq_len)
         return Shape(batch, nheads, seq_len, int(head_dim), causal, torch.bfloat16, nheads_kv=nheads_kv)
+
+
+class Backward(Case):
+    """The backward alone of the MHA grid's shapes, bf16 (what training runs), at the head dims
+    the gradient kernels serve."""
+
+    backward = True
+    params = ([1024, 4096, 16384], [64, 128], [False, True])
+    param_names = ["seq_len", "head_dim", "causal"]
+
+    def shape_for(self, seq_len, head_dim, causal):
+        return Shape(TOKENS // seq_len, HIDDEN // head_dim, seq_len, head_dim, causal, torch.bfloat16)

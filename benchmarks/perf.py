@@ -43,3 +43,7 @@ class Prefill(_Gated, cases.Prefill):
 
 class Models(_Gated, cases.Models):
     pass
+
+
+class Backward(_Gated, cases.Backward):
+    pass
