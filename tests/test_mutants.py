@@ -365,3 +365,29 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
     assert verdicts[picked[0].id][0] == "equivalent"
     assert verdicts[picked[1].id][0] == "killed"
     assert picked[2].id not in verdicts and picked[3].id not in verdicts
+
+
+@pytest.mark.compile
+def test_prebuild_compiles_each_mutants_changed_builds_for_a_gpu_host(tmp_path):
+    # A check mutant of the release of unread tiles changes two sweep builds: both compiled for
+    # sm_90a into the cache folder, where a GPU host's TileLang finds them by their keys.
+    import subprocess
+
+    mutant = "kernel-release_unread_tiles-guard_always-1"
+    command = [
+        sys.executable,
+        "tools/mutants.py",
+        "--generated",
+        "--only",
+        mutant,
+        "--prebuild",
+        str(tmp_path / "cache"),
+        "--jobs",
+        "1",
+        "--triage-cache",
+        "tools/records/triage.json",
+    ]
+    result = subprocess.run(command, cwd=mutants.ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{mutant}" in result.stdout and "prebuilt 2 sweep builds of 1 mutants" in result.stdout
+    assert len(list((tmp_path / "cache").rglob("kernel.cubin"))) == 2

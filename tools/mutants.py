@@ -1081,13 +1081,13 @@ def tier_builds(name: str, pytest_args: list[str]) -> int:
     return 1 if name.startswith("smoke on ") or name == "suite" else 0
 
 
-def first_tier_seconds(tiers: list[tuple[str, list[str]]]) -> float:
+def first_tier_seconds(tiers: list[tuple[str, list[str]]], build_seconds: float = BUILD_SECONDS) -> float:
     """The estimated seconds until a mutant's first compiling tier ends (all its tiers if none
     compiles): what it must be given to reach its likeliest verdict."""
     seconds = 0.0
     for name, pytest_args in tiers:
         builds = tier_builds(name, pytest_args)
-        seconds += TIER_SECONDS + builds * BUILD_SECONDS
+        seconds += TIER_SECONDS + builds * build_seconds
         if builds:
             break
     return seconds
@@ -1192,6 +1192,7 @@ def run_mutant(
     selected: bool = False,
     bitwise_seed: Path | None = None,
     stop_at: float | None = None,
+    build_seconds: float = BUILD_SECONDS,
 ) -> tuple[str, str, float]:
     """('killed' | 'equivalent' | 'SURVIVED' | 'TIMEOUT' | 'ERROR', detail, seconds), running
     `tiers` in turn until one fails (the bitwise tier: until it passes; `bitwise_seed` holds the
@@ -1205,8 +1206,9 @@ def run_mutant(
     start = time.perf_counter()
     if not tiers:  # --smoke-only, for a mutant that changes no sweep build
         return "NOT RUN", "no tier left to run it (the suite judges it)", 0.0
-    if stop_at is not None and start + first_tier_seconds(tiers) > stop_at:
-        return "NOT RUN", f"its first tier (about {first_tier_seconds(tiers):.0f} s) would end past --deadline", 0.0
+    estimate = first_tier_seconds(tiers, build_seconds)
+    if stop_at is not None and start + estimate > stop_at:
+        return "NOT RUN", f"its first tier (about {estimate:.0f} s) would end past --deadline", 0.0
     try:
         text = mutant.mutated_source()
     except ValueError as error:
@@ -1322,6 +1324,63 @@ def run_mutant(
     return "killed", f"{tier}: {failed[0] if failed else 'a test failed'}", seconds
 
 
+# Compiles the sweep builds named in argv[1] (JSON ids) for sm_90a with the package PYTHONPATH
+# gives (a mutant's copy), into TILELANG_CACHE_DIR.
+PREBUILD_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, "tests")
+import fa_kernel
+from boundaries import build_id, sweep_builds
+from fa_kernel.builds import quiet_tilelang
+from fa_kernel.kernel import compiled_forward
+expected = os.environ["FA_KERNEL_EXPECT_SRC"]
+assert fa_kernel.__file__.startswith(expected), f"imported {fa_kernel.__file__}, not from {expected}"
+quiet_tilelang()
+wanted = set(json.loads(sys.argv[1]))
+for build in sweep_builds():
+    if build_id(build) in wanted:
+        compiled_forward(**build, arch="sm_90a")
+"""
+
+
+def prebuild(mutants: list, changed: dict[str, list[str]], folder: Path, jobs: int | None) -> int:
+    """--prebuild: each mutant's changed sweep builds, compiled for sm_90a into the TileLang cache
+    `folder`, a mutant per process (`jobs` at once, default every core). A compiled kernel is
+    some 30 KB packed: a GPU host is sent them and spends its time running them. (The unmutated
+    sweep builds, which a close check builds beside the mutant's, the host's own precompile
+    builds in seconds.)"""
+    folder = folder.resolve()
+    workdir = Path(tempfile.mkdtemp(prefix="fa-prebuild-"))
+    work = [(m, changed[m.id]) for m in mutants if changed.get(m.id)]
+
+    def build(mutant, builds: list[str]) -> tuple[str, int, float]:
+        start = time.perf_counter()
+        tree = workdir / mutant.id
+        shutil.copytree(ROOT / "src", tree / "src")
+        (tree / "src" / "fa_kernel" / mutant.file).write_text(mutant.mutated_source())
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
+            TILELANG_CACHE_DIR=str(folder),
+            FA_KERNEL_EXPECT_SRC=str(tree / "src"),
+        )
+        command = [sys.executable, "-c", PREBUILD_SCRIPT, json.dumps(builds)]
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        if result.returncode:
+            print(result.stderr[-2000:], flush=True)
+        return mutant.id, result.returncode, time.perf_counter() - start
+
+    failed = 0
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        for name, code, seconds in pool.map(lambda item: build(*item), work):
+            failed += code != 0
+            print(f"{name:<48}  {'built' if code == 0 else 'FAILED'}  {seconds:6.0f} s", flush=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+    builds = sum(len(builds) for _, builds in work)
+    print(f"prebuilt {builds} sweep builds of {len(work)} mutants into {folder}")
+    return 1 if failed else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=sorted(PYTEST_ARGS), default="kernel")
@@ -1363,6 +1422,21 @@ def main() -> int:
         "(neither is recorded)",
     )
     parser.add_argument("--sm-count", type=int, default=132, help="the GPU's SM count, for triage's shipped builds")
+    parser.add_argument(
+        "--prebuild",
+        type=Path,
+        metavar="DIR",
+        help="no GPU: compile for sm_90a, into the TileLang cache DIR, every sweep build the selected kernel.py "
+        "mutants change, then stop; a GPU host that merges DIR into its TileLang cache (the seed) loads them "
+        "instead of compiling (run it there with --build-seconds 5)",
+    )
+    parser.add_argument(
+        "--build-seconds",
+        type=float,
+        default=BUILD_SECONDS,
+        help=f"--deadline's estimate of a tier's time per kernel it builds (default {BUILD_SECONDS}: a compile "
+        "with a mutant per core)",
+    )
     parser.add_argument(
         "--record",
         type=Path,
@@ -1496,6 +1570,8 @@ def main() -> int:
         )
         return 0
 
+    if args.prebuild is not None:
+        return prebuild([m for m in to_run if m.file == "kernel.py"], changed, args.prebuild, args.jobs)
     if args.seed_cache is None:  # resolved only here: --list runs where TileLang is not installed
         args.seed_cache = _tilelang_cache()
     gpus = gpu_count() if args.target in GPU_TARGETS and not args.cpu_only else 0
@@ -1532,7 +1608,7 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     width = max([len(m.id) for m in mutants] + [6])
     # The longest first tiers first: a run cut by --deadline (or a time limit) then ends on short ones.
-    to_run.sort(key=lambda m: -first_tier_seconds(tiers[m.id]))
+    to_run.sort(key=lambda m: -first_tier_seconds(tiers[m.id], args.build_seconds))
     started = time.perf_counter()
     stop_at = None if args.deadline is None else run_start + args.deadline
     # Each result is printed as it comes (a run cut short still shows what it finished), then
@@ -1551,6 +1627,7 @@ def main() -> int:
                 bool(args.select),
                 bitwise_seed,
                 stop_at,
+                args.build_seconds,
             ): mutant
             for index, mutant in enumerate(to_run)
         }
