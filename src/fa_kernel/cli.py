@@ -15,6 +15,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import torch
@@ -238,11 +239,11 @@ def _verify_gradients(shape: tuple, dtype: torch.dtype, causal: bool) -> list[st
     each of dq, dk, dv within reference.judge_backward's bound."""
     case = _verify_shape(shape, dtype, causal)
     q, k, v = (t.requires_grad_() for t in _verify_inputs(case))
-    out = flash_attn_func(q, k, v, causal=causal)
+    out, _ = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     generator = torch.Generator(out.device).manual_seed(case.seqlen_q)
     dout = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    verdict = judge_backward(q.detach(), k.detach(), v.detach(), dout, grads, causal)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    verdict = judge_backward(q.detach(), k.detach(), v.detach(), dout, (dq, dk, dv), causal)
     figures = [f"{verdict.reports[name].max_abs:.1e} / {verdict.bounds[name].atol:.1e}" for name in GRADIENTS]
     return [*_case_cells(case), *figures, "pass" if verdict.passed else "FAIL"]
 
@@ -324,7 +325,7 @@ def cmd_bench(args) -> int:
     launched = shapes + (plot_shapes(DTYPES[args.dtype[0]]) if args.plot else [])
     builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in launched]
     decodes = [s for s in shapes if s.seqlen_q <= SPLIT_KV_QUERIES and not args.backward]
-    others = [(compiled_decode_kernels, s) for s in decodes]
+    others: list[tuple[Callable[..., object], Shape]] = [(compiled_decode_kernels, s) for s in decodes]
     others += [(compiled_gradient_kernels, s) for s in launched] if args.backward else []
     arch = compile_arch(device) if others else None
     builders = [None] * len(builds) + [builder for builder, _ in others]
