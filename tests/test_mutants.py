@@ -122,13 +122,19 @@ def test_an_equivalence_settled_by_its_check_outlives_a_change_of_the_tests_afte
     assert mutants.load_record(record, [checked], {checked.id: other}) == {}
 
 
-def test_a_record_depends_on_the_tests_its_tiers_run_only():
+def test_a_record_depends_on_the_files_its_tiers_run_only():
     smoke = [("smoke", ["-x", *mutants.SMOKE_ARGS])]
     files = {path.name for path in mutants._tier_files(smoke)}
     assert {"test_boundary_sweep.py", "conftest.py", "boundaries.py", "pyproject.toml"} <= files
-    assert "test_backward_kernel.py" not in files  # an edit there keeps the smoke tier's verdicts
+    # An edit of a test or helper the tier does not run keeps its verdicts.
+    assert files.isdisjoint({"test_backward_kernel.py", "sanitize_cases.py", "properties.py"})
     suite = [("suite", ["-x", *mutants.PYTEST_ARGS["kernel"]])]
-    assert "test_backward_kernel.py" in {path.name for path in mutants._tier_files(suite)}
+    assert {"test_backward_kernel.py", "properties.py"} <= {path.name for path in mutants._tier_files(suite)}
+    # A check runs its tool, not pytest: the tool and what it imports, not conftest.py.
+    from equivalent_mutants import BITWISE
+
+    check = {path.name for path in mutants._tier_files([("bitwise", [BITWISE, "some-build"])])}
+    assert check == {"bitwise_sweep.py", "boundaries.py", "launch.py", "strategies.py"}
 
 
 def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():

@@ -1668,8 +1668,8 @@ VERDICTS = ("killed", "equivalent", "SURVIVED")
 
 
 def _fingerprint(mutant, tiers: list[tuple[str, list[str]]]) -> str:
-    """What a verdict depends on: the mutated file, the tiers run, and the test files they run
-    with the helpers every test imports (`_tier_files`); an edit elsewhere keeps the record."""
+    """What a verdict depends on: the mutated file, the tiers run, and the files they run
+    (`_tier_files`); an edit elsewhere keeps the record."""
     import hashlib
 
     digest = hashlib.sha256(f"{json.dumps(tiers)} {mutant.id}\n".encode())
@@ -1679,21 +1679,55 @@ def _fingerprint(mutant, tiers: list[tuple[str, list[str]]]) -> str:
     return digest.hexdigest()
 
 
+# The tiers that run a tool of their own rather than pytest (mutant_tiers).
+TOOL_TIERS = ("bitwise", "close")
+
+
 def _tier_files(tiers: list[tuple[str, list[str]]]) -> list[Path]:
-    """The test files `tiers` name (a node id's file; every test file for the tests/ folder),
-    tests/'s helper modules (conftest.py, strategies.py, ...) and pyproject.toml (pytest's
-    configuration)."""
-    tests = ROOT / "tests"
-    files = {path for path in tests.glob("*.py") if not path.name.startswith("test_")}
-    files.add(ROOT / "pyproject.toml")
-    for _, args in tiers:
+    """The files `tiers` run: the test files and tools they name (a node id's file; every file of
+    tests/ for the tests/ folder), with the modules of tests/ and tools/ those import, and theirs
+    (`_local_imports`); for a tier pytest runs, conftest.py with its imports and pyproject.toml
+    (pytest's configuration). A helper no tier imports (sanitize_cases.py, say) is not among them."""
+    tests, tools = ROOT / "tests", ROOT / "tools"
+    files: set[Path] = set()
+    for name, args in tiers:
         for arg in args:
             target = ROOT / arg.split("::")[0]
             if target == tests:
-                files.update(tests.glob("test_*.py"))
-            elif target.suffix == ".py" and target.parent in (tests, ROOT / "tools"):
+                files.update(tests.glob("*.py"))
+            elif target.suffix == ".py" and target.parent in (tests, tools):
                 files.add(target)
+        if name not in TOOL_TIERS:
+            files.update({tests / "conftest.py", ROOT / "pyproject.toml"})
+    for path in [path for path in files if path.suffix == ".py"]:
+        files |= _local_imports(path)
     return sorted(files)
+
+
+def _local_imports(path: Path) -> set[Path]:
+    """The modules of tests/ and tools/ that `path` imports (by their top-level names, wherever
+    the import stands), and the ones those import."""
+    import ast
+
+    folders = (ROOT / "tests", ROOT / "tools")
+    found: set[Path] = set()
+    pending = [path]
+    while pending:
+        tree = ast.parse(pending.pop().read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                for folder in folders:
+                    module = folder / f"{name.split('.')[0]}.py"
+                    if module.is_file() and module not in found:
+                        found.add(module)
+                        pending.append(module)
+    return found
 
 
 def _source_digest(mutant) -> str:
