@@ -80,7 +80,7 @@ def main() -> int:
     else:
         builds = suite_builds(torch.cuda.get_device_properties(device).multi_processor_count, arch)
     # One pool for every kind, the builds of several kernels each (gradients, split-KV) first: a
-    # pool per kind ended each on a round of idle cores (84 builds: 173 s in three pools).
+    # pool per kind would end each on a round of idle cores.
     gradients = [] if args.smoke else gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
     decodes = [] if args.smoke else test_decode.gpu_builds(arch)
     everything = gradients + decodes + builds
