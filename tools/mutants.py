@@ -1324,34 +1324,48 @@ def run_mutant(
     return "killed", f"{tier}: {failed[0] if failed else 'a test failed'}", seconds
 
 
-# Compiles the sweep builds named in argv[1] (JSON ids) for sm_90a with the package PYTHONPATH
-# gives (a mutant's copy), into TILELANG_CACHE_DIR.
+# Compiles for sm_90a, with the package PYTHONPATH gives (a mutant's copy), into
+# TILELANG_CACHE_DIR: for kernel.py the sweep builds named in argv[2] (JSON ids); for the gradient
+# and split-KV kernels every build their GPU tests launch (a build the mutant leaves alone is the
+# unmutated kernel's, compiled once for all).
 PREBUILD_SCRIPT = """
 import json, os, sys
 sys.path.insert(0, "tests")
 import fa_kernel
-from boundaries import build_id, sweep_builds
 from fa_kernel.builds import quiet_tilelang
-from fa_kernel.kernel import compiled_forward
 expected = os.environ["FA_KERNEL_EXPECT_SRC"]
 assert fa_kernel.__file__.startswith(expected), f"imported {fa_kernel.__file__}, not from {expected}"
 quiet_tilelang()
-wanted = set(json.loads(sys.argv[1]))
-for build in sweep_builds():
-    if build_id(build) in wanted:
-        compiled_forward(**build, arch="sm_90a")
+file, wanted = sys.argv[1], set(json.loads(sys.argv[2]))
+if file == "kernel.py":
+    from boundaries import build_id, sweep_builds
+    from fa_kernel.kernel import compiled_forward
+    for build in sweep_builds():
+        if build_id(build) in wanted:
+            compiled_forward(**build, arch="sm_90a")
+elif file == "backward.py":
+    import test_backward_kernel
+    from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
+    for build in gradient_builds("sm_90a") + test_backward_kernel.deterministic_builds("sm_90a"):
+        compiled_gradient_kernels(**build)
+else:
+    import test_decode
+    from fa_kernel.decode import compiled_decode_kernels
+    for build in test_decode.gpu_builds("sm_90a"):
+        compiled_decode_kernels(**build)
 """
 
 
 def prebuild(mutants: list, changed: dict[str, list[str]], folder: Path, jobs: int | None) -> int:
-    """--prebuild: each mutant's changed sweep builds, compiled for sm_90a into the TileLang cache
-    `folder`, a mutant per process (`jobs` at once, default every core). A compiled kernel is
-    some 30 KB packed: a GPU host is sent them and spends its time running them. (The unmutated
-    sweep builds, which a close check builds beside the mutant's, the host's own precompile
-    builds in seconds.)"""
+    """--prebuild: for sm_90a, into the TileLang cache `folder`, each kernel.py mutant's changed
+    sweep builds and every build the GPU tests of a backward.py or decode.py mutant launch, a
+    mutant per process (`jobs` at once, default every core). A compiled kernel is some 30 KB
+    packed: a GPU host is sent them and spends its time running them. (The unmutated sweep
+    builds, which a close check builds beside the mutant's, the host's own precompile builds in
+    seconds.)"""
     folder = folder.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="fa-prebuild-"))
-    work = [(m, changed[m.id]) for m in mutants if changed.get(m.id)]
+    work = [(m, changed.get(m.id, [])) for m in mutants if m.file in PROGRAM_BUILDERS or changed.get(m.id)]
 
     def build(mutant, builds: list[str]) -> tuple[str, int, float]:
         start = time.perf_counter()
@@ -1364,7 +1378,7 @@ def prebuild(mutants: list, changed: dict[str, list[str]], folder: Path, jobs: i
             TILELANG_CACHE_DIR=str(folder),
             FA_KERNEL_EXPECT_SRC=str(tree / "src"),
         )
-        command = [sys.executable, "-c", PREBUILD_SCRIPT, json.dumps(builds)]
+        command = [sys.executable, "-c", PREBUILD_SCRIPT, mutant.file, json.dumps(builds)]
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         if result.returncode:
             print(result.stderr[-2000:], flush=True)
@@ -1376,8 +1390,9 @@ def prebuild(mutants: list, changed: dict[str, list[str]], folder: Path, jobs: i
             failed += code != 0
             print(f"{name:<48}  {'built' if code == 0 else 'FAILED'}  {seconds:6.0f} s", flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
-    builds = sum(len(builds) for _, builds in work)
-    print(f"prebuilt {builds} sweep builds of {len(work)} mutants into {folder}")
+    sweep = sum(len(builds) for _, builds in work)
+    others = sum(mutant.file in PROGRAM_BUILDERS for mutant, _ in work)
+    print(f"prebuilt into {folder}: {sweep} sweep builds of {len(work) - others} mutants, own tests' of {others}")
     return 1 if failed else 0
 
 
@@ -1427,8 +1442,9 @@ def main() -> int:
         type=Path,
         metavar="DIR",
         help="no GPU: compile for sm_90a, into the TileLang cache DIR, every sweep build the selected kernel.py "
-        "mutants change, then stop; a GPU host that merges DIR into its TileLang cache (the seed) loads them "
-        "instead of compiling (run it there with --build-seconds 5)",
+        "mutants change (for backward.py and decode.py mutants, every build their own tests launch), then stop; a "
+        "GPU host that merges DIR into its TileLang cache (the seed) loads them instead of compiling (run it there "
+        "with --build-seconds 5)",
     )
     parser.add_argument(
         "--build-seconds",
@@ -1571,7 +1587,8 @@ def main() -> int:
         return 0
 
     if args.prebuild is not None:
-        return prebuild([m for m in to_run if m.file == "kernel.py"], changed, args.prebuild, args.jobs)
+        kernels = ("kernel.py", *PROGRAM_BUILDERS)
+        return prebuild([m for m in to_run if m.file in kernels], changed, args.prebuild, args.jobs)
     if args.seed_cache is None:  # resolved only here: --list runs where TileLang is not installed
         args.seed_cache = _tilelang_cache()
     gpus = gpu_count() if args.target in GPU_TARGETS and not args.cpu_only else 0
