@@ -27,6 +27,7 @@ from fa_kernel.emulator import attention_tiled
 from fa_kernel.interface import tile_config_for
 from fa_kernel.reference import judge, visible_keys
 from properties import assert_same
+from shards import shard_examples, shard_params
 
 # Neither a multiple of any block size the kernel runs with (64, 128, 176, 192) nor, paired,
 # equal: partial query blocks, partial K/V tiles and causal diagonals off the tile grid.
@@ -239,20 +240,14 @@ def check_nan_reach(target: str, case: Poison) -> None:
         assert_nan_exactly(lse[batch], clean_lse[batch], expected_lse[batch], f"LSE, {what}")
 
 
-# On the GPU the property runs as one test per head dim, each with its share of the examples, so
-# that pytest-xdist spreads them over its workers (one test of 300 examples was the run's tail).
+# On the GPU one test per head dim (shards.py).
 NAN_SHARDS = {"emulator": [(64, 128)], "kernel": [(64,), (128,)]}
-NAN_PARAMS = [
-    pytest.param(target, head_dims, id=f"{target}-d{'-'.join(map(str, head_dims))}", marks=marks)
-    for target, marks in (("emulator", ()), ("kernel", pytest.mark.gpu))
-    for head_dims in NAN_SHARDS[target]
-]
 
 
 @pytest.mark.examples
-@pytest.mark.parametrize(("target", "head_dims"), NAN_PARAMS)
+@pytest.mark.parametrize(("target", "head_dims"), shard_params(NAN_SHARDS))
 def test_a_nan_in_q_k_or_v_reaches_exactly_the_rows_its_rule_names(target, head_dims):
-    @settings(max_examples=max(1, settings.default.max_examples // len(NAN_SHARDS[target])))
+    @settings(max_examples=shard_examples(NAN_SHARDS, target))
     @given(case=poisons(head_dims))
     def holds(case):
         check_nan_reach(target, case)

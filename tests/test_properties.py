@@ -13,6 +13,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.emulator import attention_tiled
 from launch import device_sm_count, run_config
 from properties import PROPERTIES
+from shards import shard_examples, shard_params
 from strategies import HARD_SCORES, REACHES, Case, cases
 
 
@@ -75,21 +76,13 @@ def test_named_case(target, check, case):
         check(functools.partial(attend, config=case.config), case, device)
 
 
-SHARD_PARAMS = [
-    pytest.param(target, head_dims, id=f"{target}-d{'-'.join(map(str, head_dims))}", marks=marks)
-    for target, marks in (("emulator", ()), ("kernel", pytest.mark.gpu))
-    for head_dims in SHARDS[target]
-]
-
-
 @pytest.mark.examples
-@pytest.mark.parametrize(("target", "head_dims"), SHARD_PARAMS)
+@pytest.mark.parametrize(("target", "head_dims"), shard_params(SHARDS))
 @pytest.mark.parametrize("check", PROPERTIES, ids=lambda check: check.__name__.removeprefix("check_"))
 def test_property(target, head_dims, check):
     attend, device, strategy = TARGETS[target]
-    examples = max(1, settings.default.max_examples // len(SHARDS[target]))
 
-    @settings(max_examples=examples)
+    @settings(max_examples=shard_examples(SHARDS, target))
     @given(case=strategy(head_dims))
     def holds(case):
         with torch.no_grad():
