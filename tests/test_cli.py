@@ -336,7 +336,9 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
     monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
     built = []
     monkeypatch.setattr(cli, "_build_all", lambda *args: built.append(args[-1]) or True)
-    monkeypatch.setattr(cli, "random_qkv", functools.partial(random_qkv, device="cpu"))
+    import fa_kernel.bench as bench
+
+    monkeypatch.setattr(bench, "random_qkv", functools.partial(random_qkv, device="cpu"))
     # A ragged GQA case, which the backward covers, and a d256 one, which it does not.
     monkeypatch.setattr(cli, "VERIFY_SHAPES", [(2, 8, 2, 113, 203, 64), (1, 2, 2, 65, 65, 256)])
     dv_slip = []

@@ -1181,6 +1181,21 @@ def _stop_running_tiers(signum, frame) -> None:
     os._exit(128 + signum)  # the pool's threads would start the next mutants otherwise
 
 
+def mutant_package(mutant, text: str, workdir: Path, cache: Path) -> dict[str, str]:
+    """A copy of src/ in workdir/<mutant id> with `text` for the mutant's file, and the
+    environment that imports it (FA_KERNEL_EXPECT_SRC, which the tools check) and builds its
+    kernels into the TileLang cache `cache`."""
+    src = workdir / mutant.id / "src"
+    shutil.copytree(ROOT / "src", src)
+    (src / "fa_kernel" / mutant.file).write_text(text)
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+        TILELANG_CACHE_DIR=str(cache),
+        FA_KERNEL_EXPECT_SRC=str(src),
+    )
+
+
 def run_mutant(
     mutant,
     target: str,
@@ -1214,20 +1229,12 @@ def run_mutant(
     except ValueError as error:
         return "ERROR", str(error), 0.0
     tree = workdir / mutant.id
-    shutil.copytree(ROOT / "src", tree / "src")
-    (tree / "src" / "fa_kernel" / mutant.file).write_text(text)
     cache = tree / "tilelang-cache"
+    env = mutant_package(mutant, text, workdir, cache)
     if seed_cache is not None and seed_cache.is_dir():
         # Hard links: the mutant's builds go into its own folder, the seed stays as it was.
         shutil.copytree(seed_cache, cache, copy_function=os.link)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
-        TILELANG_CACHE_DIR=str(cache),
-        HYPOTHESIS_PROFILE="mutants",
-        FA_KERNEL_REQUIRE_GPU="1" if target in GPU_TARGETS else "0",
-        FA_KERNEL_EXPECT_SRC=str(tree / "src"),
-    )
+    env.update(HYPOTHESIS_PROFILE="mutants", FA_KERNEL_REQUIRE_GPU="1" if target in GPU_TARGETS else "0")
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     log = ""
@@ -1369,15 +1376,7 @@ def prebuild(mutants: list, changed: dict[str, list[str]], folder: Path, jobs: i
 
     def build(mutant, builds: list[str]) -> tuple[str, int, float]:
         start = time.perf_counter()
-        tree = workdir / mutant.id
-        shutil.copytree(ROOT / "src", tree / "src")
-        (tree / "src" / "fa_kernel" / mutant.file).write_text(mutant.mutated_source())
-        env = dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
-            TILELANG_CACHE_DIR=str(folder),
-            FA_KERNEL_EXPECT_SRC=str(tree / "src"),
-        )
+        env = mutant_package(mutant, mutant.mutated_source(), workdir, folder)
         command = [sys.executable, "-c", PREBUILD_SCRIPT, mutant.file, json.dumps(builds)]
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         if result.returncode:

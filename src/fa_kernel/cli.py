@@ -45,7 +45,7 @@ from fa_kernel.builds import build_unless_built, distinct_tasks, quiet_tilelang,
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.decode import compiled_decode_kernels
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build
-from fa_kernel.reference import GRADIENTS, judge, judge_backward, random_qkv
+from fa_kernel.reference import GRADIENTS, judge, judge_backward
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
 EXIT_CODES = (
@@ -203,17 +203,13 @@ def _verify_shape(shape: tuple, dtype: torch.dtype, causal: bool) -> Shape:
 
 
 def _verify_inputs(shape: Shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    seed = shape.seqlen_q * 7919 + shape.keys
-    return random_qkv(
-        shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, shape.head_dim, shape.dtype, seed
-    )
+    return shape.inputs(seed=shape.seqlen_q * 7919 + shape.keys)
 
 
 def _case_cells(shape: Shape) -> list[str]:
-    heads = f"{shape.nheads}/{shape.heads_kv}" if shape.heads_kv != shape.nheads else f"{shape.nheads}"
-    lens = f"{shape.seqlen_q}" if shape.seqlen_q == shape.keys else f"{shape.seqlen_q}x{shape.keys}"
+    """The shape (its label's first word), the dtype's short name and the mask."""
     dtype = next(name for name, dtype in DTYPES.items() if dtype == shape.dtype)
-    return [f"{shape.batch}x{heads}x{lens}x{shape.head_dim}", dtype, "causal" if shape.causal else ""]
+    return [shape.label().split()[0], dtype, "causal" if shape.causal else ""]
 
 
 def _verify_forward(shape: tuple, dtype: torch.dtype, causal: bool) -> list[str]:
