@@ -54,3 +54,11 @@ def test_builds_of_several_kinds_share_one_pool_and_keep_their_builder():
     assert built_stamp([build], compiled_decode_kernels) == built_stamp([build], [compiled_decode_kernels])
     with pytest.raises(ValueError, match="builder: expected one per build"):
         distinct_tasks([build, build], [compiled_decode_kernels])
+
+
+def test_building_for_another_gpu_names_both_of_its_arguments(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["precompile.py", "--arch", "sm_90a"])
+    with pytest.raises(SystemExit) as stop:
+        precompile.main()
+    assert stop.value.code == 2
+    assert "--arch and --sm-count go together" in capsys.readouterr().err

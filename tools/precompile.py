@@ -1,12 +1,15 @@
 """Build every kernel the GPU suite needs, all CPU cores at once, into TileLang's disk cache; the
 tests then load them instead of compiling one at a time.
 
-    python tools/precompile.py [--jobs N] [--smoke]
+    python tools/precompile.py [--jobs N] [--smoke] [--arch ARCH --sm-count N]
 
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
 once all have built, a stamp in TileLang's cache (`fa_kernel.builds.build_unless_built`) skips even the loads.
 The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
 too, and so are the backward's and the split-KV kernels; a test that builds anything else compiles it in its worker.
+
+With --arch and --sm-count it needs no GPU: it builds another machine's kernels here (nvcc
+alone), and that machine loads them from a copy of TileLang's cache (TILELANG_CACHE_DIR).
 """
 
 from __future__ import annotations
@@ -63,7 +66,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="builds at once")
     parser.add_argument("--smoke", action="store_true", help="only the smoke tier's: the boundary sweep's builds")
+    parser.add_argument("--arch", help="build for this nvcc arch (sm_90a), not this machine's GPU; needs --sm-count")
+    parser.add_argument("--sm-count", type=int, help="the SM count of --arch's GPU (132 on an H200)")
     args = parser.parse_args()
+    if (args.arch is None) != (args.sm_count is None):
+        parser.error(
+            f"--arch and --sm-count go together: expected both or neither, got --arch {args.arch} --sm-count {args.sm_count}"
+        )
     import torch
 
     import test_backward_kernel
@@ -73,12 +82,12 @@ def main() -> int:
     from fa_kernel.decode import compiled_decode_kernels
     from fa_kernel.interface import compile_arch
 
-    device = torch.device("cuda")
-    arch = compile_arch(device)
-    if args.smoke:
-        builds = smoke_builds(arch)
+    if args.arch is None:
+        device = torch.device("cuda")
+        arch, sm_count = compile_arch(device), torch.cuda.get_device_properties(device).multi_processor_count
     else:
-        builds = suite_builds(torch.cuda.get_device_properties(device).multi_processor_count, arch)
+        arch, sm_count = args.arch, args.sm_count
+    builds = smoke_builds(arch) if args.smoke else suite_builds(sm_count, arch)
     # One pool for every kind, the builds of several kernels each (gradients, split-KV) first: a
     # pool per kind would end each on a round of idle cores.
     gradients = [] if args.smoke else gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
