@@ -1587,6 +1587,8 @@ def main() -> int:
 
     if args.prebuild is not None:
         kernels = ("kernel.py", *PROGRAM_BUILDERS)
+        if args.first_build_only:  # the build its first smoke tier compiles (mutant_tiers: changed[0])
+            changed = {key: builds[:1] for key, builds in changed.items()}
         return prebuild([m for m in to_run if m.file in kernels], changed, args.prebuild, args.jobs)
     if args.seed_cache is None:  # resolved only here: --list runs where TileLang is not installed
         args.seed_cache = _tilelang_cache()
