@@ -108,6 +108,9 @@ def gpu(session: nox.Session) -> None:
         marker, per_gpu = "gpu and smoke", SMOKE_WORKERS_PER_GPU
     session.run("python", "tools/precompile.py")
     workers = gpus * max(1, min(per_gpu, (os.cpu_count() or 1) // gpus))
+    # Each worker's share of the cores for torch's CPU ops (drawing inputs, copies back): by
+    # default every worker starts a thread per core, workers x cores threads on the cores.
+    session.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
     session.run("pytest", "-m", marker, "-n", str(workers), "--dist", "worksteal", *args)
 
 
