@@ -1622,6 +1622,10 @@ def main() -> int:
             subprocess.run(command, cwd=ROOT, env=unmutated_env(), check=True)
     # A mutant's smoke tier is mostly one kernel's compile, on one core: one mutant per core.
     jobs = args.jobs or max(4, os.cpu_count() or 1)
+    # Each mutant's share of the cores for torch's CPU threads (its tests draw inputs and compare
+    # there): by default every process starts one per core, mutants x cores threads on the cores.
+    running = max(1, min(jobs, len(to_run)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // running)))
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
     width = max([len(m.id) for m in mutants] + [6])
