@@ -60,8 +60,9 @@ def require_gpu(session: nox.Session) -> int:
 
 # pytest-xdist workers per GPU in `nox -s gpu`, at most one per CPU core. Measured on one H200
 # (pytest's time, kernels loaded from the disk cache): the whole suite (583 tests, 2026-12-02)
-# 147 s on 4 workers, 129 s on 8; the smoke tier 73 s on 4, 80 s on 8, its sweep's many small
-# launches and syncs paying for each switch between the processes' CUDA contexts.
+# 147 s on 4 workers, 129 s on 8, and 72 s on 8 once each had its share of the cores for torch's
+# threads; the smoke tier 73 s on 4, 80 s on 8, its sweep's many small launches and syncs
+# paying for each switch between the processes' CUDA contexts.
 GPU_WORKERS_PER_GPU = 8
 SMOKE_WORKERS_PER_GPU = 4
 
