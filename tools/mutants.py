@@ -978,9 +978,10 @@ def host_cache(name: str, files: list[Path], extra: str = "") -> Path:
 
 def bitwise_seed_folder() -> Path:
     """Where this host keeps the unmutated kernel's digests (tools/bitwise_sweep.py record): by
-    the package, the sweep script and tests/'s helpers. A seed left stale by a new toolchain can
-    only make a mutant's bits differ, which sends it to the tests."""
-    return host_cache("bitwise-seeds", [ROOT / BITWISE, *sorted((ROOT / "tests").glob("[!t]*.py"))])
+    the package, the sweep script and the modules of tests/ and tools/ it imports. A seed left
+    stale by a new toolchain can only make a mutant's bits differ, which sends it to the tests."""
+    sweep = ROOT / BITWISE
+    return host_cache("bitwise-seeds", [sweep, *sorted(_local_imports(sweep))])
 
 
 def _seed_readable(folder: Path, build: str) -> bool:
