@@ -368,23 +368,46 @@ def mutants(session: nox.Session) -> None:
     session.run("python", "tools/mutants.py", *session.posargs)
 
 
+SANITIZERS = ("memcheck", "racecheck", "synccheck")
+
+
 @nox.session(python=PYTHON)
 def sanitize(session: nox.Session) -> None:
-    """compute-sanitizer memcheck, racecheck and synccheck over representative shapes (GPU)."""
+    """compute-sanitizer memcheck, racecheck and synccheck over representative launches of the
+    forward, gradient and split-KV kernels (tests/sanitize_cases.py) (GPU). `nox -s sanitize --
+    racecheck` runs the tools named.
+
+    The sanitizer slows every launch by orders of magnitude, so each tool runs the cases in
+    shards, every (tool, shard) a process of its own and all at once, one per core; each writes
+    .sanitize/TOOL-SHARD.log, and the session fails naming the logs of those that failed.
+    """
+    import subprocess
+
     require_nvidia_driver(session)
     install(session, "test")
     require_gpu(session)
+    if unknown := [arg for arg in session.posargs if arg not in SANITIZERS]:
+        session.error(f"sanitize: expected tool names among {', '.join(SANITIZERS)}, got {' '.join(unknown)}")
+    tools = list(session.posargs) or list(SANITIZERS)
+    python = session.run("python", "-c", "import sys; print(sys.executable)", silent=True).strip().splitlines()[-1]
     # Exact allocations: with the caching allocator a small overrun lands in its slack, and
     # memcheck stays silent.
-    session.env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    for tool in ("memcheck", "racecheck", "synccheck"):
-        session.run(
-            "compute-sanitizer",
-            f"--tool={tool}",
-            "--error-exitcode=1",
-            "--target-processes=all",
-            "python",
-            "tests/sanitize_cases.py",
-            *session.posargs,
-            external=True,
-        )
+    env = {**os.environ, **session.env, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    shards = max(1, (os.cpu_count() or 1) // len(tools))
+    logs = ROOT / ".sanitize"
+    logs.mkdir(exist_ok=True)
+    running = {}
+    for tool, shard in ((tool, shard) for tool in tools for shard in range(shards)):
+        log = logs / f"{tool}-{shard}.log"
+        command = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=1", "--target-processes=all", python]
+        command += ["tests/sanitize_cases.py", "--shard", f"{shard}/{shards}"]
+        with log.open("w") as out:
+            running[log] = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    failed = [log for log, process in running.items() if process.wait() != 0]
+    for log in running:
+        summary = [line for line in log.read_text().splitlines() if "ERROR SUMMARY" in line or "causal=" in line]
+        session.log(f"{log.name}: {len(summary) - 1} cases, {summary[-1] if summary else 'no output'}")
+    if failed:
+        for log in failed:
+            print(f"--- {log} (last lines)\n" + "\n".join(log.read_text().splitlines()[-40:]))
+        session.error(f"compute-sanitizer failed in {', '.join(log.name for log in failed)} (logs in {logs})")

@@ -1,22 +1,29 @@
 """Representative launches for compute-sanitizer (`nox -s sanitize`): odd lengths, both
-dtypes, causal and not, GQA, seqlen_q > seqlen_k, the long-sequence table entries. Small
-shapes: the sanitizer slows every access by orders of magnitude. Exits non-zero if any
-result is wrong, so a launch that the sanitizer lets through but that computes garbage still
-fails the session."""
+dtypes, causal and not, GQA, seqlen_q > seqlen_k, the long-sequence table entries, the
+gradient kernels (atomic and fixed-order dQ) and the split-KV kernels. Small shapes: the
+sanitizer slows every access by orders of magnitude. Exits non-zero if any result is wrong, so
+a launch that the sanitizer lets through but that computes garbage still fails the session.
+
+    python tests/sanitize_cases.py [--shard I/N] [--list]
+
+`--shard I/N` runs every N-th case from the I-th (0-based), so that N sanitizer processes share
+the cases; `--list` prints the cases of the shard without running them (no GPU needed).
+"""
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import math
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from fa_kernel import flash_attn_func
-from fa_kernel.interface import tile_config_for
-from fa_kernel.reference import judge, random_qkv
-from launch import run_config
+Shape = tuple[int, int, int, int, int, int]  # batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim
 
-SHAPES = [  # batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim
+SHAPES: list[Shape] = [
     (1, 1, 1, 2, 2, 64),
     (2, 65, 65, 2, 1, 64),
     (1, 200, 77, 4, 2, 128),
@@ -28,32 +35,92 @@ SHAPES = [  # batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim
 # lengths, called directly. 200 queries against 400 keys: the last query block's warpgroups
 # past seqlen_q release three K/V tiles unread (kernel.warpgroup_kv_blocks), and causal rows
 # straddle K/V tile boundaries.
-LONG_ENTRY_SHAPES = [(1, 200, 400, 2, 1, 64), (1, 200, 400, 2, 1, 128)]
+LONG_ENTRY_SHAPES: list[Shape] = [(1, 200, 400, 2, 1, 64), (1, 200, 400, 2, 1, 128)]
+# The gradient kernels: a partial query tile and a partial K/V tile, GQA, rows without keys
+# (causal, seqlen_q > seqlen_k); the fixed-order dQ kernel on the last of them.
+GRADIENT_SHAPES: list[Shape] = [(1, 65, 130, 4, 2, 64), (1, 200, 77, 2, 1, 128)]
+# The split-KV kernels: one query and a GQA group's 16 rows in one row block, keys ending inside
+# a tile, several splits.
+SPLIT_KV_SHAPES: list[Shape] = [(2, 1, 300, 8, 2, 128), (1, 16, 1000, 4, 1, 64)]
 
 
-def long_entry_forward(q, k, v, causal):
-    """The long-sequence table entry's kernel for this case, called directly."""
-    config = tile_config_for(q.device, q.shape[-1], causal, seqlen_k=None)
-    out, _ = run_config(q, k, v, q.shape[-1] ** -0.5, causal, config)
-    return out
+@dataclass(frozen=True)
+class Case:
+    kernel: str  # "forward", "long entry", "gradients", "gradients deterministic", "split-KV"
+    shape: Shape
+    dtype: torch.dtype
+    causal: bool
+
+    def __str__(self) -> str:
+        batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = self.shape
+        dtype = str(self.dtype).removeprefix("torch.")
+        shape = f"{batch}x{nheads}/{nheads_kv}x{seqlen_q}x{seqlen_k}x{head_dim}"
+        return f"{self.kernel}: {shape} {dtype} causal={self.causal}"
+
+
+def cases() -> list[Case]:
+    both = (torch.float16, torch.bfloat16)
+    kinds = [("forward", SHAPES, both), ("long entry", LONG_ENTRY_SHAPES, both)]
+    kinds += [("gradients", GRADIENT_SHAPES, (torch.bfloat16,)), ("split-KV", SPLIT_KV_SHAPES, (torch.bfloat16,))]
+    found = [
+        Case(kernel, shape, dtype, causal)
+        for kernel, shapes, dtypes in kinds
+        for shape, dtype, causal in itertools.product(shapes, dtypes, (False, True))
+    ]
+    return found + [Case("gradients deterministic", GRADIENT_SHAPES[-1], torch.bfloat16, True)]
+
+
+def run(case: Case) -> bool:
+    """Launch the case's kernels and judge what they computed; True if within the bound."""
+    from fa_kernel import flash_attn_func
+    from fa_kernel.decode import split_kv_attention
+    from fa_kernel.interface import compile_arch, tile_config_for
+    from fa_kernel.reference import judge, judge_backward, random_qkv
+    from launch import run_config
+
+    batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = case.shape
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, case.dtype, seed=seqlen_q)
+    scale = 1.0 / math.sqrt(head_dim)
+    if case.kernel.startswith("gradients"):
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = flash_attn_func(q, k, v, causal=case.causal, deterministic=case.kernel.endswith("deterministic"))
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+        return judge_backward(q.detach(), k.detach(), v.detach(), dout, grads, case.causal).passed
+    attend: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    if case.kernel == "forward":
+        attend = lambda: flash_attn_func(q, k, v, causal=case.causal, return_lse=True)  # noqa: E731
+    elif case.kernel == "long entry":
+        config = tile_config_for(q.device, head_dim, case.causal, seqlen_k=None)
+        attend = lambda: run_config(q, k, v, scale, case.causal, config)  # noqa: E731
+    else:
+        sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
+        attend = lambda: split_kv_attention(q, k, v, scale, case.causal, sm_count, compile_arch(q.device))  # noqa: E731
+    out, lse = attend()
+    torch.cuda.synchronize()
+    return judge(q, k, v, out, lse, case.causal, scale).passed
+
+
+def shard(all_cases: list[Case], text: str) -> list[Case]:
+    """The cases of shard 'I/N': every N-th from the I-th."""
+    index, count = (int(part) for part in text.split("/"))
+    if not 0 <= index < count:
+        raise ValueError(f"--shard: expected I/N with 0 <= I < N, got {text}")
+    return all_cases[index::count]
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th")
+    parser.add_argument("--list", action="store_true", help="print the shard's cases, run nothing")
+    args = parser.parse_args()
+    chosen = shard(cases(), args.shard)
     failures = 0
-    runs = [(shape, flash_attn_func) for shape in SHAPES] + [(shape, long_entry_forward) for shape in LONG_ENTRY_SHAPES]
-    for ((batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim), forward), dtype, causal in itertools.product(
-        runs, (torch.float16, torch.bfloat16), (False, True)
-    ):
-        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype, seed=seqlen_q)
-        out = forward(q, k, v, causal=causal)
-        torch.cuda.synchronize()
-        ok = judge(q, k, v, out, causal=causal).passed
-        failures += not ok
-        print(
-            f"{batch}x{nheads}/{nheads_kv}x{seqlen_q}x{seqlen_k}x{head_dim} {dtype} causal={causal} "
-            f"({forward.__name__}): {'ok' if ok else 'WRONG RESULT'}",
-            flush=True,
-        )
+    for case in chosen:
+        ok = None if args.list else run(case)
+        failures += ok is False
+        print(f"{case}{'' if ok is None else ': ok' if ok else ': WRONG RESULT'}", flush=True)
     return 1 if failures else 0
 
 
