@@ -1,15 +1,30 @@
-"""The backward kernel's query-tile order, top-down (shipped) against bottom-up, on the GPU.
+"""Variants of the backward kernel against the shipped one, on the GPU, alternated in one process.
 
 From the repository root on the GPU machine:
 
-    PYTHONPATH=$PWD/src:$PWD python perf/backward_ab.py [--rounds 5] [--repeats 20]
+    PYTHONPATH=$PWD/src:$PWD python perf/backward_ab.py [--variants NAME ...] [--rounds 5] [--repeats 20]
 
-Each variant's kernel (`backward.compiled_backward(rows_bottom_up=...)`) is first judged on odd
-shapes against `reference.judge_backward`, then the main kernel alone (dQ's accumulator zeroed
-before each call, as the launch does; the preprocess and dQ's cast are the same for both) is
-timed on each shape, the variants alternated over rounds in this one process
-(`bench.alternated`, `bench.cuda_median_ms`). TFLOP/s as `fa-kernel bench --backward` counts
-them (2.5x the forward's FLOPs).
+Every variant's kernel is first judged on odd shapes against `reference.judge_backward`; then
+the main kernel alone (dQ's accumulator zeroed before each call, as the launch does; the
+preprocess and dQ's cast are the same for all) is timed on each shape, the variants alternated
+over rounds in this one process (`bench.alternated`, `bench.cuda_median_ms`). TFLOP/s as
+`fa-kernel bench --backward` counts them (2.5x the forward's FLOPs); each variant's ratio to
+the shipped kernel is taken round by round.
+
+Variants (`--list` prints them):
+
+  shipped          backward.py as it is.
+  bottom-up        each block walks its query tiles from the last up
+                   (`compiled_backward(rows_bottom_up=True)`): whether causal runs slow for want
+                   of L2 sharing between a head's blocks.
+  overlap_scores   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ issued together (wgmma is asynchronous), Pᵀ computed
+                   while dPᵀ still runs; the GEMMs after them stay synchronous (TileLang's
+                   pipeline releases a stage's Q and dO after their last GEMM, so an asynchronous
+                   GEMM there would let the next load overwrite a tile still being read).
+  mask_where_needed  the select that hides keys a row cannot see only on tiles that hold such a
+                   key (the causal diagonal, a partial query or K/V tile); elsewhere P = exp2(...)
+                   alone. The NaN rule holds: a hidden key is in a masked tile by definition.
+  both             overlap_scores and mask_where_needed together.
 """
 
 from __future__ import annotations
@@ -25,27 +40,91 @@ sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in s
 
 import torch  # noqa: E402
 
+from fa_kernel import backward as shipped_backward  # noqa: E402
 from fa_kernel import flash_attn_func  # noqa: E402
-from fa_kernel.backward import compiled_backward, compiled_preprocess, padded_rows  # noqa: E402
+from fa_kernel.backward import compiled_preprocess, padded_rows  # noqa: E402
 from fa_kernel.bench import BACKWARD_FLOPS, Shape, alternated, cuda_median_ms  # noqa: E402
+from fa_kernel.builds import quiet_tilelang  # noqa: E402
 from fa_kernel.interface import compile_arch  # noqa: E402
 from fa_kernel.numerics import LOG2E  # noqa: E402
 from fa_kernel.reference import judge_backward, random_qkv  # noqa: E402
+from perf.variants import patched_module  # noqa: E402
 
-VARIANTS = {"top-down": False, "bottom-up": True}
+# The loop's first half, as backward.py writes it, and the two patches of it.
+SCORES = """
+T.clear(acc_s)
+T.gemm(K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+T.clear(acc_dp)
+T.gemm(V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+"""
+MASKED_EXPONENTIALS = """
+for i, j in T.Parallel(block_n, block_m):
+    key = kv_start + i
+    row = q_start + j
+    visible = sees(key, row, seqlen_q, seqlen_k, causal)
+    acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+"""
+OVERLAPPED_SCORES = """
+T.wgmma_gemm(K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+T.wgmma_gemm(V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+T.wait_wgmma(1)
+T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
+"""
+DP_READY = """
+T.wait_wgmma(0)
+T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
+"""
+EXPONENTIALS_WHERE_NEEDED = """
+# A tile holds a key some row cannot see where it reaches past seqlen_k or seqlen_q, or
+# (causal) where its last key is right of its first row's diagonal.
+needs_mask = T.Or(kv_start + block_n > seqlen_k, q_start + block_m > seqlen_q)
+if causal:
+    needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)
+if needs_mask:
+    for i, j in T.Parallel(block_n, block_m):
+        key = kv_start + i
+        row = q_start + j
+        visible = sees(key, row, seqlen_q, seqlen_k, causal)
+        acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+else:
+    for i, j in T.Parallel(block_n, block_m):
+        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
+"""
+CAST_P = "T.copy(acc_s, p_cast)"
+OVERLAP = (
+    (SCORES.strip(), OVERLAPPED_SCORES.strip()),
+    (CAST_P, CAST_P + "\n" + DP_READY.strip()),
+)
+MASK_WHERE_NEEDED = ((MASKED_EXPONENTIALS.strip(), EXPONENTIALS_WHERE_NEEDED.strip()),)
+# name -> (patches of backward.py, compiled_backward's own arguments)
+VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
+    "shipped": ((), {}),
+    "bottom-up": ((), {"rows_bottom_up": True}),
+    "overlap_scores": (OVERLAP, {}),
+    "mask_where_needed": (MASK_WHERE_NEEDED, {}),
+    "both": (OVERLAP + MASK_WHERE_NEEDED, {}),
+}
 SHAPES = [
+    Shape(8, 32, 4096, 128, False, torch.bfloat16),
     Shape(8, 32, 4096, 128, True, torch.bfloat16),
     Shape(2, 16, 16384, 128, True, torch.bfloat16),
+    Shape(8, 32, 4096, 64, False, torch.bfloat16),
     Shape(8, 32, 4096, 64, True, torch.bfloat16),
-    Shape(8, 32, 4096, 128, False, torch.bfloat16),
 ]
 # Odd lengths, both offsets' signs, a GQA group: each variant is judged on these first.
 CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
 
 
-def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, rows_bottom_up: bool, seed: int = 0):
+def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
+    """The variant's main backward kernel (dK, dV and dQ's accumulator)."""
+    patches, arguments = VARIANTS[name]
+    module = patched_module(shipped_backward, name.replace("-", "_"), patches) if patches else shipped_backward
+    return module.compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **arguments)
+
+
+def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
     """(call, grads, inputs) for case = (batch, seqlen_q, seqlen_k, heads, heads_kv): a call of
-    the main kernel, the gradients it wrote, and (q, k, v, dout)."""
+    the variant's main kernel, the gradients it wrote, and (q, k, v, dout)."""
     batch, seqlen_q, seqlen_k, heads, heads_kv = case
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, seed)
     dout = torch.randn_like(q)
@@ -54,12 +133,12 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, rows_bottom_
     name = str(dtype).removeprefix("torch.")
     arch = compile_arch(q.device)
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=name, arch=arch)
-    kernel = compiled_backward(head_dim=head_dim, causal=causal, dtype=name, arch=arch, rows_bottom_up=rows_bottom_up)
+    kernel = compiled(variant, head_dim, causal, name, arch)
     delta = torch.empty((batch, heads, padded_rows(seqlen_q)), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
     preprocess(out, dout, lse, delta, lse_log2)
     dq_accum = torch.zeros((batch, heads, seqlen_q, head_dim), dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
 
     def call():
         dq_accum.zero_()
@@ -73,34 +152,54 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, rows_bottom_
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help="shipped is always measured")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--compile-only", metavar="ARCH", help="compile every variant for ARCH (sm_90a), no GPU")
     args = parser.parse_args()
+    if unknown := sorted(set(args.variants) - set(VARIANTS)):
+        parser.error(f"--variants: expected names among {', '.join(VARIANTS)}, got {unknown}")
+    variants = ["shipped", *[name for name in args.variants if name != "shipped"]]
+    if args.list:
+        print("\n".join(VARIANTS))
+        return 0
+    if args.compile_only:
+        quiet_tilelang()
+        for name in variants:
+            for head_dim in sorted({shape.head_dim for shape in SHAPES}):
+                for causal in (False, True):
+                    compiled(name, head_dim, causal, "bfloat16", args.compile_only)
+            print(f"{name}: compiled for {args.compile_only}", flush=True)
+        return 0
     for head_dim in sorted({shape.head_dim for shape in SHAPES}):
-        for causal in sorted({shape.causal for shape in SHAPES if shape.head_dim == head_dim}):
-            for name, bottom_up in VARIANTS.items():
+        for causal in (False, True):
+            for name in variants:
                 for case in CHECKS:
-                    call, grads, (q, k, v, dout) = launcher(case, head_dim, causal, torch.bfloat16, bottom_up)
+                    call, grads, (q, k, v, dout) = launcher(case, head_dim, causal, torch.bfloat16, name)
                     call()
                     verdict = judge_backward(q, k, v, dout, grads(), causal)
                     if not verdict.passed:
                         print(f"{name} d{head_dim} causal={causal} {case}: FAILED {verdict}")
                         return 1
     print("every variant within the bound on", CHECKS)
-    print(f"| shape | {' | '.join(VARIANTS)} | bottom-up / top-down (range) |")
-    print("|---|" + "---|" * (len(VARIANTS) + 1))
+    others = variants[1:]
+    print(f"| shape | {' | '.join(variants)} | {' | '.join(f'{name} / shipped' for name in others)} |")
+    print("|---|" + "---|" * (len(variants) + len(others)))
     for shape in SHAPES:
         case = (shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv)
         flops = shape.flops * BACKWARD_FLOPS
         timers = {}
-        for name, bottom_up in VARIANTS.items():
-            call, _, _ = launcher(case, shape.head_dim, shape.causal, shape.dtype, bottom_up)
+        for name in variants:
+            call, _, _ = launcher(case, shape.head_dim, shape.causal, shape.dtype, name)
             timers[name] = lambda call=call, flops=flops: flops / (cuda_median_ms(call, 5, args.repeats) * 1e-3) / 1e12
         samples = alternated(timers, args.rounds)
-        ratios = [up / down for up, down in zip(samples["bottom-up"], samples["top-down"], strict=True)]
-        medians = " | ".join(f"{statistics.median(samples[name]):.0f}" for name in VARIANTS)
-        spread = f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
-        print(f"| {shape.label()} | {medians} | {spread} |", flush=True)
+        medians = " | ".join(f"{statistics.median(samples[name]):.0f}" for name in variants)
+        ratios = []
+        for name in others:
+            each = [ours / base for ours, base in zip(samples[name], samples["shipped"], strict=True)]
+            ratios.append(f"{statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
+        print(f"| {shape.label()} | {medians} | {' | '.join(ratios)} |", flush=True)
     return 0
 
 

@@ -181,28 +181,36 @@ PATCHES["turns_from_8"] = _turns_from_patch(8)
 PATCHES["turns_from_16"] = _turns_from_patch(16)
 
 
-@functools.cache
 def _patched_kernel_module(name: str):
     """kernel.py with PATCHES[name] applied, imported from a file (TileLang reads the source)."""
-    source = Path(shipped_kernel.__file__).read_text()
-    for old, new in PATCHES[name]:
+    return patched_module(shipped_kernel, name, tuple(PATCHES[name]))
+
+
+@functools.cache
+def patched_module(module, name: str, patches: tuple[tuple[str, str], ...]):
+    """`module` (one of fa_kernel's) with `patches` ((old, new) fragments, found by their AST)
+    applied, imported from a file of its own: TileLang reads a kernel's source from there."""
+    stem = Path(module.__file__).stem
+    source = Path(module.__file__).read_text()
+    for old, new in patches:
         try:
             source = apply_patch(source, old, new)
         except ValueError as error:
-            raise ValueError(f"variant {name}: {error} in kernel.py") from error
+            raise ValueError(f"variant {name}: {error} in {stem}.py") from error
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"kernel_{name}_{digest}.py"
+    path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"{stem}_{name}_{digest}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: two sweeps (one per GPU) may build the same variant at once,
     # and TileLang re-reads the file; a half-written one failed with "could not get source code".
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(source)
     os.replace(partial, path)
-    return _import_file(path, f"fa_kernel_variant_{name}")
+    return _import_file(path, f"fa_kernel_{stem}_variant_{name}")
 
 
 def _import_file(path: Path, module_name: str):
-    """A copy of kernel.py as a module of its own (TileLang reads the kernel's source from it)."""
+    """A copy of one of fa_kernel's modules as a module of its own (TileLang reads the kernel's
+    source from it)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -24,6 +24,20 @@ def test_every_patched_variant_applies_once_to_kernel_py():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.compile
+def test_every_backward_variant_applies_once_to_backward_py():
+    code = (
+        "from perf import backward_ab, variants\n"
+        "from fa_kernel import backward\n"
+        "for name, (patches, _) in backward_ab.VARIANTS.items():\n"
+        "    if patches:\n"
+        "        variants.patched_module(backward, name, patches).backward_program(head_dim=64, causal=True,"
+        " dtype='float16', block_m=64, block_n=128)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
     # No GPU needed: the arguments are checked before anything is built.
     sweep = [sys.executable, "perf/sweep.py", "--configs", "128x176/2st/256thr/persistent/overlap", "--variants"]
