@@ -276,8 +276,9 @@ def test_bench_backward_runners_take_each_implementations_gradients():
 
     shape = Shape(2, 4, 200, 64, True, torch.bfloat16, nheads_kv=2)
     timed = runners(shape, backward=True)
-    assert {"fa_kernel", "cudnn BHSD", "flash"} <= set(timed)
-    layouts = {"fa_kernel": (shape.seqlen_q, shape.nheads), "cudnn BHSD": (shape.nheads, shape.seqlen_q)}
+    assert {"fa_kernel", "fa_kernel deterministic", "cudnn BHSD", "flash"} <= set(timed)
+    ours = (shape.seqlen_q, shape.nheads)
+    layouts = {"fa_kernel": ours, "fa_kernel deterministic": ours, "cudnn BHSD": (shape.nheads, shape.seqlen_q)}
     for name, call in timed.items():
         dq, dk, dv = call()
         rows = layouts.get(name, (shape.nheads, shape.seqlen_q))

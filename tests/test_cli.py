@@ -128,8 +128,10 @@ def timings(**medians_and_rounds) -> dict:
     """{implementation: bench.Timing} from {name: rounds} (the names' spaces as underscores)."""
     from fa_kernel.bench import Timing
 
-    return {name.replace("_", " ") if name.startswith("cudnn") else name: Timing(tuple(rounds))
-            for name, rounds in medians_and_rounds.items()}  # fmt: skip
+    def name_of(key: str) -> str:
+        return key.replace("_", " ") if key.startswith("cudnn") else key.replace("fa_kernel_", "fa_kernel ")
+
+    return {name_of(key): Timing(tuple(rounds)) for key, rounds in medians_and_rounds.items()}
 
 
 def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypatch, capsys, tmp_path):
@@ -180,7 +182,7 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
     timed = []
-    measured = timings(fa_kernel=[100.0], cudnn_BHSD=[80.0], cudnn_BSHD_view=[90.0])
+    measured = timings(fa_kernel=[100.0], fa_kernel_deterministic=[70.0], cudnn_BHSD=[80.0], cudnn_BSHD_view=[90.0])
     monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: timed.append(backward) or measured)
     monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
     built = []
@@ -191,14 +193,19 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
     # One pool: the forward kernels (the graph the backward runs through), then the gradients'.
     ((builds, builders),) = built
     gradients = [build for build, builder in zip(builds, builders, strict=True) if builder is compiled_gradient_kernels]
-    assert builders[0] is None and len(gradients) == len(cli.BENCH_SHAPES)
+    # Each shape's gradient kernels twice: dQ by atomic adds, and the deterministic gradient's.
+    assert builders[0] is None and len(gradients) == 2 * len(cli.BENCH_SHAPES)
     assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a") in gradients
+    assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a", deterministic=True) in gradients
+    assert main(["bench", "--backward", "--markdown", "--dtype", "bf16"]) == 0
+    table = capsys.readouterr().out
+    assert "| fa_kernel | deterministic | cuDNN BHSD |" in table and "| 100 | 70 | 80 | 90 | - | 1.11x |" in table
     # The plot, of the backward too: its shapes' gradient kernels built with the rest.
     plotted = []
     monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda *args: plotted.append(args[-1]) or [])
     assert main(["bench", "--backward", "--json", "--plot", "plot.png"]) == 0
     with_plot = built[-1][1].count(compiled_gradient_kernels)
-    assert plotted == [True] and with_plot == len(gradients) + len(plot_shapes(torch.float16))
+    assert plotted == [True] and with_plot == len(gradients) + 2 * len(plot_shapes(torch.float16))
 
 
 def test_bench_decode_grid_times_the_split_kv_kernels_and_gives_gb_per_s(monkeypatch, capsys):
@@ -210,7 +217,7 @@ def test_bench_decode_grid_times_the_split_kv_kernels_and_gives_gb_per_s(monkeyp
     monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
     # 64x32/8 heads, 1 query against 8192 keys at d128: 250 GB/s of K/V per TFLOP/s.
     measured = timings(fa_kernel=[4.0], fa_kernel_split=[16.0], cudnn_BHSD=[20.0], cudnn_BSHD_view=[10.0])
-    measured["fa_kernel split-KV"] = measured.pop("fa_kernel_split")
+    measured["fa_kernel split-KV"] = measured.pop("fa_kernel split")
     monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: measured)
     monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
     built = []

@@ -4,6 +4,7 @@ overlap, and every kernel family is among them (no GPU needed)."""
 from __future__ import annotations
 
 import pytest
+
 import sanitize_cases
 
 

@@ -180,7 +180,7 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
     """A zero-argument callable per implementation, inputs prepared once: fa_kernel, torch SDPA's
     cuDNN backend on each of CUDNN_LAYOUTS, its flash backend on [B, H, S, D] contiguous, and
     up to SPLIT_KV_QUERIES queries the split-KV kernels (forward only); `backward`: each one's
-    backward alone (gradient_of).
+    backward alone (gradient_of), and fa_kernel's with `deterministic=True` too.
 
     SDPA takes GQA through enable_gqa, and bottom-right causal only where seqlen_q == seqlen_k
     (its is_causal is top-left aligned otherwise, a different function, so it is left out there).
@@ -194,6 +194,12 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
         return gradient_of(forward, inputs, seed) if backward else forward
 
     result = {"fa_kernel": timed(lambda: flash_attn_func(q, k, v, causal=shape.causal), (q, k, v))}
+    if backward:
+        # dQ summed in a fixed order by a kernel of its own, against dQ by atomic adds: what
+        # determinism costs, and which of the two ways to dQ is the faster.
+        result["fa_kernel deterministic"] = timed(
+            lambda: flash_attn_func(q, k, v, causal=shape.causal, deterministic=True), (q, k, v)
+        )
     if shape.seqlen_q <= SPLIT_KV_QUERIES and not backward:
         result["fa_kernel split-KV"] = split_kv_call(q, k, v, shape.causal)
     if shape.causal and shape.keys != shape.seqlen_q:

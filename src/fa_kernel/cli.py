@@ -326,6 +326,9 @@ def cmd_bench(args) -> int:
     arch = compile_arch(device) if others else None
     builders = [None] * len(builds) + [builder for builder, _ in others]
     builds += [_kernels_arguments(s, arch) for _, s in others]
+    if args.backward:  # and the deterministic gradient's (its own dQ kernel)
+        builds += [_kernels_arguments(s, arch) | {"deterministic": True} for s in launched]
+        builders += [compiled_gradient_kernels] * len(launched)
     if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json, builder=builders):
         return EXIT_FAILED
     results: list[tuple[Shape, dict[str, Timing]]] = [
@@ -350,9 +353,11 @@ def cmd_bench(args) -> int:
             record["plot"] = _records(plotted)
         print(json.dumps(record))
         return 0
+    names = ("fa_kernel", *(["fa_kernel deterministic"] if args.backward else []), *CUDNN_LAYOUTS, "flash")
     headers = [
         "shape BxHxSxD",
         "fa_kernel",
+        *(["deterministic"] if args.backward else []),
         "cuDNN BHSD",
         "cuDNN BSHD view",
         "SDPA flash",
@@ -364,7 +369,7 @@ def cmd_bench(args) -> int:
         f" medians of {args.rounds} rounds alternated in this process,"
         f" each the median of {args.repeats} timings; the ratio round by round against the faster cuDNN layout"
     )
-    _print_table(console, headers, _rows(results), args.markdown, title=title)
+    _print_table(console, headers, _rows(results, names), args.markdown, title=title)
     summary_rows = [
         [str(found.head_dim), str(found.shapes), f"{found.median:.2f}x", f"{found.worst:.2f}x", found.worst_shape]
         for found in summarise(results)
@@ -372,7 +377,8 @@ def cmd_bench(args) -> int:
     summary_headers = ["head_dim", "shapes", "median vs cuDNN best", "worst", "worst shape"]
     _print_table(console, summary_headers, summary_rows, args.markdown, title="Ratios to cuDNN best by head_dim")
     if args.plot:
-        _print_table(console, headers, _rows(plotted), args.markdown, title=f"{title}: the points of {args.plot}")
+        plot_title = f"{title}: the points of {args.plot}"
+        _print_table(console, headers, _rows(plotted, names), args.markdown, title=plot_title)
     if decodes:
         bandwidth_headers = [
             "shape BxHxSqxSkxD",
@@ -429,11 +435,12 @@ def _records(results: list[tuple[Shape, dict[str, Timing]]]) -> list[dict[str, o
     return records
 
 
-def _rows(results: list[tuple[Shape, dict[str, Timing]]]) -> list[list[str]]:
+def _rows(results: list[tuple[Shape, dict[str, Timing]]], names: tuple[str, ...]) -> list[list[str]]:
+    """A table row per shape: the TFLOP/s of each implementation in `names`, then fa_kernel's
+    ratio to the faster cuDNN layout."""
     rows = []
     for shape, timings in results:
         ratio = ratio_to_cudnn_best(timings)
-        names = ("fa_kernel", *CUDNN_LAYOUTS, "flash")
         rows.append(
             [
                 shape.label(),
