@@ -25,6 +25,7 @@ Variants (`--list` prints them):
                    key (the causal diagonal, a partial query or K/V tile); elsewhere P = exp2(...)
                    alone. The NaN rule holds: a hidden key is in a masked tile by definition.
   both             overlap_scores and mask_where_needed together.
+  tall_d64         head_dim 64 on 128-row query tiles (64 now); head_dim 128 as shipped.
 """
 
 from __future__ import annotations
@@ -96,6 +97,14 @@ OVERLAP = (
     (CAST_P, CAST_P + "\n" + DP_READY.strip()),
 )
 MASK_WHERE_NEEDED = ((MASKED_EXPONENTIALS.strip(), EXPONENTIALS_WHERE_NEEDED.strip()),)
+# head_dim 64 on 128 query rows a tile (FlashAttention-3's d64 tile): half the iterations, each
+# GEMM twice as tall; Sᵀ and dPᵀ then take 64 fp32 registers a thread each.
+TALL_D64 = (
+    (
+        "BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}",
+        "BACKWARD_TILES = {64: (128, 128, 2), 128: (64, 128, 2)}",
+    ),
+)
 # name -> (patches of backward.py, compiled_backward's own arguments)
 VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "shipped": ((), {}),
@@ -103,6 +112,7 @@ VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "overlap_scores": (OVERLAP, {}),
     "mask_where_needed": (MASK_WHERE_NEEDED, {}),
     "both": (OVERLAP + MASK_WHERE_NEEDED, {}),
+    "tall_d64": (TALL_D64, {}),
 }
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),
