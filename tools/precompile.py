@@ -70,9 +70,8 @@ def main() -> int:
     parser.add_argument("--sm-count", type=int, help="the SM count of --arch's GPU (132 on an H200)")
     args = parser.parse_args()
     if (args.arch is None) != (args.sm_count is None):
-        parser.error(
-            f"--arch and --sm-count go together: expected both or neither, got --arch {args.arch} --sm-count {args.sm_count}"
-        )
+        given = f"--arch {args.arch} --sm-count {args.sm_count}"
+        parser.error(f"--arch and --sm-count go together: expected both or neither, got {given}")
     import torch
 
     import test_backward_kernel
