@@ -63,9 +63,12 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     short, long = TileConfig(128, 128, 2, 256, persistent=True), TileConfig(128, 176, 2, 256)
     compiled = []
 
-    def compile_stub(*, head_dim, causal, dtype, config, sm_count):
+    monkeypatch.setattr(tune, "device_target", lambda: (132, "sm_90a"))
+
+    def compile_stub(*, head_dim, causal, dtype, config, sm_count, arch):
         if config.block_m == 192 and head_dim == 128:
             raise RuntimeError("too many registers")
+        assert arch == "sm_90a" and sm_count == 132  # as flash_attn_func builds them: one disk-cache key
         compiled.append(dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count))
         return lambda q, k, v, out, lse, scale_log2: (config, q.shape[1])
 
@@ -132,6 +135,24 @@ def timings(**medians_and_rounds) -> dict:
         return key.replace("_", " ") if key.startswith("cudnn") else key.replace("fa_kernel_", "fa_kernel ")
 
     return {name_of(key): Timing(tuple(rounds)) for key, rounds in medians_and_rounds.items()}
+
+
+def test_tune_compile_only_builds_every_candidate_for_the_named_gpu_without_one(monkeypatch, capsys):
+    from fa_kernel import tune
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    pools = []
+    monkeypatch.setattr(tune, "build_all", lambda builds, jobs: pools.append((builds, jobs)) or [None] * len(builds))
+    assert main(["tune", "--head-dim", "256", "--compile-only", "sm_90a", "132", "--jobs", "2"]) == 0
+    ((builds, jobs),) = pools
+    expected = [(causal, config) for causal in (False, True) for config in tune.candidate_configs(causal)]
+    assert [(build["causal"], build["config"]) for build in builds] == expected and jobs == 2
+    assert {(build["head_dim"], build["arch"], build["sm_count"], build["dtype"]) for build in builds} == {
+        (256, "sm_90a", 132, "float16")
+    }
+    assert f"{len(expected)} candidate kernels compiled for sm_90a with 132 SMs" in capsys.readouterr().out
+    assert main(["tune", "--compile-only", "90a", "lots"]) == 1
+    assert "expected an nvcc arch and an SM count, like sm_90a 132, got 90a lots" in capsys.readouterr().out
 
 
 def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypatch, capsys, tmp_path):

@@ -155,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     tuner.add_argument("--rounds", type=_count, default=5, help="alternated timings of the finalists at each length")
     tuner.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels compiled at once before timing")
     tuner.add_argument("--json", metavar="FILE.json", help="also write every measurement and the entries to this file")
+    tuner.add_argument(
+        "--compile-only",
+        nargs=2,
+        metavar=("ARCH", "SMS"),
+        help="no GPU: compile every candidate for nvcc ARCH (sm_90a) and a GPU of SMS SMs (132 on an H200) into "
+        "TileLang's cache, then stop; the GPU host then tunes on a copy of that cache without compiling",
+    )
     tuner.set_defaults(run=cmd_tune)
 
     info = commands.add_parser("info", help="GPU, versions, and the tile config each case uses")
@@ -454,11 +461,20 @@ def _rows(results: list[tuple[Shape, dict[str, Timing]]], names: tuple[str, ...]
 
 def cmd_tune(args) -> int:
     console = _console()
+    cases = list(itertools.product(args.head_dim, (False, True)))
+    if args.compile_only:
+        arch, sms = args.compile_only
+        if not (arch.startswith("sm_") and sms.isdigit() and int(sms) > 0):
+            console.print(f"--compile-only: expected an nvcc arch and an SM count, like sm_90a 132, got {arch} {sms}")
+            return EXIT_FAILED
+        quiet_tilelang()
+        tried = tune.precompile(cases, args.jobs, target=(int(sms), arch))
+        console.print(f"{tried} candidate kernels compiled for {arch} with {sms} SMs into TileLang's cache")
+        return 0
     if not torch.cuda.is_available():
         console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
     arch = arch_of(torch.cuda.get_device_capability())
-    cases = list(itertools.product(args.head_dim, (False, True)))
     ladder = sorted(set(args.keys))
     if args.jobs > 1:
         console.print(f"compiling every candidate kernel, {args.jobs} at a time")

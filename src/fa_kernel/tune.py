@@ -128,20 +128,30 @@ def table_text(arch: str, chosen: dict[tuple[int, bool], list[tuple[int | None, 
     )
 
 
-def kernel_build(head_dim: int, causal: bool, config: TileConfig, sm_count: int) -> dict:
-    """compiled_forward's arguments for a candidate. The compile pool and the timing loop both
-    build from here: the disk cache serves the second only for the very same arguments."""
-    return dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count)
+def kernel_build(head_dim: int, causal: bool, config: TileConfig, sm_count: int, arch: str) -> dict:
+    """compiled_forward's arguments for a candidate, for the nvcc `arch` (sm_90a) as
+    flash_attn_func builds it. The compile pool and the timing loop both build from here: the
+    disk cache serves the second only for the very same arguments."""
+    return dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count, arch=arch)
 
 
-def precompile(cases: Iterable[tuple[int, bool]], jobs: int) -> int:
+def device_target() -> tuple[int, str]:
+    """(SMs, nvcc arch) of the current GPU."""
+    from fa_kernel.interface import compile_arch
+
+    device = torch.device("cuda")
+    return torch.cuda.get_device_properties(device).multi_processor_count, compile_arch(device)
+
+
+def precompile(cases: Iterable[tuple[int, bool]], jobs: int, target: tuple[int, str] | None = None) -> int:
     """Fill TileLang's disk cache with every candidate of these (head_dim, causal) cases, `jobs`
-    at a time (the timing loop then loads each one from the cache). A candidate that does not
-    fit is left to the timing loop, which compiles it again and says so. Returns how many
-    kernels it tried."""
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    at a time (the timing loop then loads each one from the cache), for `target` (SMs, nvcc
+    arch; None: this GPU's; given, no GPU is needed, and the GPU host loads a copy of the
+    cache). A candidate that does not fit is left to the timing loop, which compiles it again
+    and says so. Returns how many kernels it tried."""
+    sm_count, arch = target or device_target()
     builds = [
-        kernel_build(head_dim, causal, config, sm_count)
+        kernel_build(head_dim, causal, config, sm_count, arch)
         for head_dim, causal in cases
         for config in candidate_configs(causal)
     ]
@@ -167,7 +177,7 @@ def measure_case(
     each (the sweep); then of the sweep's finalists at any length and the configs `also` (those
     the table runs now, to compare with), alternated over `rounds` at every length (medians).
     Shapes: bench.sweep_shape with `nheads` heads. Returns (sweep, alternated)."""
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    sm_count, arch = device_target()
     shapes = {keys: sweep_shape(keys, head_dim, causal, nheads=nheads) for keys in ladder}
     log("  shapes: " + ", ".join(shape.label() for shape in shapes.values()))
     arguments = {}
@@ -183,7 +193,7 @@ def measure_case(
     kernels: dict[TileConfig, Callable] = {}
     for config in candidate_configs(causal):
         try:
-            kernels[config] = compiled_forward(**kernel_build(head_dim, causal, config, sm_count))
+            kernels[config] = compiled_forward(**kernel_build(head_dim, causal, config, sm_count, arch))
         except Exception as error:  # shared memory or registers do not fit this head_dim
             log(f"  {config}: does not compile ({type(error).__name__})")
     # Every kernel is loaded before any is timed, and one length's timings follow each other
