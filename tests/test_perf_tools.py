@@ -38,6 +38,18 @@ def test_every_backward_variant_applies_once_to_backward_py():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.compile
+def test_the_hand_written_backward_prototype_builds_its_program():
+    code = (
+        "from perf.backward_ws import backward_ws_program\n"
+        "for causal in (False, True):\n"
+        "    backward_ws_program(head_dim=128, causal=causal, dtype='bfloat16', block_m=64, block_n=128,"
+        " rows_bottom_up=causal)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
     # No GPU needed: the arguments are checked before anything is built.
     sweep = [sys.executable, "perf/sweep.py", "--configs", "128x176/2st/256thr/persistent/overlap", "--variants"]
