@@ -62,3 +62,25 @@ def test_building_for_another_gpu_names_both_of_its_arguments(monkeypatch, capsy
         precompile.main()
     assert stop.value.code == 2
     assert "--arch and --sm-count go together" in capsys.readouterr().err
+
+
+class _Unpicklable(Exception):
+    """As TileLang's tvm_ffi.Error: it cannot cross from a worker process to the pool, nor can
+    the error its pickling raises, so the worker dies (and, unhandled, the pool with it)."""
+
+    def __reduce__(self):
+        raise _Unpicklable("cannot pickle")
+
+
+def _builder_failing_on(*, fail: bool, number: int) -> None:
+    if fail:
+        raise _Unpicklable(f"build {number} does not fit")
+
+
+def test_a_build_whose_error_does_not_pickle_leaves_the_pool_building_the_rest():
+    from fa_kernel.builds import build_all
+
+    builds = [dict(fail=True, number=1), dict(fail=False, number=2), dict(fail=False, number=3)]
+    errors = build_all(builds, jobs=1, builder=_builder_failing_on)
+    assert isinstance(errors[0], RuntimeError) and "_Unpicklable: build 1 does not fit" in str(errors[0])
+    assert errors[1:] == [None, None]

@@ -56,7 +56,12 @@ def _build(build: dict, builder: Builder | None = None) -> float:
     from fa_kernel.kernel import compiled_forward
 
     start = time.perf_counter()
-    (builder or compiled_forward)(**build)
+    try:
+        (builder or compiled_forward)(**build)
+    except Exception as error:
+        # TileLang's errors (tvm_ffi.Error) do not pickle: raised as they are, one kills its
+        # worker process and with it the pool, and every build still queued fails unbuilt.
+        raise RuntimeError(f"{type(error).__name__}: {error}") from None
     return time.perf_counter() - start
 
 

@@ -468,8 +468,8 @@ def cmd_tune(args) -> int:
             console.print(f"--compile-only: expected an nvcc arch and an SM count, like sm_90a 132, got {arch} {sms}")
             return EXIT_FAILED
         quiet_tilelang()
-        tried = tune.precompile(cases, args.jobs, target=(int(sms), arch))
-        console.print(f"{tried} candidate kernels compiled for {arch} with {sms} SMs into TileLang's cache")
+        tried, built = tune.precompile(cases, args.jobs, target=(int(sms), arch))
+        console.print(f"{built} of {tried} candidate kernels compiled for {arch} with {sms} SMs into TileLang's cache")
         return 0
     if not torch.cuda.is_available():
         console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
@@ -478,7 +478,8 @@ def cmd_tune(args) -> int:
     ladder = sorted(set(args.keys))
     if args.jobs > 1:
         console.print(f"compiling every candidate kernel, {args.jobs} at a time")
-        console.print(f"{tune.precompile(cases, args.jobs)} candidate kernels tried")
+        tried, built = tune.precompile(cases, args.jobs)
+        console.print(f"{built} of {tried} candidate kernels built (the others do not fit)")
     chosen, record = {}, []
     for head_dim, causal in cases:
         console.print(f"d{head_dim}{' causal' if causal else ''}: timing every candidate at {ladder} keys")

@@ -143,20 +143,20 @@ def device_target() -> tuple[int, str]:
     return torch.cuda.get_device_properties(device).multi_processor_count, compile_arch(device)
 
 
-def precompile(cases: Iterable[tuple[int, bool]], jobs: int, target: tuple[int, str] | None = None) -> int:
+def precompile(cases: Iterable[tuple[int, bool]], jobs: int, target: tuple[int, str] | None = None) -> tuple[int, int]:
     """Fill TileLang's disk cache with every candidate of these (head_dim, causal) cases, `jobs`
     at a time (the timing loop then loads each one from the cache), for `target` (SMs, nvcc
     arch; None: this GPU's; given, no GPU is needed, and the GPU host loads a copy of the
     cache). A candidate that does not fit is left to the timing loop, which compiles it again
-    and says so. Returns how many kernels it tried."""
+    and says so. Returns (kernels tried, kernels built)."""
     sm_count, arch = target or device_target()
     builds = [
         kernel_build(head_dim, causal, config, sm_count, arch)
         for head_dim, causal in cases
         for config in candidate_configs(causal)
     ]
-    build_all(builds, jobs)
-    return len(builds)
+    errors = build_all(builds, jobs)
+    return len(builds), sum(error is None for error in errors)
 
 
 def alternate(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key, float]:
