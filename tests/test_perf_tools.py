@@ -16,17 +16,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.compile
-def test_every_patched_variant_applies_once_to_kernel_py():
-    # A subprocess: perf/ is a folder of scripts beside the package, imported from the root.
-    code = "from perf import variants\nfor name in variants.PATCHES:\n    variants._patched_kernel_module(name)\n"
+def assert_runs_from_the_root(code: str) -> None:
+    """`code` runs in a Python of its own from the repository root: perf/ is a folder of
+    scripts beside the package, imported from there."""
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.compile
+def test_every_patched_variant_applies_once_to_kernel_py():
+    assert_runs_from_the_root(
+        "from perf import variants\nfor name in variants.PATCHES:\n    variants._patched_kernel_module(name)\n"
+    )
+
+
+@pytest.mark.compile
 def test_every_backward_variant_applies_once_to_backward_py():
-    code = (
+    assert_runs_from_the_root(
         "from perf import backward_ab, variants\n"
         "from fa_kernel import backward\n"
         "for name, (patches, _) in backward_ab.VARIANTS.items():\n"
@@ -34,20 +40,16 @@ def test_every_backward_variant_applies_once_to_backward_py():
         "        variants.patched_module(backward, name, patches).backward_program(head_dim=64, causal=True,"
         " dtype='float16', block_m=64, block_n=128)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.compile
 def test_the_hand_written_backward_prototype_builds_its_program():
-    code = (
+    assert_runs_from_the_root(
         "from perf.backward_ws import backward_ws_program\n"
         "for causal in (False, True):\n"
         "    backward_ws_program(head_dim=128, causal=causal, dtype='bfloat16', block_m=64, block_n=128,"
         " rows_bottom_up=causal)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
