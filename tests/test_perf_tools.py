@@ -43,6 +43,16 @@ def test_every_backward_variant_applies_once_to_backward_py():
 
 
 @pytest.mark.compile
+def test_every_split_kv_variant_applies_once_to_decode_py():
+    assert_runs_from_the_root(
+        "from perf import decode_ab\n"
+        "for name in decode_ab.VARIANTS:\n"
+        "    decode_ab.module(name).split_program(head_dim=128, causal=True, dtype='bfloat16', block_n=64,"
+        " num_stages=2)\n"
+    )
+
+
+@pytest.mark.compile
 def test_the_hand_written_backward_prototype_builds_its_program():
     assert_runs_from_the_root(
         "from perf.backward_ws import backward_ws_program\n"

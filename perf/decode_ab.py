@@ -1,0 +1,132 @@
+"""The split-KV kernels' tiles and split counts against the shipped ones, on the GPU, alternated
+in one process.
+
+From the repository root on the GPU machine:
+
+    PYTHONPATH=$PWD/src:$PWD python perf/decode_ab.py [--variants NAME ...] [--rounds 5] [--repeats 50]
+
+Each variant is decode.py with DECODE_TILES or BLOCKS_PER_SM patched (`variants.patched_module`;
+its own kernels and split plan). Every variant is first judged (`reference.judge`) on the decode
+grid's shapes (`bench.DECODE_SHAPES`) and a partial one, then timed there, alternated over rounds
+in this one process; GB/s of K/V read (`Shape.kv_bytes`), each variant's ratio to the shipped
+kernels taken round by round. `--compile-only sm_90a` builds them without a GPU.
+
+Variants (`--list`):
+
+  shipped          decode.py as it is: d64 128 keys a tile, d128 and d256 64, two stages, splits
+                   for two thread blocks per SM.
+  wide_d128        d128 tiles of 128 keys (half the loop trips, twice the registers for S).
+  three_stages     three K/V tiles in flight instead of two.
+  one_block_per_sm splits for one thread block per SM (ptxas fits one by registers).
+  four_blocks_per_sm  splits for four (more, shorter splits: more partials to combine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
+
+import torch  # noqa: E402
+
+from fa_kernel import decode as shipped_decode  # noqa: E402
+from fa_kernel.bench import DECODE_SHAPES, Shape, alternated, cuda_median_ms  # noqa: E402
+from fa_kernel.builds import quiet_tilelang  # noqa: E402
+from fa_kernel.reference import judge  # noqa: E402
+from perf.variants import patched_module  # noqa: E402
+
+TILES = "DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}"
+BLOCKS = "BLOCKS_PER_SM = 2"
+VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "shipped": (),
+    "wide_d128": ((TILES, "DECODE_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}"),),
+    "three_stages": ((TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),),
+    "one_block_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 1"),),
+    "four_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 4"),),
+}
+# A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
+CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
+
+
+def module(name: str):
+    patches = VARIANTS[name]
+    return patched_module(shipped_decode, name, patches) if patches else shipped_decode
+
+
+def attend(name: str, shape: Shape, seed: int = 0):
+    """(call, inputs): the variant's split-KV launch on the shape's inputs, and (q, k, v)."""
+    from fa_kernel.interface import compile_arch
+
+    q, k, v = shape.inputs(seed)
+    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
+    scale, arch = 1.0 / math.sqrt(shape.head_dim), compile_arch(q.device)
+    kernels = module(name)
+    return (lambda: kernels.split_kv_attention(q, k, v, scale, shape.causal, sm_count, arch)), (q, k, v)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help="shipped is always measured")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--compile-only", metavar="ARCH", help="compile every variant for ARCH (sm_90a), no GPU")
+    args = parser.parse_args()
+    if unknown := sorted(set(args.variants) - set(VARIANTS)):
+        parser.error(f"--variants: expected names among {', '.join(VARIANTS)}, got {unknown}")
+    variants = ["shipped", *[name for name in args.variants if name != "shipped"]]
+    if args.list:
+        print("\n".join(VARIANTS))
+        return 0
+    shapes = [*DECODE_SHAPES, *CHECKS]
+    if args.compile_only:
+        quiet_tilelang()
+        for name in variants:
+            for shape in shapes:
+                dtype = str(shape.dtype).removeprefix("torch.")
+                module(name).compiled_decode_kernels(
+                    head_dim=shape.head_dim, causal=shape.causal, dtype=dtype, arch=args.compile_only
+                )
+            print(f"{name}: compiled for {args.compile_only}", flush=True)
+        return 0
+    failed = set()
+    for name in variants:
+        for shape in shapes:
+            call, (q, k, v) = attend(name, shape)
+            out, lse = call()
+            verdict = judge(q, k, v, out, lse, shape.causal)
+            if not verdict.passed:
+                print(f"{name} {shape.label()}: FAILED {verdict}", flush=True)
+                failed.add(name)
+    if "shipped" in failed:
+        return 1
+    variants = [name for name in variants if name not in failed]
+    others = variants[1:]
+    print(f"GB/s of K/V read; | shape | {' | '.join(variants)} | {' | '.join(f'{n} / shipped' for n in others)} |")
+    print("|---|" + "---|" * (len(variants) + len(others)))
+
+    def gb_per_s(call, kv_bytes: int) -> float:
+        return kv_bytes / (cuda_median_ms(call, 10, args.repeats) * 1e-3) / 1e9
+
+    for shape in DECODE_SHAPES:
+        timers = {}
+        for name in variants:
+            call, _ = attend(name, shape)
+            timers[name] = lambda call=call, kv_bytes=shape.kv_bytes: gb_per_s(call, kv_bytes)
+        samples = alternated(timers, args.rounds)
+        medians = " | ".join(f"{statistics.median(samples[name]):.0f}" for name in variants)
+        ratios = []
+        for name in others:
+            each = [ours / base for ours, base in zip(samples[name], samples["shipped"], strict=True)]
+            ratios.append(f"{statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
+        print(f"| {shape.label()} | {medians} | {' | '.join(ratios)} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
