@@ -34,9 +34,8 @@ Variants (`--list` prints them):
 
 from __future__ import annotations
 
-import argparse
+import itertools
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -48,11 +47,12 @@ import torch  # noqa: E402
 from fa_kernel import backward as shipped_backward  # noqa: E402
 from fa_kernel import flash_attn_func  # noqa: E402
 from fa_kernel.backward import compiled_preprocess, padded_rows  # noqa: E402
-from fa_kernel.bench import BACKWARD_FLOPS, Shape, alternated, cuda_median_ms  # noqa: E402
+from fa_kernel.bench import BACKWARD_FLOPS, Shape, cuda_median_ms  # noqa: E402
 from fa_kernel.builds import quiet_tilelang  # noqa: E402
 from fa_kernel.interface import compile_arch  # noqa: E402
 from fa_kernel.numerics import LOG2E  # noqa: E402
 from fa_kernel.reference import judge_backward, random_qkv  # noqa: E402
+from perf import ab  # noqa: E402
 from perf.backward_ws import compiled_backward_ws  # noqa: E402
 from perf.variants import patched_module  # noqa: E402
 
@@ -174,16 +174,7 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help="shipped is always measured")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--list", action="store_true", help="print the variants and exit")
-    parser.add_argument("--compile-only", metavar="ARCH", help="compile every variant for ARCH (sm_90a), no GPU")
-    args = parser.parse_args()
-    if unknown := sorted(set(args.variants) - set(VARIANTS)):
-        parser.error(f"--variants: expected names among {', '.join(VARIANTS)}, got {unknown}")
-    variants = ["shipped", *[name for name in args.variants if name != "shipped"]]
+    args, variants = ab.arguments(__doc__.splitlines()[0], VARIANTS, repeats=20)
     if args.list:
         print("\n".join(VARIANTS))
         return 0
@@ -203,25 +194,21 @@ def main() -> int:
                         broken += 1
             print(f"{name}: compiled for {args.compile_only}", flush=True)
         return 1 if broken else 0
-    # A variant outside the bound on any check is reported and left out of the timing.
-    failed = set()
-    for head_dim in sorted({shape.head_dim for shape in SHAPES}):
-        for causal in (False, True):
-            for name in variants:
-                for case in CHECKS:
-                    call, grads, (q, k, v, dout) = launcher(case, head_dim, causal, torch.bfloat16, name)
-                    call()
-                    verdict = judge_backward(q, k, v, dout, grads(), causal)
-                    if not verdict.passed:
-                        print(f"{name} d{head_dim} causal={causal} {case}: FAILED {verdict}", flush=True)
-                        failed.add(name)
-    if "shipped" in failed:
+
+    def failures(name: str):
+        for head_dim in sorted({shape.head_dim for shape in SHAPES}):
+            for causal, case in itertools.product((False, True), CHECKS):
+                call, grads, (q, k, v, dout) = launcher(case, head_dim, causal, torch.bfloat16, name)
+                call()
+                verdict = judge_backward(q, k, v, dout, grads(), causal)
+                if not verdict.passed:
+                    yield f"d{head_dim} causal={causal} {case}: {verdict}"
+
+    variants = ab.within_the_bound(variants, failures)
+    if variants is None:
         return 1
-    variants = [name for name in variants if name not in failed]
     print("within the bound on", CHECKS, ":", ", ".join(variants), flush=True)
-    others = variants[1:]
-    print(f"| shape | {' | '.join(variants)} | {' | '.join(f'{name} / shipped' for name in others)} |")
-    print("|---|" + "---|" * (len(variants) + len(others)))
+    ab.print_header("TFLOP/s of the main backward kernel", variants)
     for shape in SHAPES:
         case = (shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv)
         flops = shape.flops * BACKWARD_FLOPS
@@ -229,13 +216,7 @@ def main() -> int:
         for name in variants:
             call, _, _ = launcher(case, shape.head_dim, shape.causal, shape.dtype, name)
             timers[name] = lambda call=call, flops=flops: flops / (cuda_median_ms(call, 5, args.repeats) * 1e-3) / 1e12
-        samples = alternated(timers, args.rounds)
-        medians = " | ".join(f"{statistics.median(samples[name]):.0f}" for name in variants)
-        ratios = []
-        for name in others:
-            each = [ours / base for ours, base in zip(samples[name], samples["shipped"], strict=True)]
-            ratios.append(f"{statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
-        print(f"| {shape.label()} | {medians} | {' | '.join(ratios)} |", flush=True)
+        ab.print_row(shape.label(), timers, args.rounds)
     return 0
 
 

@@ -23,9 +23,7 @@ Variants (`--list`):
 
 from __future__ import annotations
 
-import argparse
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -35,9 +33,10 @@ sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in s
 import torch  # noqa: E402
 
 from fa_kernel import decode as shipped_decode  # noqa: E402
-from fa_kernel.bench import DECODE_SHAPES, Shape, alternated, cuda_median_ms  # noqa: E402
+from fa_kernel.bench import DECODE_SHAPES, Shape, cuda_median_ms  # noqa: E402
 from fa_kernel.builds import quiet_tilelang  # noqa: E402
 from fa_kernel.reference import judge  # noqa: E402
+from perf import ab  # noqa: E402
 from perf.variants import patched_module  # noqa: E402
 
 TILES = "DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}"
@@ -70,16 +69,7 @@ def attend(name: str, shape: Shape, seed: int = 0):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help="shipped is always measured")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--list", action="store_true", help="print the variants and exit")
-    parser.add_argument("--compile-only", metavar="ARCH", help="compile every variant for ARCH (sm_90a), no GPU")
-    args = parser.parse_args()
-    if unknown := sorted(set(args.variants) - set(VARIANTS)):
-        parser.error(f"--variants: expected names among {', '.join(VARIANTS)}, got {unknown}")
-    variants = ["shipped", *[name for name in args.variants if name != "shipped"]]
+    args, variants = ab.arguments(__doc__.splitlines()[0], VARIANTS, repeats=50)
     if args.list:
         print("\n".join(VARIANTS))
         return 0
@@ -94,21 +84,19 @@ def main() -> int:
                 )
             print(f"{name}: compiled for {args.compile_only}", flush=True)
         return 0
-    failed = set()
-    for name in variants:
+
+    def failures(name: str):
         for shape in shapes:
             call, (q, k, v) = attend(name, shape)
             out, lse = call()
             verdict = judge(q, k, v, out, lse, shape.causal)
             if not verdict.passed:
-                print(f"{name} {shape.label()}: FAILED {verdict}", flush=True)
-                failed.add(name)
-    if "shipped" in failed:
+                yield f"{shape.label()}: {verdict}"
+
+    variants = ab.within_the_bound(variants, failures)
+    if variants is None:
         return 1
-    variants = [name for name in variants if name not in failed]
-    others = variants[1:]
-    print(f"GB/s of K/V read; | shape | {' | '.join(variants)} | {' | '.join(f'{n} / shipped' for n in others)} |")
-    print("|---|" + "---|" * (len(variants) + len(others)))
+    ab.print_header("GB/s of K and V read", variants)
 
     def gb_per_s(call, kv_bytes: int) -> float:
         return kv_bytes / (cuda_median_ms(call, 10, args.repeats) * 1e-3) / 1e9
@@ -118,13 +106,7 @@ def main() -> int:
         for name in variants:
             call, _ = attend(name, shape)
             timers[name] = lambda call=call, kv_bytes=shape.kv_bytes: gb_per_s(call, kv_bytes)
-        samples = alternated(timers, args.rounds)
-        medians = " | ".join(f"{statistics.median(samples[name]):.0f}" for name in variants)
-        ratios = []
-        for name in others:
-            each = [ours / base for ours, base in zip(samples[name], samples["shipped"], strict=True)]
-            ratios.append(f"{statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
-        print(f"| {shape.label()} | {medians} | {' | '.join(ratios)} |", flush=True)
+        ab.print_row(shape.label(), timers, args.rounds)
     return 0
 
 

@@ -62,6 +62,21 @@ def test_the_hand_written_backward_prototype_builds_its_program():
     )
 
 
+def test_the_ab_tables_drop_failing_variants_and_take_ratios_round_by_round():
+    assert_runs_from_the_root(
+        "import contextlib, io, itertools\n"
+        "from perf import ab\n"
+        "fails = lambda name: ['off by 5%'] if name == 'b' else []\n"
+        "assert ab.within_the_bound(['shipped', 'a', 'b'], fails) == ['shipped', 'a']\n"
+        "assert ab.within_the_bound(['shipped', 'a'], lambda name: ['wrong'] if name == 'shipped' else []) is None\n"
+        "rounds = itertools.count()\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    ab.print_row('s', {'shipped': lambda: 100.0, 'a': lambda: 110.0 + next(rounds)}, 3)\n"
+        "assert out.getvalue() == '| s | 100 | 111 | 1.110x (1.100-1.120) |\\n', out.getvalue()\n"
+    )
+
+
 def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
     # No GPU needed: the arguments are checked before anything is built.
     sweep = [sys.executable, "perf/sweep.py", "--configs", "128x176/2st/256thr/persistent/overlap", "--variants"]
