@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from fa_kernel import decode as shipped_decode  # noqa: E402
 from fa_kernel.bench import DECODE_SHAPES, Shape, cuda_median_ms  # noqa: E402
-from fa_kernel.builds import quiet_tilelang  # noqa: E402
+from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
 from fa_kernel.reference import judge  # noqa: E402
 from perf import ab  # noqa: E402
 from perf.variants import patched_module  # noqa: E402
@@ -59,11 +59,9 @@ def module(name: str):
 
 def attend(name: str, shape: Shape, seed: int = 0):
     """(call, inputs): the variant's split-KV launch on the shape's inputs, and (q, k, v)."""
-    from fa_kernel.interface import compile_arch
-
     q, k, v = shape.inputs(seed)
-    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-    scale, arch = 1.0 / math.sqrt(shape.head_dim), compile_arch(q.device)
+    sm_count, arch = device_target(q.device)
+    scale = 1.0 / math.sqrt(shape.head_dim)
     kernels = module(name)
     return (lambda: kernels.split_kv_attention(q, k, v, scale, shape.causal, sm_count, arch)), (q, k, v)
 

@@ -16,7 +16,6 @@ import argparse
 import itertools
 import math
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,8 +72,8 @@ def cases() -> list[Case]:
 def run(case: Case) -> bool:
     """Launch the case's kernels and judge what they computed; True if within the bound."""
     from fa_kernel import flash_attn_func
-    from fa_kernel.decode import split_kv_attention
-    from fa_kernel.interface import compile_arch, tile_config_for
+    from fa_kernel.bench import split_kv_call
+    from fa_kernel.interface import tile_config_for
     from fa_kernel.reference import judge, judge_backward, random_qkv
     from launch import run_config
 
@@ -88,16 +87,12 @@ def run(case: Case) -> bool:
         grads = torch.autograd.grad(out, (q, k, v), dout)
         torch.cuda.synchronize()
         return judge_backward(q.detach(), k.detach(), v.detach(), dout, grads, case.causal).passed
-    attend: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     if case.kernel == "forward":
-        attend = lambda: flash_attn_func(q, k, v, causal=case.causal, return_lse=True)  # noqa: E731
+        out, lse = flash_attn_func(q, k, v, causal=case.causal, return_lse=True)
     elif case.kernel == "long entry":
-        config = tile_config_for(q.device, head_dim, case.causal, seqlen_k=None)
-        attend = lambda: run_config(q, k, v, scale, case.causal, config)  # noqa: E731
+        out, lse = run_config(q, k, v, scale, case.causal, tile_config_for(q.device, head_dim, case.causal, None))
     else:
-        sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-        attend = lambda: split_kv_attention(q, k, v, scale, case.causal, sm_count, compile_arch(q.device))  # noqa: E731
-    out, lse = attend()
+        out, lse = split_kv_call(q, k, v, case.causal)()
     torch.cuda.synchronize()
     return judge(q, k, v, out, lse, case.causal, scale).passed
 

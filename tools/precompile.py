@@ -72,20 +72,13 @@ def main() -> int:
     if (args.arch is None) != (args.sm_count is None):
         given = f"--arch {args.arch} --sm-count {args.sm_count}"
         parser.error(f"--arch and --sm-count go together: expected both or neither, got {given}")
-    import torch
-
     import test_backward_kernel
     import test_decode
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
-    from fa_kernel.builds import build_unless_built, distinct_tasks
+    from fa_kernel.builds import build_unless_built, device_target, distinct_tasks
     from fa_kernel.decode import compiled_decode_kernels
-    from fa_kernel.interface import compile_arch
 
-    if args.arch is None:
-        device = torch.device("cuda")
-        arch, sm_count = compile_arch(device), torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        arch, sm_count = args.arch, args.sm_count
+    sm_count, arch = device_target() if args.arch is None else (args.sm_count, args.arch)
     builds = smoke_builds(arch) if args.smoke else suite_builds(sm_count, arch)
     # One pool for every kind, the builds of several kernels each (gradients, split-KV) first: a
     # pool per kind would end each on a round of idle cores.

@@ -232,11 +232,11 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
 
 def split_kv_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:
     """The split-KV kernels' launch on these inputs, for this device's SMs and architecture."""
+    from fa_kernel.builds import device_target
     from fa_kernel.decode import split_kv_attention
-    from fa_kernel.interface import compile_arch
 
-    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-    scale, arch = 1.0 / math.sqrt(q.shape[-1]), compile_arch(q.device)
+    sm_count, arch = device_target(q.device)
+    scale = 1.0 / math.sqrt(q.shape[-1])
     return lambda: split_kv_attention(q, k, v, scale, causal, sm_count, arch)
 
 

@@ -37,6 +37,17 @@ def shipped_builds(
     ]
 
 
+def device_target(device=None) -> tuple[int, str]:
+    """(SMs, nvcc arch) of a CUDA device (default: the current one): what its kernels are built
+    for, the persistent grid's size and the architecture ("sm_90a")."""
+    import torch
+
+    from fa_kernel.interface import compile_arch
+
+    device = torch.device("cuda") if device is None else device
+    return torch.cuda.get_device_properties(device).multi_processor_count, compile_arch(device)
+
+
 def unique(builds: Sequence[dict]) -> list[dict]:
     """The builds without repeats, in their order (a build is a dict, so not hashable)."""
     return [build for index, build in enumerate(builds) if build not in builds[:index]]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from fa_kernel.bench import Key, alternated, cuda_median_ms, sweep_shape
-from fa_kernel.builds import build_all
+from fa_kernel.builds import build_all, device_target
 from fa_kernel.configs import TileConfig
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -133,14 +133,6 @@ def kernel_build(head_dim: int, causal: bool, config: TileConfig, sm_count: int,
     flash_attn_func builds it. The compile pool and the timing loop both build from here: the
     disk cache serves the second only for the very same arguments."""
     return dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count, arch=arch)
-
-
-def device_target() -> tuple[int, str]:
-    """(SMs, nvcc arch) of the current GPU."""
-    from fa_kernel.interface import compile_arch
-
-    device = torch.device("cuda")
-    return torch.cuda.get_device_properties(device).multi_processor_count, compile_arch(device)
 
 
 def precompile(cases: Iterable[tuple[int, bool]], jobs: int, target: tuple[int, str] | None = None) -> tuple[int, int]:
