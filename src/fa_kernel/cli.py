@@ -361,16 +361,7 @@ def cmd_bench(args) -> int:
         print(json.dumps(record))
         return 0
     names = ("fa_kernel", *(["fa_kernel deterministic"] if args.backward else []), *CUDNN_LAYOUTS, "flash")
-    headers = [
-        "shape BxHxSxD",
-        "fa_kernel",
-        *(["deterministic"] if args.backward else []),
-        "cuDNN BHSD",
-        "cuDNN BSHD view",
-        "SDPA flash",
-        "vs cuDNN best",
-        "ratio range",
-    ]
+    headers = ["shape BxHxSxD", *(COLUMNS[name] for name in names), "vs cuDNN best", "ratio range"]
     title = (
         f"{'Backward' if args.backward else 'Forward'} TFLOP/s on {torch.cuda.get_device_name()}:"
         f" medians of {args.rounds} rounds alternated in this process,"
@@ -389,11 +380,7 @@ def cmd_bench(args) -> int:
     if decodes:
         bandwidth_headers = [
             "shape BxHxSqxSkxD",
-            "fa_kernel",
-            "split-KV",
-            "cuDNN BHSD",
-            "cuDNN BSHD view",
-            "SDPA flash",
+            *(COLUMNS[name] for name in BANDWIDTH_NAMES),
             "split-KV vs cuDNN best",
             "split-KV of HBM",
         ]
@@ -404,6 +391,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
+# Each implementation bench.runners times, as a table's column names it.
+COLUMNS = {
+    "fa_kernel": "fa_kernel",
+    "fa_kernel deterministic": "deterministic",
+    "fa_kernel split-KV": "split-KV",
+    "cudnn BHSD": "cuDNN BHSD",
+    "cudnn BSHD view": "cuDNN BSHD view",
+    "flash": "SDPA flash",
+}
+# The decode grid's table of GB/s.
+BANDWIDTH_NAMES = ("fa_kernel", "fa_kernel split-KV", *CUDNN_LAYOUTS, "flash")
+
+
 def _bandwidth_rows(results: list[tuple[Shape, dict[str, Timing]]]) -> list[list[str]]:
     """GB/s of K/V per implementation (TFLOP/s times the shape's K/V bytes per FLOP) of the
     shapes the split-KV kernels ran on."""
@@ -412,13 +412,12 @@ def _bandwidth_rows(results: list[tuple[Shape, dict[str, Timing]]]) -> list[list
         if "fa_kernel split-KV" not in timings:
             continue
         per_tflops = shape.kv_bytes / shape.flops * 1e3  # GB/s per TFLOP/s
-        names = ("fa_kernel", "fa_kernel split-KV", *CUDNN_LAYOUTS, "flash")
         ratio = ratio_to_cudnn_best(timings, ours="fa_kernel split-KV")
         split_kv = timings["fa_kernel split-KV"].median * per_tflops
         rows.append(
             [
                 shape.label(),
-                *(f"{timings[name].median * per_tflops:.0f}" if name in timings else "-" for name in names),
+                *(f"{timings[name].median * per_tflops:.0f}" if name in timings else "-" for name in BANDWIDTH_NAMES),
                 "-" if ratio is None else f"{ratio.median:.2f}x ({min(ratio.rounds):.2f}-{max(ratio.rounds):.2f})",
                 f"{split_kv * 1e9 / H200_HBM_BYTES_PER_S:.0%}",
             ]
