@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 
 import nox
@@ -393,6 +394,7 @@ def sanitize(session: nox.Session) -> None:
     # Exact allocations: with the caching allocator a small overrun lands in its slack, and
     # memcheck stays silent.
     env = {**os.environ, **session.env, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    env = {name: value for name, value in env.items() if value is not None}  # nox's None: unset
     shards = max(1, (os.cpu_count() or 1) // len(tools))
     logs = ROOT / ".sanitize"
     logs.mkdir(exist_ok=True)
@@ -407,7 +409,10 @@ def sanitize(session: nox.Session) -> None:
     for log in running:
         lines = log.read_text().splitlines()
         cases = sum("causal=" in line for line in lines)  # tests/sanitize_cases.py prints one line a launch
-        verdict = next((line for line in reversed(lines) if "ERROR SUMMARY" in line), "no ERROR SUMMARY (it stopped)")
+        # memcheck and synccheck end on "ERROR SUMMARY: n errors", racecheck on "RACECHECK SUMMARY: ...".
+        verdict = next(
+            (line for line in reversed(lines) if re.match(r"=+ \w+ SUMMARY: ", line)), "no summary (it stopped)"
+        )
         session.log(f"{log.name}: {cases} launches, {verdict}")
     if failed:
         for log in failed:
