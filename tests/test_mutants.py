@@ -248,6 +248,44 @@ def test_a_deadline_starts_only_what_can_end_by_it_and_stops_the_rest(tmp_path, 
     assert mutants.VERDICTS.count(outcome[0]) == 0  # a record does not keep it: the next run judges it
 
 
+def test_a_sweep_tier_silent_past_the_hang_limit_is_a_hang_and_a_slow_one_that_prints_is_not(tmp_path, monkeypatch):
+    # A kernel that never returns prints nothing more: a tier of the sweep silent for
+    # HANG_SECONDS is stopped and the mutant killed, however long its time limit; one that goes on
+    # printing (a test's dot as each ends) runs on past it.
+    monkeypatch.setattr(mutants, "HANG_SECONDS", 3)
+    mutant = mutants.KERNEL_MUTANTS[0]
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_hangs.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(60)\n")
+    (tests / "test_slow.py").write_text(
+        "import time\n\nimport pytest\n\n@pytest.mark.parametrize('i', range(6))\n"
+        "def test_slow(i):\n    time.sleep(1)\n"
+    )
+    start = time.perf_counter()
+    tiers = [("smoke on 2 more changed builds", [str(tests / "test_hangs.py")])]
+    status, detail, _ = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, timeout=600)
+    assert status == "killed" and detail.startswith("hang: the smoke on 2 more changed builds tier printed nothing")
+    assert time.perf_counter() - start < 30
+    assert "(stopped: silence)" in (tmp_path / f"{mutant.id}.log").read_text()  # how far it got
+
+    tiers = [("smoke on 2 more changed builds", [str(tests / "test_slow.py")])]
+    status, detail, seconds = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, timeout=600)
+    assert status == "SURVIVED" and seconds > 6  # six dots a second apart: never silent for 3 s
+
+
+def test_a_check_whose_kernel_never_returns_leaves_the_mutant_to_the_tests(tmp_path, monkeypatch):
+    # The check shows nothing of the outputs, so it settles nothing: the tiers after it judge.
+    monkeypatch.setattr(mutants, "HANG_SECONDS", 3)
+    mutant = mutants.KERNEL_MUTANTS[0]
+    check = tmp_path / "check.py"
+    check.write_text("import time\ntime.sleep(60)\n")
+    failing = tmp_path / "test_fails.py"
+    failing.write_text("def test_fails():\n    assert False\n")
+    tiers = [("bitwise", [str(check), "some-build"]), ("smoke on some-build", ["-x", str(failing)])]
+    status, detail, _ = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, timeout=600, bitwise_seed=tmp_path)
+    assert status == "killed" and detail.startswith("smoke on some-build:")
+
+
 def test_the_unmutated_baseline_runs_once_per_source_and_tests(tmp_path, monkeypatch):
     import subprocess
 

@@ -46,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
@@ -1178,6 +1179,12 @@ def unmutated_failures(all_tiers) -> list[str]:
     return failed
 
 
+def _sweeps(tier: str) -> bool:
+    """Whether `tier` runs the sweep's shapes, printing as it goes (a build's line, a test's dot):
+    one silent for HANG_SECONDS is waiting on a kernel that never returns (run_mutant)."""
+    return tier in CHECK_TIERS or tier.startswith("smoke")
+
+
 def _one_build(tier: str) -> bool:
     """Whether `tier` is the smoke tier of a mutant's first changed build (mutant_tiers)."""
     return tier.startswith("smoke on ") and "more changed builds" not in tier
@@ -1193,6 +1200,53 @@ def _stop_running_tiers(signum, frame) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
     os._exit(128 + signum)  # the pool's threads would start the next mutants otherwise
+
+
+def seconds_since(start: float) -> float:
+    return time.perf_counter() - start
+
+
+def _wait(process: subprocess.Popen, limit: float | None, silence: float | None) -> tuple[str, str, str | None]:
+    """(stdout, stderr, why it was stopped) of a tier's `process`: None where it ended by itself,
+    'limit' past `limit` seconds, 'silence' after `silence` seconds without a byte on either pipe,
+    both with its whole process group killed, and 'stuck' where that group is still there
+    KILL_SECONDS later."""
+    received: dict[str, list[bytes]] = {"out": [], "err": []}
+    last_output = [time.monotonic()]
+
+    def read(stream, into: list[bytes]) -> None:
+        while chunk := stream.read1(1 << 16):
+            into.append(chunk)
+            last_output[0] = time.monotonic()
+
+    readers = [
+        threading.Thread(target=read, args=(stream, received[name]), daemon=True)
+        for name, stream in (("out", process.stdout), ("err", process.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    started, stopped = time.monotonic(), None
+    while stopped is None:
+        try:
+            process.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if limit is not None and now - started > limit:
+                stopped = "limit"
+            elif silence is not None and now - last_output[0] > silence:
+                stopped = "silence"
+    if stopped is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            process.wait(timeout=KILL_SECONDS)
+        except subprocess.TimeoutExpired:
+            stopped = "stuck"
+    for reader in readers:
+        reader.join(timeout=5)
+    text = [b"".join(received[name]).decode(errors="replace") for name in ("out", "err")]
+    return text[0], text[1], stopped
 
 
 def mutant_package(mutant, text: str, workdir: Path, cache: Path) -> dict[str, str]:
@@ -1249,6 +1303,7 @@ def run_mutant(
         # Hard links: the mutant's builds go into its own folder, the seed stays as it was.
         shutil.copytree(seed_cache, cache, copy_function=os.link)
     env.update(HYPOTHESIS_PROFILE="mutants", FA_KERNEL_REQUIRE_GPU="1" if target in GPU_TARGETS else "0")
+    env["PYTHONUNBUFFERED"] = "1"  # each test's dot as it ends: the silence rule (_wait) reads them
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     log = ""
@@ -1266,13 +1321,7 @@ def run_mutant(
         # A session of its own: on a time-out the whole group goes (pytest and its compilers),
         # or their open pipes would keep this call waiting.
         process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
         RUNNING.add(process.pid)
         # One build's smoke tests compile one kernel and launch it in well under a minute: past
@@ -1284,27 +1333,32 @@ def run_mutant(
         stopped_by_deadline = deadline is not None and (limit is None or deadline < limit)
         if stopped_by_deadline:
             limit = deadline
-        try:
-            stdout, stderr = process.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            try:
-                process.communicate(timeout=KILL_SECONDS)
-            except subprocess.TimeoutExpired:
-                # Stuck in the driver: its GPU context may be what holds the other mutants'
-                # kernels back, so neither this one nor theirs reads as a hang.
-                RUNNING.discard(process.pid)
-                seconds = time.perf_counter() - start
-                return "ERROR", f"the {tier} tier's processes did not exit {KILL_SECONDS} s after SIGKILL", seconds
-            RUNNING.discard(process.pid)
+        stdout, stderr, stopped = _wait(process, limit, HANG_SECONDS if _sweeps(tier) else None)
+        RUNNING.discard(process.pid)
+        if stopped == "stuck":
+            # Stuck in the driver: its GPU context may be what holds the other mutants'
+            # kernels back, so neither this one nor theirs reads as a hang.
+            return (
+                "ERROR",
+                f"the {tier} tier's processes did not exit {KILL_SECONDS} s after SIGKILL",
+                seconds_since(start),
+            )
+        if stopped is not None:
+            log += f"==== {tier} (stopped: {stopped})\n{stdout}{stderr}"
+            if stopped == "silence" and tier in CHECK_TIERS:
+                # A kernel that never returns shows nothing of the outputs: the tests judge it, as
+                # any mutant whose check fails (and a hung context slows every other mutant's).
+                continue
+            (workdir / f"{mutant.id}.log").write_text(log)  # how far it got
             shutil.rmtree(tree, ignore_errors=True)
-            seconds = time.perf_counter() - start
+            seconds = seconds_since(start)
+            if stopped == "silence":
+                return "killed", f"hang: the {tier} tier printed nothing for {HANG_SECONDS} s and was stopped", seconds
             if stopped_by_deadline:
                 return "NOT RUN", f"stopped at --deadline in the {tier} tier", seconds
             if one_build and limit == HANG_SECONDS:
                 return "killed", f"hang: {tier} ran past {HANG_SECONDS} s and was stopped", seconds
             return "TIMEOUT", f"the {tier} tier ran past the {timeout:.0f} s limit and was stopped", seconds
-        RUNNING.discard(process.pid)
         result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         log += f"==== {tier}\n{result.stdout}{result.stderr}"
         if tier in ("bitwise", "close"):
@@ -1327,7 +1381,9 @@ def run_mutant(
         return "ERROR", "the tests imported the shipped package, not the mutant", seconds
     if result.returncode == 0:
         claimed = ""
-        if "==== bitwise" in log or "==== close" in log:
+        if "(stopped: silence)" in log:
+            claimed = " (recorded as equivalent, but its check's kernel never returned)"
+        elif "==== bitwise" in log or "==== close" in log:
             claimed = " (recorded as equivalent, but its outputs are not the unmutated kernel's)"
         return "SURVIVED", f"every test of the {tier} tier passed{claimed}", seconds
     if result.returncode != 1:
