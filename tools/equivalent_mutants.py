@@ -152,13 +152,6 @@ UNSYNCED_ARRIVE = Reason(
     "on a turn barrier: the arrives the mutant adds there change no value and no order",
     BITWISE,
 )
-TURN_ARRIVES_MORE = Reason(
-    "more arrivals at the turn barrier (every consumer thread, or also for a work tile of one K/V tile, "
-    "which takes no turn) can only end a warpgroup's wait for its turn sooner: warpgroups then issue "
-    "their GEMMs in another order, or at once, and no row's arithmetic depends on that order",
-    BITWISE,
-)
-
 MINUS_INFINITY_PLUS_ONE = Reason(
     "-inf + 1 and -inf - 1 are -inf, and a finite fp32 row max plus or minus 1 stays finite, so the "
     "test for a row that has seen no key yet holds for exactly the same rows",
@@ -389,16 +382,6 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:start_work_tile:guard_always:take_turns->True": UNSYNCED_ARRIVE,
     "kernel.py:kv_step:guard_always:take_turns->True#2": UNSYNCED_ARRIVE,  # pass_turn without take_turns
     "kernel.py:kv_step:guard_never:take_turns->False": SCHEDULE_ONLY,  # no warpgroup waits for its turn
-    **{
-        f"kernel.py:start_work_tile:{rewrite}": TURN_ARRIVES_MORE
-        for rewrite in (
-            "guard_always:thread >= consumers - 128 and num_kv_blocks > 1->True",
-            "or_and:thread >= consumers - 128 and num_kv_blocks > 1->thread >= consumers - 128 or num_kv_blocks > 1",
-            "off_by_one:num_kv_blocks > 1->num_kv_blocks + 1 > 1",
-            "relational:num_kv_blocks > 1->num_kv_blocks >= 1",
-            "off_by_one:num_kv_blocks > 1->num_kv_blocks > 0",
-        )
-    },
     "kernel.py:start_work_tile:relational:thread >= consumers - 128->thread > consumers - 128": WARP_ARRIVES_AS_ONE,
     "kernel.py:start_work_tile:off_by_one:thread >= consumers - 128->thread - 1 >= consumers - 128": (
         WARP_ARRIVES_AS_ONE
