@@ -435,3 +435,9 @@ def test_prebuild_compiles_each_mutants_changed_builds_for_a_gpu_host(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{mutant}" in result.stdout and "2 sweep builds of 1 mutants, own tests' of 0" in result.stdout
     assert len(list((tmp_path / "cache").rglob("kernel.cubin"))) == 2
+
+
+def test_cpu_only_calls_a_mutant_that_passes_the_cpu_tier_not_judged():
+    # Its GPU tiers come after: passing the first of its tiers is no survival.
+    assert mutants._cpu_tier_passed("SURVIVED", "every test of the cpu tier passed", 3.0)[0] == "NOT RUN"
+    assert mutants._cpu_tier_passed("killed", "cpu: tests/test_api.py::test_x", 3.0)[0] == "killed"

@@ -1726,10 +1726,14 @@ def main() -> int:
         for done in as_completed(futures):
             status, detail, seconds = done.result()
             mutant = futures[done]
+            if args.cpu_only and args.target in GPU_TARGETS:
+                status, detail, seconds = _cpu_tier_passed(status, detail, seconds)
             print(f"{mutant.id:<{width}}  {status:<10}  {seconds:7.1f}  {detail}", flush=True)
             if args.record is not None:
                 append_record(args.record, mutant, tiers[mutant.id], (status, detail, seconds))
     outcomes = {futures_mutant.id: future.result() for future, futures_mutant in futures.items()}
+    if args.cpu_only and args.target in GPU_TARGETS:
+        outcomes = {key: _cpu_tier_passed(*outcome) for key, outcome in outcomes.items()}
     outcomes.update(recorded)
     outcomes.update({mutant_id: (verdict, reason, 0.0) for mutant_id, (verdict, reason) in settled.items()})
     print(f"\n{'mutant':<{width}}  result      seconds  first failing test / reason")
@@ -1753,6 +1757,13 @@ def main() -> int:
         + f" of {len(mutants)} ({args.target}, {gpus} GPU(s), {time.perf_counter() - started:.0f} s)"
     )
     return 0 if survived == 0 else 1
+
+
+def _cpu_tier_passed(status: str, detail: str, seconds: float) -> tuple[str, str, float]:
+    """--cpu-only: a mutant that passes the CPU tier has not survived, its GPU tiers are to judge it."""
+    if status == "SURVIVED":
+        return "NOT RUN", "passed the CPU tier (--cpu-only): its GPU tiers judge it", seconds
+    return status, detail, seconds
 
 
 # Verdicts a record keeps: a time-out or an error is run again.
