@@ -1,6 +1,7 @@
 """The dispatch (configs.select_config): each table entry serves exactly the keys it claims, the
 switch to the next entry is the first key past its reach, and cases outside the tables get the
-fallback. CPU only; the kernels behind each entry are checked on the GPU."""
+fallback; and which calls the split-KV kernels serve (configs.split_kv_serves), on both sides of
+each of its conditions. CPU only; the kernels behind each entry are checked on the GPU."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import itertools
 
 import pytest
 
-from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, TileConfig, key_ranges, select_config
+from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, TileConfig, key_ranges, select_config, split_kv_serves
 
 CASES = sorted({(arch, head_dim, causal) for arch, head_dim, causal in TUNED})
 
@@ -51,3 +52,26 @@ def test_a_config_parses_what_it_prints():
 def test_text_that_is_not_a_config_is_refused_with_the_form_expected(text):
     with pytest.raises(ValueError, match="expected BMxBN/Sst/Tthr"):
         TileConfig.parse(text)
+
+
+# (seqlen_q, heads, heads_kv, causal, rows_per_block, served): each condition's two sides.
+SPLIT_KV_CASES = [
+    (1, 32, 32, False, 64, False),  # no GQA: no K/V read to save
+    (1, 32, 16, False, 64, True),  # the smallest group
+    (1, 32, 8, False, 64, True),
+    (16, 32, 8, False, 64, True),  # the group's 64 rows: one row block
+    (17, 32, 8, False, 64, False),  # 68 rows
+    (13, 40, 8, False, 64, False),  # groups of 5: 65 rows, one past the block
+    (32, 16, 8, False, 64, True),  # groups of 2: 64 rows, then 66
+    (33, 16, 8, False, 64, False),
+    (17, 32, 8, False, 128, True),  # the row block is the split kernel's
+    (1, 32, 8, True, 64, True),  # one causal query sees every key
+    (2, 32, 8, True, 64, False),  # past it, the causal mask: the forward kernel
+]
+
+
+@pytest.mark.parametrize(("seqlen_q", "heads", "heads_kv", "causal", "rows_per_block", "served"), SPLIT_KV_CASES)
+def test_split_kv_serves_a_group_whose_rows_fit_a_row_block_and_no_causal_mask(
+    seqlen_q, heads, heads_kv, causal, rows_per_block, served
+):
+    assert split_kv_serves(seqlen_q, heads, heads_kv, causal, rows_per_block) is served

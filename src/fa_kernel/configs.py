@@ -130,3 +130,16 @@ def key_ranges(arch: str, head_dim: int, causal: bool) -> list[tuple[int, int | 
         ranges.append((fewest, most_keys, config))
         fewest = most_keys + 1
     return [*ranges, (fewest, None, select_config(arch, head_dim, causal))]
+
+
+def split_kv_serves(seqlen_q: int, heads: int, heads_kv: int, causal: bool, rows_per_block: int) -> bool:
+    """Whether a call runs on the split-KV kernels (`fa_kernel.decode`) rather than the forward
+    kernel: where a GQA group's query rows, group_size * seqlen_q, fit one of their row blocks of
+    `rows_per_block`, so that each K/V tile is read once for the group where the forward kernel
+    reads it once per query head (docs/performance.md, measured on the H200: 1.4-3.8x the forward
+    kernel at 4 and 8 query heads per K/V head and 1-4 queries). Not without GQA, where no read
+    is saved (the forward kernel 1.23x at 1024 heads of one query), and not causal past one
+    query, where the split kernel's per-element mask costs more than it saves (the forward kernel
+    1.32x at 16 queries); one causal query sees every key (bottom-right), so it has no mask."""
+    group_size = heads // heads_kv
+    return group_size > 1 and group_size * seqlen_q <= rows_per_block and (not causal or seqlen_q == 1)
