@@ -156,6 +156,20 @@ def test_tune_compile_only_builds_every_candidate_for_the_named_gpu_without_one(
     assert "expected an nvcc arch and an SM count, like sm_90a 132, got 90a lots" in capsys.readouterr().out
 
 
+def stub_builds(monkeypatch):
+    """kernel_build and compile_arch without a GPU, wherever the CLI reaches them: itself, and
+    through interface.serving_build (whose choice between the forward and the split-KV kernels
+    stays the real one)."""
+    import fa_kernel.cli as cli
+    import fa_kernel.interface as interface
+
+    for module in (cli, interface):
+        monkeypatch.setattr(
+            module, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys)
+        )
+        monkeypatch.setattr(module, "compile_arch", lambda device: "sm_90a")
+
+
 def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypatch, capsys, tmp_path):
     import json
 
@@ -168,7 +182,7 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: measured)
     # The kernels are built before anything is timed: one build per shape asked (no GPU here to build for).
     built = []
-    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    stub_builds(monkeypatch)
     monkeypatch.setattr(cli, "_build_all", lambda console, builds, jobs, *args, **kwargs: built.append(builds) or True)
     from fa_kernel.bench import Shape
 
@@ -202,11 +216,10 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
-    monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
     timed = []
     measured = timings(fa_kernel=[100.0], fa_kernel_deterministic=[70.0], cudnn_BHSD=[80.0], cudnn_BSHD_view=[90.0])
     monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: timed.append(backward) or measured)
-    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    stub_builds(monkeypatch)
     built = []
     monkeypatch.setattr(cli, "_build_all", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True)
     assert main(["bench", "--backward", "--json", "--dtype", "bf16"]) == 0
@@ -230,27 +243,33 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
     assert plotted == [True] and with_plot == len(gradients) + 2 * len(plot_shapes(torch.float16))
 
 
-def test_bench_decode_grid_times_the_split_kv_kernels_and_gives_gb_per_s(monkeypatch, capsys):
+def test_bench_decode_grid_times_each_path_and_gives_gb_per_s(monkeypatch, capsys):
     import fa_kernel.cli as cli
     from fa_kernel.decode import compiled_decode_kernels
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
-    monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
     # 64x32/8 heads, 1 query against 8192 keys at d128: 250 GB/s of K/V per TFLOP/s.
-    measured = timings(fa_kernel=[4.0], fa_kernel_split=[16.0], cudnn_BHSD=[20.0], cudnn_BSHD_view=[10.0])
-    measured["fa_kernel split-KV"] = measured.pop("fa_kernel split")
+    measured = timings(fa_kernel=[16.0], forward=[4.0], split=[16.0], cudnn_BHSD=[20.0], cudnn_BSHD_view=[10.0])
+    measured["fa_kernel forward kernel"] = measured.pop("forward")
+    measured["fa_kernel split-KV"] = measured.pop("split")
     monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: measured)
-    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    stub_builds(monkeypatch)
     built = []
     monkeypatch.setattr(cli, "_build_all", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True)
     assert main(["bench", "--grid", "decode", "--dtype", "bf16", "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert "| 64x32/8x1x8192x128 bfloat16 | 1000 | 4000 | 5000 | 2500 | - | 0.80x (0.80-0.80) | 83% |" in out
-    ((builds, builders),) = built  # one pool: the forward's kernels and the split-KV ones
+    assert "| fa_kernel | forward kernel | split-KV | cuDNN BHSD |" in out
+    assert "| 64x32/8x1x8192x128 bfloat16 | 4000 | 1000 | 4000 | 5000 | 2500 | - | 0.80x (0.80-0.80) | 83% |" in out
+    ((builds, builders),) = built  # one pool: what flash_attn_func runs, and each path apart
     split_kv = [build for build, builder in zip(builds, builders, strict=True) if builder is compiled_decode_kernels]
-    assert builders[0] is None and split_kv
-    assert dict(head_dim=128, causal=True, dtype="bfloat16", arch="sm_90a") in split_kv  # the append step's
+    # The first shape is a decode step flash_attn_func gives the split-KV kernels (without the
+    # mask); the causal append step of 16 queries it gives the forward kernel, and the grid
+    # times its split-KV kernels apart, with the mask.
+    assert builders[0] is compiled_decode_kernels and builds[0] == split_kv[0]
+    assert dict(head_dim=128, causal=False, dtype="bfloat16", arch="sm_90a") in split_kv
+    assert dict(head_dim=128, causal=True, dtype="bfloat16", arch="sm_90a") in split_kv
+    assert (128, True, 8192) in builds  # the forward kernel's, stubbed: (head_dim, causal, keys)
 
 
 def test_a_shape_cudnn_does_not_take_has_no_ratio():
@@ -361,8 +380,7 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
-    monkeypatch.setattr(cli, "compile_arch", lambda device: "sm_90a")
-    monkeypatch.setattr(cli, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys))
+    stub_builds(monkeypatch)
     built = []
     monkeypatch.setattr(cli, "_build_all", lambda *args: built.append(args[-1]) or True)
     import fa_kernel.bench as bench

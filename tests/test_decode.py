@@ -138,3 +138,32 @@ def test_split_kv_kernels_within_the_bound(case, causal):
     split_kv_into(out, lse, o_partial, lse_partial, q, k, v, scale, causal, tiles_per_split, compile_arch(q.device))
     verdict = judge(q, k, v, out, lse, causal)
     assert verdict.passed, f"{case} causal={causal}: {verdict}"
+
+
+# (seqlen_q, heads, heads_kv, causal, served): flash_attn_func's switch to the split-KV kernels
+# (configs.split_kv_serves, BLOCK_M rows a group), both sides of each condition.
+ROUTED = [
+    (BLOCK_M // 4, 32, 8, False, True),  # a group's rows fill one row block
+    (BLOCK_M // 4 + 1, 32, 8, False, False),
+    (1, 32, 8, True, True),  # one causal query sees every key: no mask
+    (2, 32, 8, True, False),
+    (1, 8, 8, False, False),  # no GQA
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("seqlen_q", "heads", "heads_kv", "causal", "served"), ROUTED)
+def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
+    monkeypatch, seqlen_q, heads, heads_kv, causal, served
+):
+    import fa_kernel.interface as interface
+    from fa_kernel.interface import flash_attn_func
+
+    calls = []
+    split_kv_attention = interface.split_kv_attention
+    monkeypatch.setattr(interface, "split_kv_attention", lambda *args: calls.append(args) or split_kv_attention(*args))
+    q, k, v = random_qkv(2, seqlen_q, 2 * 128 + 7, heads, heads_kv, 128, torch.float16, seed=seqlen_q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert bool(calls) is served
+    verdict = judge(q, k, v, out, lse, causal)
+    assert verdict.passed, f"{seqlen_q} queries, {heads}/{heads_kv} heads, causal={causal}: {verdict}"

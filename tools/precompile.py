@@ -6,8 +6,8 @@ tests then load them instead of compiling one at a time.
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
 once all have built, a stamp in TileLang's cache (`fa_kernel.builds.build_unless_built`) skips even the loads.
 The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
-too, and so are the backward's and the split-KV kernels; a test that builds anything else compiles it in its worker.
-
+too, and so are the backward's and the split-KV kernels (those flash_attn_func routes decode
+steps to among them); a test that builds anything else compiles it in its worker.
 With --arch and --sm-count it needs no GPU: it builds another machine's kernels here (nvcc
 alone), and that machine loads them from a copy of TileLang's cache (TILELANG_CACHE_DIR).
 """
@@ -75,7 +75,7 @@ def main() -> int:
     import test_backward_kernel
     import test_decode
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
-    from fa_kernel.builds import build_unless_built, device_target, distinct_tasks
+    from fa_kernel.builds import build_unless_built, device_target, distinct_tasks, split_kv_builds, unique
     from fa_kernel.decode import compiled_decode_kernels
 
     sm_count, arch = device_target() if args.arch is None else (args.sm_count, args.arch)
@@ -83,7 +83,8 @@ def main() -> int:
     # One pool for every kind, the builds of several kernels each (gradients, split-KV) first: a
     # pool per kind would end each on a round of idle cores.
     gradients = [] if args.smoke else gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
-    decodes = [] if args.smoke else test_decode.gpu_builds(arch)
+    # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
+    decodes = [] if args.smoke else unique(test_decode.gpu_builds(arch) + split_kv_builds(arch.removesuffix("a")))
     everything = gradients + decodes + builds
     builders = (
         [compiled_gradient_kernels] * len(gradients) + [compiled_decode_kernels] * len(decodes) + [None] * len(builds)

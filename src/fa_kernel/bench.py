@@ -158,8 +158,13 @@ DECODE_SHAPES = (
     Shape(8, 32, 16, 128, True, torch.bfloat16, nheads_kv=8, seqlen_k=8192),
     Shape(32, 32, 1, 128, False, torch.bfloat16, seqlen_k=4096),
     Shape(64, 8, 1, 64, False, torch.bfloat16, nheads_kv=1, seqlen_k=8192),
+    # Next to split_kv_serves' limits: a group's 64 rows without the mask, and no GQA on a grid
+    # of 32 tiles (the forward kernel's, as flash_attn_func runs both).
+    Shape(8, 32, 16, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=8192),
+    Shape(1, 32, 1, 128, False, torch.bfloat16, seqlen_k=32768),
 )
-# Queries up to which the split-KV kernels are timed too: one row block of a K/V head's group.
+# Queries up to which the forward and split-KV kernels are timed apart too: one row block of a
+# K/V head's group.
 SPLIT_KV_QUERIES = 64
 # HBM bandwidth of an H200 SXM as NVIDIA specifies it (4.8 TB/s), the roof of a decode step.
 H200_HBM_BYTES_PER_S = 4.8e12
@@ -201,6 +206,8 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
             lambda: flash_attn_func(q, k, v, causal=shape.causal, deterministic=True), (q, k, v)
         )
     if shape.seqlen_q <= SPLIT_KV_QUERIES and not backward:
+        # Each of the two paths flash_attn_func chooses between for a decode step, whichever it runs.
+        result["fa_kernel forward kernel"] = forward_kernel_call(q, k, v, shape.causal)
         result["fa_kernel split-KV"] = split_kv_call(q, k, v, shape.causal)
     if shape.causal and shape.keys != shape.seqlen_q:
         return result
@@ -228,6 +235,20 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
         except RuntimeError:
             result.pop(name, None)
     return result
+
+
+def forward_kernel_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:
+    """The forward kernel's launch on these inputs (the config flash_attn_func would give it),
+    where flash_attn_func may run the split-KV kernels instead."""
+    from fa_kernel.interface import kernel_build
+    from fa_kernel.kernel import compiled_forward
+    from fa_kernel.numerics import LOG2E
+
+    kernel = compiled_forward(**kernel_build(q.device, q.shape[-1], causal, q.dtype, k.shape[1]))
+    out = torch.empty_like(q)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    scale_log2 = LOG2E / math.sqrt(q.shape[-1])
+    return lambda: kernel(q, k, v, out, lse, scale_log2)
 
 
 def split_kv_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:

@@ -37,6 +37,17 @@ def shipped_builds(
     ]
 
 
+def split_kv_builds(arch: str = "sm_90", head_dims: Sequence[int] = (64, 128, 256)) -> list[dict]:
+    """compiled_decode_kernels' arguments of every split-KV build flash_attn_func runs, in both
+    dtypes, for `arch`: without the mask only (configs.split_kv_serves takes causal with one
+    query alone, which sees every key)."""
+    return [
+        dict(head_dim=head_dim, causal=False, dtype=dtype, arch=f"{arch}a")
+        for head_dim in head_dims
+        for dtype in ("float16", "bfloat16")
+    ]
+
+
 def device_target(device=None) -> tuple[int, str]:
     """(SMs, nvcc arch) of a CUDA device (default: the current one): what its kernels are built
     for, the persistent grid's size and the architecture ("sm_90a")."""

@@ -44,7 +44,7 @@ from fa_kernel.bench import (
 from fa_kernel.builds import build_unless_built, distinct_tasks, quiet_tilelang, shipped_builds
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
 from fa_kernel.decode import compiled_decode_kernels
-from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build
+from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build, serving_build
 from fa_kernel.reference import GRADIENTS, judge, judge_backward
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
@@ -64,6 +64,7 @@ VERIFY_SHAPES = [
     (2, 8, 2, 113, 203, 128),
     (2, 8, 1, 799, 3, 64),
     (1, 8, 4, 1, 239, 128),
+    (2, 8, 1, 4, 1000, 64),  # a decode step: the split-KV kernels without the mask, the forward's with it
     (1, 32, 8, 1023, 1024, 128),
     (1, 16, 2, 1024, 3000, 64),
 ]
@@ -180,10 +181,12 @@ def cmd_verify(args) -> int:
     cases = list(itertools.product(VERIFY_SHAPES, DTYPES.values(), (False, True)))
     # The gradients of the same cases, where the backward has tiles for the head dim.
     gradient_cases = [(shape, dtype, causal) for shape, dtype, causal in cases if shape[5] in BACKWARD_TILES]
-    builds = [kernel_build(device, shape[5], causal, dtype, shape[4]) for shape, dtype, causal in cases]
+    # What flash_attn_func runs for each: the forward kernel, or the split-KV kernels (decode steps).
+    served = [_served(device, _verify_shape(*case)) for case in cases]
+    builds = [arguments for _, arguments in served]
     arch = compile_arch(device)
     gradient_builds = [_kernels_arguments(_verify_shape(*case), arch) for case in gradient_cases]
-    builders = [None] * len(builds) + [compiled_gradient_kernels] * len(gradient_builds)
+    builders = [builder for builder, _ in served] + [compiled_gradient_kernels] * len(gradient_builds)
     if not _build_all(console, builds + gradient_builds, args.jobs, args.verbose, args.markdown, builders):
         return EXIT_FAILED
 
@@ -202,6 +205,13 @@ def cmd_verify(args) -> int:
     failed = results.count("FAIL")
     console.print(f"{len(results) - failed}/{len(results)} cases pass" + ("" if not failed else f", {failed} FAIL"))
     return EXIT_FAILED if failed else 0
+
+
+def _served(device: torch.device, shape: Shape) -> tuple[Callable[..., object] | None, dict]:
+    """The builder and build of the kernels flash_attn_func runs for `shape` (serving_build)."""
+    return serving_build(
+        device, shape.head_dim, shape.causal, shape.dtype, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv
+    )
 
 
 def _verify_shape(shape: tuple, dtype: torch.dtype, causal: bool) -> Shape:
@@ -326,16 +336,19 @@ def cmd_bench(args) -> int:
     # split-KV or gradient kernels, which take (head_dim, causal, dtype, arch).
     device = torch.device("cuda")
     launched = shapes + (plot_shapes(DTYPES[args.dtype[0]]) if args.plot else [])
-    builds = [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys) for s in launched]
+    served = [_served(device, s) for s in launched]  # what flash_attn_func runs
+    builds, builders = [build for _, build in served], [builder for builder, _ in served]
+    arch = compile_arch(device)
+    # The decode grid times the forward kernel and the split-KV kernels apart too, whichever
+    # flash_attn_func runs.
     decodes = [s for s in shapes if s.seqlen_q <= SPLIT_KV_QUERIES and not args.backward]
-    others: list[tuple[Callable[..., object], Shape]] = [(compiled_decode_kernels, s) for s in decodes]
-    others += [(compiled_gradient_kernels, s) for s in launched] if args.backward else []
-    arch = compile_arch(device) if others else None
-    builders = [None] * len(builds) + [builder for builder, _ in others]
-    builds += [_kernels_arguments(s, arch) for _, s in others]
-    if args.backward:  # and the deterministic gradient's (its own dQ kernel)
+    for s in decodes:
+        builds += [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys), _kernels_arguments(s, arch)]
+        builders += [None, compiled_decode_kernels]
+    if args.backward:  # the atomic and the deterministic gradient's (its own dQ kernel)
+        builds += [_kernels_arguments(s, arch) for s in launched]
         builds += [_kernels_arguments(s, arch) | {"deterministic": True} for s in launched]
-        builders += [compiled_gradient_kernels] * len(launched)
+        builders += [compiled_gradient_kernels] * (2 * len(launched))
     if not _build_all(console, builds, args.jobs, verbose=False, quiet=args.json, builder=builders):
         return EXIT_FAILED
     results: list[tuple[Shape, dict[str, Timing]]] = [
@@ -395,13 +408,14 @@ def cmd_bench(args) -> int:
 COLUMNS = {
     "fa_kernel": "fa_kernel",
     "fa_kernel deterministic": "deterministic",
+    "fa_kernel forward kernel": "forward kernel",
     "fa_kernel split-KV": "split-KV",
     "cudnn BHSD": "cuDNN BHSD",
     "cudnn BSHD view": "cuDNN BSHD view",
     "flash": "SDPA flash",
 }
 # The decode grid's table of GB/s.
-BANDWIDTH_NAMES = ("fa_kernel", "fa_kernel split-KV", *CUDNN_LAYOUTS, "flash")
+BANDWIDTH_NAMES = ("fa_kernel", "fa_kernel forward kernel", "fa_kernel split-KV", *CUDNN_LAYOUTS, "flash")
 
 
 def _bandwidth_rows(results: list[tuple[Shape, dict[str, Timing]]]) -> list[list[str]]:

@@ -16,9 +16,8 @@ With seqlen_q in the tens, the forward kernel's grid has one mostly empty 128-ro
    and the natural-log LSE the forward returns; a row that sees no key gets 0 and −inf.
 
 Splits are whole multiples of `block_n` keys, as many as fill the GPU (`split_plan`).
-`split_kv_attention` launches both. flash_attn_func does not route to it yet: it is compiled
-and its algorithm checked on the CPU (`emulator.attention_split_kv`), its GPU tests written
-(`tests/test_decode.py`), and it takes over from the forward kernel where it measures faster.
+`split_kv_attention` launches both; flash_attn_func calls it where it measured faster than the
+forward kernel (`configs.split_kv_serves`). Its algorithm is `emulator_split_kv.py`'s.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations

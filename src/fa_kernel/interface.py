@@ -4,18 +4,23 @@ Everything a caller can get wrong is checked here, before anything is compiled o
 and each error names the argument, what was expected and what came. The kernel itself is
 registered as the torch custom op `fa_kernel::forward`, so `torch.compile` traces through
 `flash_attn_func` without a graph break; its gradient is the custom op `fa_kernel::backward`
-(the backward kernels of `fa_kernel.backward`), registered as its autograd formula.
+(the backward kernels of `fa_kernel.backward`), registered as its autograd formula. A decode
+step, a few queries of a GQA group against many keys, runs on the split-KV kernels of
+`fa_kernel.decode` instead (`configs.split_kv_serves` says which calls).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
-from fa_kernel.configs import TileConfig, arch_of, select_config
+from fa_kernel.configs import TileConfig, arch_of, select_config, split_kv_serves
+from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
+from fa_kernel.decode import compiled_decode_kernels, split_kv_attention
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 
@@ -34,7 +39,9 @@ def flash_attn_func(
     return_lse: bool = False,
     deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention forward kernel.
+    """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention forward kernel, or for a
+    decode step (a GQA group's queries fit 64 rows; causal only with one query) by the split-KV
+    kernels, which read each K/V head once for its group.
 
     Args:
         q: [batch, seqlen_q, nheads, headdim], float16 or bfloat16, on a Hopper GPU.
@@ -120,6 +127,26 @@ def kernel_build(
     )
 
 
+def serving_build(
+    device: torch.device,
+    head_dim: int,
+    causal: bool,
+    dtype: torch.dtype,
+    seqlen_q: int,
+    seqlen_k: int,
+    heads: int,
+    heads_kv: int,
+) -> tuple[Callable[..., object] | None, dict]:
+    """(builder, arguments) of the kernels flash_attn_func runs for this case, as
+    `fa_kernel.builds` takes them: the split-KV kernels' where split_kv_serves, else the forward
+    kernel's (None: compiled_forward, kernel_build's arguments)."""
+    if split_kv_serves(seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS):
+        return compiled_decode_kernels, dict(
+            head_dim=head_dim, causal=False, dtype=_DTYPE_NAMES[dtype], arch=compile_arch(device)
+        )
+    return None, kernel_build(device, head_dim, causal, dtype, seqlen_k)
+
+
 def _check_inputs(q, k, v, softmax_scale, causal) -> float:
     """Validate everything; return the softmax scale to use."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -197,9 +224,13 @@ def _forward(
     if k.shape[1] == 0:
         # No keys at all: every row is fully masked (and a zero-length TMA box is invalid).
         return out.zero_(), lse.fill_(-math.inf)
-    kernel = compiled_forward(**kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1]))
-    # The kernel assumes dense BSHD strides; this is the one documented copy.
+    # The kernels assume dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+    if split_kv_serves(seqlen_q, nheads, k.shape[2], causal, SPLIT_KV_ROWS):
+        # A decode step. split_kv_serves takes causal with one query only, which sees every key.
+        sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
+        return split_kv_attention(q, k, v, softmax_scale, False, sm_count, compile_arch(q.device))
+    kernel = compiled_forward(**kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1]))
     with torch.cuda.device(q.device):
         kernel(q, k, v, out, lse, softmax_scale * LOG2E)
     return out, lse
