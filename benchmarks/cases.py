@@ -94,6 +94,19 @@ class Models(Case):
         return Shape(batch, nheads, seq_len, int(head_dim), causal, torch.bfloat16, nheads_kv=nheads_kv)
 
 
+class Decode(Case):
+    """A decode step: one or four queries of 32 query heads on 8 K/V heads (head_dim 128, bf16)
+    against a KV cache of 8k or 32k keys, 16 sequences, which flash_attn_func gives the
+    split-KV kernels (configs.split_kv_serves). The measure of a decode step is the K/V it
+    reads: throughput's GB/s."""
+
+    params = ([1, 4], [8192, 32768])
+    param_names = ["seqlen_q", "seqlen_k"]
+
+    def shape_for(self, seqlen_q, seqlen_k):
+        return Shape(16, 32, seqlen_q, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=seqlen_k)
+
+
 class Backward(Case):
     """The backward alone of the MHA grid's shapes, bf16 (what training runs), at the head dims
     the gradient kernels serve."""

@@ -45,5 +45,9 @@ class Models(_Gated, cases.Models):
     pass
 
 
+class Decode(_Gated, cases.Decode):
+    pass
+
+
 class Backward(_Gated, cases.Backward):
     pass

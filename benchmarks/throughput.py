@@ -42,5 +42,13 @@ class Models(_Displayed, cases.Models):
     pass
 
 
+class Decode(_Displayed, cases.Decode):
+    def track_kv_gb_per_s(self, *params):
+        """GB/s of K and V read, each once, as a decode step needs them (HBM: 4.8 TB/s on an H200)."""
+        return self.shape.kv_bytes / cuda_median_ms(self.fns["fa_kernel"]) / 1e6
+
+    track_kv_gb_per_s.unit = "GB/s"
+
+
 class Backward(_Displayed, cases.Backward):
     pass
