@@ -19,6 +19,8 @@ Variants (`--list`):
   three_stages     three K/V tiles in flight instead of two.
   one_block_per_sm splits for one thread block per SM (ptxas fits one by registers).
   four_blocks_per_sm  splits for four (more, shorter splits: more partials to combine).
+  causal_row_limit the causal mask against each row's last visible key, worked out once per
+                   block (the shipped mask divides by the group size at every score).
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "three_stages": ((TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),),
     "one_block_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 1"),),
     "four_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 4"),),
+    # Each row's last visible key worked out once per block, not per score: the shipped mask
+    # divides by the group size at every element of every tile.
+    "causal_row_limit": (
+        (
+            "row_sum = T.alloc_fragment([block_m], accum)",
+            "row_sum = T.alloc_fragment([block_m], accum)\nlast_key = T.alloc_fragment([block_m], T.int32)",
+        ),
+        (
+            "T.fill(row_max, neg_inf)",
+            "T.fill(row_max, neg_inf)\nfor r in T.Parallel(block_m):\n"
+            "    last_key[r] = (first_row + r) // group_size + seqlen_k - seqlen_q",
+        ),
+        ("key <= (first_row + r) // group_size + seqlen_k - seqlen_q", "key <= last_key[r]"),
+    ),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
