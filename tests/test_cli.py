@@ -205,6 +205,10 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     # Every shape of the grid is d128 or d64 here, each at 1.10x: the summary says so per head_dim.
     summary = {row["head_dim"]: row["median"] for row in record["summary"]}
     assert summary == {64: pytest.approx(1.1), 128: pytest.approx(1.1)}
+    # --head-dim runs a grid in parts: only its shapes are built and timed.
+    assert main(["bench", "--json", "--head-dim", "64"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert {row["head_dim"] for row in record["summary"]} == {64} and all(build[0] == 64 for build in built[-1])
 
 
 def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monkeypatch, capsys):

@@ -13,6 +13,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fa_kernel.decode import BLOCK_M, BLOCKS_PER_SM, DECODE_TILES, ceildiv, split_plan
 from fa_kernel.emulator_split_kv import attention_split_kv
@@ -167,3 +169,44 @@ def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
     assert bool(calls) is served
     verdict = judge(q, k, v, out, lse, causal)
     assert verdict.passed, f"{seqlen_q} queries, {heads}/{heads_kv} heads, causal={causal}: {verdict}"
+
+
+@st.composite
+def decode_steps(draw) -> tuple:
+    """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, causal, dtype, seed): a few queries
+    against a KV cache, their group's rows on both sides of flash_attn_func's switch to the
+    split-KV kernels (group_size * seqlen_q at BLOCK_M, causal one query or two), keys next to the
+    split kernel's tile ends or anywhere up to a few thousand."""
+    head_dim = draw(st.sampled_from(sorted(DECODE_TILES)))
+    group_size = draw(st.sampled_from([1, 2, 3, 4, 5, 8]))
+    heads_kv = draw(st.sampled_from([1, 2]))
+    fits = BLOCK_M // group_size
+    seqlen_q = draw(st.sampled_from(sorted({1, 2, max(1, fits - 1), fits, fits + 1})))
+    block_n = DECODE_TILES[head_dim][0]
+    near_tiles = [n * block_n + step for n in (1, 2, 7) for step in (-1, 0, 1)]
+    seqlen_k = draw(st.one_of(st.sampled_from(near_tiles), st.integers(1, 3000)))
+    causal = draw(st.booleans())
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16]))
+    return (
+        draw(st.integers(1, 3)),
+        seqlen_q,
+        group_size * heads_kv,
+        heads_kv,
+        seqlen_k,
+        head_dim,
+        causal,
+        dtype,
+        draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@pytest.mark.gpu
+@given(step=decode_steps())
+def test_decode_steps_match_the_reference_on_both_sides_of_the_switch(step):
+    from fa_kernel.interface import flash_attn_func
+
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, causal, dtype, seed = step
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, seed=seed)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    verdict = judge(q, k, v, out, lse, causal)
+    assert verdict.passed, f"{step}: {verdict}"

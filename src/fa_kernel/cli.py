@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         help="time the backward alone (the gradients of q, k, v from a forward graph built once), "
         f"at {BACKWARD_FLOPS}x the forward's FLOPs; head_dim 64 and 128",
     )
+    bench.add_argument(
+        "--head-dim",
+        type=int,
+        choices=SUPPORTED_HEAD_DIMS,
+        nargs="+",
+        help="only the grid's shapes of these head dims (a long grid in parts: each part prints when it ends)",
+    )
     bench.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels built at once (default: cores)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
@@ -331,6 +338,8 @@ def cmd_bench(args) -> int:
         ]
     if args.backward:
         shapes = [shape for shape in shapes if shape.head_dim in BACKWARD_TILES]
+    if args.head_dim:
+        shapes = [shape for shape in shapes if shape.head_dim in args.head_dim]
     # Every kernel the grid and the plot launch, built over all cores first (one compile each,
     # not one at a time inside the timing loop's warm-up), in one pool: the forward's, and the
     # split-KV or gradient kernels, which take (head_dim, causal, dtype, arch).
