@@ -238,17 +238,12 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
 
 
 def forward_kernel_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:
-    """The forward kernel's launch on these inputs (the config flash_attn_func would give it),
-    where flash_attn_func may run the split-KV kernels instead."""
-    from fa_kernel.interface import kernel_build
-    from fa_kernel.kernel import compiled_forward
-    from fa_kernel.numerics import LOG2E
+    """The forward kernel's launch on these inputs, where flash_attn_func may run the split-KV
+    kernels instead."""
+    from fa_kernel.interface import forward_kernel_attention
 
-    kernel = compiled_forward(**kernel_build(q.device, q.shape[-1], causal, q.dtype, k.shape[1]))
-    out = torch.empty_like(q)
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    scale_log2 = LOG2E / math.sqrt(q.shape[-1])
-    return lambda: kernel(q, k, v, out, lse, scale_log2)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return lambda: forward_kernel_attention(q, k, v, scale, causal)
 
 
 def split_kv_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:

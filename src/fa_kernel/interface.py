@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
+from fa_kernel.builds import device_target
 from fa_kernel.configs import TileConfig, arch_of, select_config, split_kv_serves
 from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
 from fa_kernel.decode import compiled_decode_kernels, split_kv_attention
@@ -216,32 +217,45 @@ def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, deterministic: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # `deterministic` is the gradient's (the autograd formula reads it); the forward always is.
-    batch, seqlen_q, nheads, head_dim = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out, lse
+    if q.numel() == 0:
+        return _outputs_like(q)
     if k.shape[1] == 0:
         # No keys at all: every row is fully masked (and a zero-length TMA box is invalid).
+        out, lse = _outputs_like(q)
         return out.zero_(), lse.fill_(-math.inf)
     # The kernels assume dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
-    if split_kv_serves(seqlen_q, nheads, k.shape[2], causal, SPLIT_KV_ROWS):
+    if split_kv_serves(q.shape[1], q.shape[2], k.shape[2], causal, SPLIT_KV_ROWS):
         # A decode step. split_kv_serves takes causal with one query only, which sees every key.
-        sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-        return split_kv_attention(q, k, v, softmax_scale, False, sm_count, compile_arch(q.device))
-    kernel = compiled_forward(**kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1]))
+        sm_count, arch = device_target(q.device)
+        return split_kv_attention(q, k, v, softmax_scale, False, sm_count, arch)
+    return forward_kernel_attention(q, k, v, softmax_scale, causal)
+
+
+def forward_kernel_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) by the forward kernel, in the config the table gives for seqlen_k, whatever
+    flash_attn_func would choose: q, k, v dense [batch, seqlen, heads, head_dim] on one Hopper
+    GPU as flash_attn_func checks and makes them, seqlen_k >= 1."""
+    out, lse = _outputs_like(q)
+    kernel = compiled_forward(**kernel_build(q.device, q.shape[-1], causal, q.dtype, k.shape[1]))
     with torch.cuda.device(q.device):
         kernel(q, k, v, out, lse, softmax_scale * LOG2E)
     return out, lse
 
 
+def _outputs_like(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (out, lse) for q: out contiguous in q's dtype, lse fp32 [batch, heads, seqlen_q]."""
+    batch, seqlen_q, nheads, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+        (batch, nheads, seqlen_q), dtype=torch.float32
+    )
+
+
 @_forward.register_fake
 def _forward_fake(q, k, v, softmax_scale, causal, deterministic=False):
-    batch, seqlen_q, nheads, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
-    return out, lse
+    return _outputs_like(q)
 
 
 @torch.library.custom_op("fa_kernel::backward", mutates_args=(), device_types="cuda")
