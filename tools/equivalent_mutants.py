@@ -381,7 +381,6 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:first_kv_tile:guard_always:overlap_epilogue->True": OVERLAP_STEPS_AGAIN,
     "kernel.py:start_work_tile:guard_always:take_turns->True": UNSYNCED_ARRIVE,
     "kernel.py:kv_step:guard_always:take_turns->True#2": UNSYNCED_ARRIVE,  # pass_turn without take_turns
-    "kernel.py:kv_step:guard_never:take_turns->False": SCHEDULE_ONLY,  # no warpgroup waits for its turn
     "kernel.py:start_work_tile:relational:thread >= consumers - 128->thread > consumers - 128": WARP_ARRIVES_AS_ONE,
     "kernel.py:start_work_tile:off_by_one:thread >= consumers - 128->thread - 1 >= consumers - 128": (
         WARP_ARRIVES_AS_ONE
