@@ -13,23 +13,15 @@ the shipped kernel is taken round by round.
 
 Variants (`--list` prints them):
 
-  shipped          backward.py as it is.
+  shipped          backward.py as it is (Sᵀ and dPᵀ issued together, the key mask only on tiles
+                   that hold a hidden key: docs/performance.md has their A/B).
   bottom-up        each block walks its query tiles from the last up
                    (`compiled_backward(rows_bottom_up=True)`): whether causal runs slow for want
-                   of L2 sharing between a head's blocks.
-  overlap_scores   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ issued together (wgmma is asynchronous), Pᵀ computed
-                   while dPᵀ still runs; the GEMMs after them stay synchronous (TileLang's
-                   pipeline releases a stage's Q and dO after their last GEMM, so an asynchronous
-                   GEMM there would let the next load overwrite a tile still being read).
-  mask_where_needed  the select that hides keys a row cannot see only on tiles that hold such a
-                   key (the causal diagonal, a partial query or K/V tile); elsewhere P = exp2(...)
-                   alone. The NaN rule holds: a hidden key is in a masked tile by definition.
-  both             overlap_scores and mask_where_needed together.
+                   of L2 sharing between a head's blocks. Causal only: on a non-causal shape
+                   the variant is the shipped kernel.
   tall_d64         head_dim 64 on 128-row query tiles (64 now); head_dim 128 as shipped.
-  bottom-up+overlap  bottom-up and overlap_scores together.
-  hand_ws          perf/backward_ws.py: the producer warpgroup written out, every GEMM of a
-                   query tile asynchronous, one wait, the ring stage released after it.
-  hand_ws bottom-up  the same, query tiles bottom-up.
+  tall_d64 bottom-up  both.
+  three_stages     three Q/dO tiles in flight instead of two.
 """
 
 from __future__ import annotations
@@ -53,78 +45,21 @@ from fa_kernel.interface import compile_arch  # noqa: E402
 from fa_kernel.numerics import LOG2E  # noqa: E402
 from fa_kernel.reference import judge_backward, random_qkv  # noqa: E402
 from perf import ab  # noqa: E402
-from perf.backward_ws import compiled_backward_ws  # noqa: E402
 from perf.variants import patched_module  # noqa: E402
 
-# The loop's first half, as backward.py writes it, and the two patches of it.
-SCORES = """
-T.clear(acc_s)
-T.gemm(K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-T.clear(acc_dp)
-T.gemm(V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-"""
-MASKED_EXPONENTIALS = """
-for i, j in T.Parallel(block_n, block_m):
-    key = kv_start + i
-    row = q_start + j
-    visible = sees(key, row, seqlen_q, seqlen_k, causal)
-    acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
-"""
-OVERLAPPED_SCORES = """
-T.wgmma_gemm(K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-T.wgmma_gemm(V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-T.wait_wgmma(1)
-T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
-"""
-DP_READY = """
-T.wait_wgmma(0)
-T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
-"""
-EXPONENTIALS_WHERE_NEEDED = """
-# A tile holds a key some row cannot see where it reaches past seqlen_k or seqlen_q, or
-# (causal) where its last key is right of its first row's diagonal.
-needs_mask = T.Or(kv_start + block_n > seqlen_k, q_start + block_m > seqlen_q)
-if causal:
-    needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + diagonal_offset)
-if needs_mask:
-    for i, j in T.Parallel(block_n, block_m):
-        key = kv_start + i
-        row = q_start + j
-        visible = sees(key, row, seqlen_q, seqlen_k, causal)
-        acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
-else:
-    for i, j in T.Parallel(block_n, block_m):
-        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
-"""
-CAST_P = "T.copy(acc_s, p_cast)"
-OVERLAP = (
-    (SCORES.strip(), OVERLAPPED_SCORES.strip()),
-    (CAST_P, CAST_P + "\n" + DP_READY.strip()),
-)
-MASK_WHERE_NEEDED = ((MASKED_EXPONENTIALS.strip(), EXPONENTIALS_WHERE_NEEDED.strip()),)
+TILES = "BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}"
 # head_dim 64 on 128 query rows a tile (FlashAttention-3's d64 tile): half the iterations, each
 # GEMM twice as tall; Sᵀ and dPᵀ then take 64 fp32 registers a thread each.
-TALL_D64 = (
-    (
-        "BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}",
-        "BACKWARD_TILES = {64: (128, 128, 2), 128: (64, 128, 2)}",
-    ),
-)
+TALL_D64 = ((TILES, "BACKWARD_TILES = {64: (128, 128, 2), 128: (64, 128, 2)}"),)
+THREE_STAGES = ((TILES, "BACKWARD_TILES = {64: (64, 128, 3), 128: (64, 128, 3)}"),)
 # name -> (patches of backward.py, compiled_backward's own arguments)
 VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "shipped": ((), {}),
     "bottom-up": ((), {"rows_bottom_up": True}),
-    "overlap_scores": (OVERLAP, {}),
-    "mask_where_needed": (MASK_WHERE_NEEDED, {}),
-    "both": (OVERLAP + MASK_WHERE_NEEDED, {}),
     "tall_d64": (TALL_D64, {}),
-    # (with mask_where_needed too, TileLang 0.1.15 fails to lower it: "a required shared-memory
-    # sync inside a divergent region with 225 participating threads")
-    "bottom-up+overlap": (OVERLAP, {"rows_bottom_up": True}),
+    "tall_d64 bottom-up": (TALL_D64, {"rows_bottom_up": True}),
+    "three_stages": (THREE_STAGES, {}),
 }
-# perf/backward_ws.py's hand warp-specialised prototype: name -> its own arguments.
-HAND_WRITTEN: dict[str, dict] = {"hand_ws": {}, "hand_ws bottom-up": {"rows_bottom_up": True}}
-VARIANTS.update({name: ((), arguments) for name, arguments in HAND_WRITTEN.items()})
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),
     Shape(8, 32, 4096, 128, True, torch.bfloat16),
@@ -138,10 +73,12 @@ CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
 
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
     """The variant's main backward kernel (dK, dV and dQ's accumulator)."""
-    if name in HAND_WRITTEN:
-        return compiled_backward_ws(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **HAND_WRITTEN[name])
     patches, arguments = VARIANTS[name]
-    module = patched_module(shipped_backward, name.replace("-", "_"), patches) if patches else shipped_backward
+    if not causal:
+        arguments = {key: value for key, value in arguments.items() if key != "rows_bottom_up"}
+    if not patches:
+        return shipped_backward.compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **arguments)
+    module = patched_module(shipped_backward, "".join(c if c.isalnum() else "_" for c in name), patches)
     return module.compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **arguments)
 
 

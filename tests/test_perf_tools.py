@@ -52,16 +52,6 @@ def test_every_split_kv_variant_applies_once_to_decode_py():
     )
 
 
-@pytest.mark.compile
-def test_the_hand_written_backward_prototype_builds_its_program():
-    assert_runs_from_the_root(
-        "from perf.backward_ws import backward_ws_program\n"
-        "for causal in (False, True):\n"
-        "    backward_ws_program(head_dim=128, causal=causal, dtype='bfloat16', block_m=64, block_n=128,"
-        " rows_bottom_up=causal)\n"
-    )
-
-
 def test_the_ab_tables_drop_failing_variants_and_take_ratios_round_by_round():
     assert_runs_from_the_root(
         "import contextlib, io, itertools\n"

@@ -383,6 +383,16 @@ KERNEL_MUTANTS = [
         first=BACKWARD_SWEEP,
     ),
     Mutant(
+        # A tile whose last key is one right of its first row's diagonal taken for a tile every
+        # row sees whole: that row sees one key too many (both gradient kernels).
+        "backward_diagonal_tile_unmasked",
+        "backward.py",
+        "kv_start + block_n - 1 > q_start + (seqlen_k - seqlen_q)",
+        "kv_start + block_n - 1 > q_start + (seqlen_k - seqlen_q) + 1",
+        within="tile_needs_mask",
+        first=BACKWARD_SWEEP,
+    ),
+    Mutant(
         # The causal walk starts one query tile after the first that sees the K/V tile.
         "backward_first_query_tile_late",
         "backward.py",

@@ -101,6 +101,19 @@ def sees(key, row, seqlen_q, seqlen_k, causal: bool):
     return visible
 
 
+def tile_needs_mask(kv_start, q_start, block_n: int, block_m: int, seqlen_q, seqlen_k, causal: bool):
+    """Whether the tile of keys from kv_start and rows from q_start holds a pair `sees` hides: a
+    key past seqlen_k, a row past seqlen_q or, causal, its last key right of its first row's
+    diagonal. Every other tile takes P = exp2(...) without the select (the select at every
+    element of every tile cost the causal gradient a third of its time: docs/performance.md)."""
+    needs_mask = T.Or(kv_start + block_n > seqlen_k, q_start + block_m > seqlen_q)
+    if causal:
+        needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + (seqlen_k - seqlen_q))
+    # As an int: on the bool, TileLang 0.1.15's thread sync fails to lower some non-causal
+    # builds (head_dim 64 on 128-row tiles: "a shared-memory sync inside a divergent region").
+    return T.if_then_else(needs_mask, 1, 0) == 1
+
+
 def gradient_sizes(block_m: int):
     """The sizes the gradient kernels take at launch (T.dynamic), once block_m is checked against
     Delta's padding, whose rows a query tile's TMA box must not leave."""
@@ -129,13 +142,17 @@ def backward_program(
 
     `rows_bottom_up`: each block walks its query tiles from the last up (a measurement, not yet
     shipped: causal, the blocks of a head start their walks at different query tiles top-down,
-    so they share no Q, dO or dQ tile in L2; bottom-up they all start at the last one).
+    so they share no Q, dO or dQ tile in L2; bottom-up they all start at the last one). Causal
+    only: without the mask every block starts at the same tile either way, and TileLang 0.1.15
+    fails to lower that walk.
 
     Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
     [B, H, padded_rows(Sq)] (from the preprocess), dQ_accum [B, H, Sq, D] fp32 (zeroed by the caller; BHSD so
     that a query tile's rows are one box for the TMA reduce-add), dK and dV [B, Sk, Hkv, D],
     then scale_log2 = softmax_scale·log2(e) and softmax_scale.
     """
+    if rows_bottom_up and not causal:
+        raise ValueError("rows_bottom_up: expected only with causal=True (a causal walk's order), got causal=False")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     dtype = DTYPES[dtype]
     accum = T.float32
@@ -193,16 +210,27 @@ def backward_program(
                 T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
                 T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
                 T.copy(Delta[b, head, q_start : q_start + block_m], delta)
-                T.clear(acc_s)
-                T.gemm(K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                T.clear(acc_dp)
-                T.gemm(V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                for i, j in T.Parallel(block_n, block_m):
-                    key = kv_start + i
-                    row = q_start + j
-                    visible = sees(key, row, seqlen_q, seqlen_k, causal)
-                    acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+                # Sᵀ and dPᵀ issued together (wgmma is asynchronous): Pᵀ is computed while dPᵀ runs.
+                # The GEMMs after them stay synchronous: T.Pipelined releases a stage's Q and dO
+                # after their last GEMM, which must then have finished reading them.
+                T.wgmma_gemm(
+                    K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True
+                )
+                T.wgmma_gemm(
+                    V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True
+                )
+                T.wait_wgmma(1)
+                T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
+                if tile_needs_mask(kv_start, q_start, block_n, block_m, seqlen_q, seqlen_k, causal):
+                    for i, j in T.Parallel(block_n, block_m):
+                        visible = sees(kv_start + i, q_start + j, seqlen_q, seqlen_k, causal)
+                        acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+                else:
+                    for i, j in T.Parallel(block_n, block_m):
+                        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
                 T.copy(acc_s, p_cast)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
                 T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(block_n, block_m):
                     ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
@@ -280,14 +308,16 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.clear(acc_dp)
                 T.gemm(dO_shared, V_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                # The keys a row cannot see get P = 0 by a select, as in the dK/dV kernel.
-                for i, j in T.Parallel(block_m, block_n):
-                    key = kv_start + j
-                    row = q_start + i
-                    p = T.if_then_else(
-                        sees(key, row, seqlen_q, seqlen_k, causal), T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0
-                    )
-                    ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
+                # The keys a row cannot see get P = 0 by a select, where the tile holds any, as in
+                # the dK/dV kernel.
+                if tile_needs_mask(kv_start, q_start, block_n, block_m, seqlen_q, seqlen_k, causal):
+                    for i, j in T.Parallel(block_m, block_n):
+                        visible = sees(kv_start + j, q_start + i, seqlen_q, seqlen_k, causal)
+                        p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
+                else:
+                    for i, j in T.Parallel(block_m, block_n):
+                        ds_cast[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[i]) * (acc_dp[i, j] - delta[i])
                 T.gemm(ds_cast, K_shared, acc_dq, policy=T.GemmWarpPolicy.FullRow)
             for i, d in T.Parallel(block_m, head_dim):
                 acc_dq[i, d] = acc_dq[i, d] * softmax_scale
