@@ -14,13 +14,11 @@ kernels taken round by round. `--compile-only sm_90a` builds them without a GPU.
 Variants (`--list`):
 
   shipped          decode.py as it is: d64 128 keys a tile, d128 and d256 64, two stages, splits
-                   for two thread blocks per SM.
+                   for one thread block per SM, the causal limit worked out once per row.
   wide_d128        d128 tiles of 128 keys (half the loop trips, twice the registers for S).
   three_stages     three K/V tiles in flight instead of two.
-  one_block_per_sm splits for one thread block per SM (ptxas fits one by registers).
-  four_blocks_per_sm  splits for four (more, shorter splits: more partials to combine).
-  causal_row_limit the causal mask against each row's last visible key, worked out once per
-                   block (the shipped mask divides by the group size at every score).
+  two_blocks_per_sm  splits for two thread blocks per SM (shorter splits, more partials).
+  four_blocks_per_sm  splits for four.
 """
 
 from __future__ import annotations
@@ -42,27 +40,13 @@ from perf import ab  # noqa: E402
 from perf.variants import patched_module  # noqa: E402
 
 TILES = "DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}"
-BLOCKS = "BLOCKS_PER_SM = 2"
+BLOCKS = "BLOCKS_PER_SM = 1"
 VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "shipped": (),
     "wide_d128": ((TILES, "DECODE_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}"),),
     "three_stages": ((TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),),
-    "one_block_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 1"),),
+    "two_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 2"),),
     "four_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 4"),),
-    # Each row's last visible key worked out once per block, not per score: the shipped mask
-    # divides by the group size at every element of every tile.
-    "causal_row_limit": (
-        (
-            "row_sum = T.alloc_fragment([block_m], accum)",
-            "row_sum = T.alloc_fragment([block_m], accum)\nlast_key = T.alloc_fragment([block_m], T.int32)",
-        ),
-        (
-            "T.fill(row_max, neg_inf)",
-            "T.fill(row_max, neg_inf)\nfor r in T.Parallel(block_m):\n"
-            "    last_key[r] = (first_row + r) // group_size + seqlen_k - seqlen_q",
-        ),
-        ("key <= (first_row + r) // group_size + seqlen_k - seqlen_q", "key <= last_key[r]"),
-    ),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]

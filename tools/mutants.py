@@ -469,8 +469,8 @@ KERNEL_MUTANTS = [
     Mutant(
         "decode_causal_off_by_one",
         "decode.py",
-        "key <= (first_row + r) // group_size + seqlen_k - seqlen_q",
-        "key < (first_row + r) // group_size + seqlen_k - seqlen_q",
+        "key <= last_key[r]",
+        "key < last_key[r]",
         first=DECODE,
     ),
     Mutant(

@@ -38,17 +38,17 @@ PASS_CONFIGS = {
     tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
 }
 
-# (block_n, num_stages) by head dim, not yet tuned on a GPU. One warpgroup of 64 rows: wgmma's
-# smallest M, and a decode step has few rows. At d64 and d128 two thread blocks fit an SM's
-# shared memory (Q and two stages of K and V: 72 and 80 KB), so one block's start and end hide
-# under the other's loads; each keeps two K/V tiles (64 KB at d128) in flight, about what an
-# SM's share of HBM bandwidth (36 GB/s) needs over a microsecond of load latency.
+# (block_n, num_stages) by head dim. One warpgroup of 64 rows: wgmma's smallest M, and a decode
+# step has few rows. Two K/V tiles in flight (64 KB at d128), about what an SM's share of HBM
+# bandwidth (36 GB/s) needs over a microsecond of load latency; d128 tiles of 128 keys and
+# three stages measured no faster (docs/performance.md).
 DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}
 BLOCK_M = 64
 THREADS = 128
 # Thread blocks per SM the splits aim for: K/V tiles are read once, so the split count only has
-# to keep every SM streaming.
-BLOCKS_PER_SM = 2
+# to keep every SM streaming. One measured faster than two on every decode step flash_attn_func
+# routes here (longer splits, fewer partials to write and combine); four slower.
+BLOCKS_PER_SM = 1
 
 
 def ceildiv(a: int, b: int) -> int:
@@ -107,6 +107,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
             alpha = T.alloc_fragment([block_m], accum)
             tile_sum = T.alloc_fragment([block_m], accum)
             row_sum = T.alloc_fragment([block_m], accum)
+            last_key = T.alloc_fragment([block_m], T.int32) if causal else None
 
             kv_head = row_block_head % heads_kv
             first_row = (row_block_head // heads_kv) * block_m
@@ -120,6 +121,11 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
             T.fill(acc_o, 0)
             T.fill(row_sum, 0)
             T.fill(row_max, neg_inf)
+            if causal:
+                # Bottom-right: query i sees key j <= i + seqlen_k - seqlen_q; worked out once
+                # per row here, not at every score (a division by the group size).
+                for r in T.Parallel(block_m):
+                    last_key[r] = (first_row + r) // group_size + seqlen_k - seqlen_q
             first_tile = split * tiles_per_split
             tiles = T.max(0, T.min(tiles_per_split, T.ceildiv(seqlen_k, block_n) - first_tile))
             for tile in T.Pipelined(tiles, num_stages=num_stages):
@@ -133,8 +139,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
                     key = kv_start + j
                     visible = key < seqlen_k
                     if causal:
-                        # Bottom-right: query i sees key j <= i + seqlen_k - seqlen_q.
-                        visible = T.And(visible, key <= (first_row + r) // group_size + seqlen_k - seqlen_q)
+                        visible = T.And(visible, key <= last_key[r])
                     acc_s[r, j] = T.if_then_else(visible, acc_s[r, j], neg_inf)
                 T.copy(row_max, row_max_prev)
                 T.reduce_max(acc_s, row_max, dim=1, clear=False)
