@@ -1,0 +1,165 @@
+"""What a call of flash_attn_func costs the host, layer by layer, against the GPU time of its kernels.
+
+From the repository root on the GPU machine:
+
+    PYTHONPATH=$PWD/src:$PWD python perf/host_overhead.py [--calls 300] [--profile]
+
+A launch whose kernels take less GPU time than the host spends issuing it is timed at the
+host's pace: the bench's small shapes (a decode step, 512 tokens of 12 heads) may measure
+the Python in front of the kernel, not the kernel. Per shape, each layer's host microseconds
+a call (`calls` calls issued back to back, the GPU never waited for, then one synchronise),
+outermost first:
+
+  flash_attn_func       the public call: validation, the custom op, autograd's wrapper
+  custom op             torch.ops.fa_kernel.forward, validated inputs
+  launch                what the op runs: forward_kernel_attention or split_kv_attention
+  kernels               the compiled TileLang kernels alone, into buffers made beforehand
+  SDPA cuDNN            torch's scaled_dot_product_attention on the cuDNN backend (BHSD)
+
+and the GPU microseconds of the kernels (a CUDA graph of `calls` launches, replayed under
+CUDA events: no host in it). `--profile` prints cProfile's top functions of flash_attn_func.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import math
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from fa_kernel import decode, flash_attn_func, interface  # noqa: E402
+from fa_kernel.bench import Shape  # noqa: E402
+from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
+from fa_kernel.configs import split_kv_serves  # noqa: E402
+from fa_kernel.kernel import compiled_forward  # noqa: E402
+from fa_kernel.numerics import LOG2E  # noqa: E402
+
+SHAPES = [
+    Shape(1, 32, 1, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=32768),  # a decode step
+    Shape(64, 8, 1, 64, False, torch.bfloat16, nheads_kv=1, seqlen_k=8192),  # MQA decode
+    Shape(32, 12, 512, 128, False, torch.bfloat16, nheads_kv=2),  # the model grid's worst
+    Shape(32, 20, 512, 64, True, torch.bfloat16),
+    Shape(8, 32, 4096, 128, False, torch.bfloat16),  # long: the GPU's pace
+]
+
+
+def layers(shape: Shape) -> dict:
+    """name -> a call of that layer on the shape's inputs."""
+    q, k, v = shape.inputs(0)
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    causal = shape.causal
+    calls = {
+        "flash_attn_func": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+        "custom op": lambda: torch.ops.fa_kernel.forward(q, k, v, scale, causal, False),
+    }
+    split = split_kv_serves(shape.seqlen_q, shape.nheads, shape.heads_kv, causal, decode.BLOCK_M)
+    sm_count, arch = device_target(q.device)
+    out, lse = torch.empty_like(q), q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
+    if split:
+        calls["launch"] = lambda: decode.split_kv_attention(q, k, v, scale, False, sm_count, arch)
+        splits, tiles_per_split = decode.split_plan_for(q, k, sm_count)
+        rows = (shape.batch, splits, shape.nheads, shape.seqlen_q)
+        o_partial = q.new_empty((*rows, shape.head_dim), dtype=torch.float32)
+        lse_partial = q.new_empty(rows, dtype=torch.float32)
+        kernels = decode.compiled_decode_kernels(head_dim=shape.head_dim, causal=False, dtype=_name(q), arch=arch)
+
+        def raw():
+            kernels[0](q, k, v, o_partial, lse_partial, scale * LOG2E, tiles_per_split)
+            kernels[1](o_partial, lse_partial, out, lse)
+    else:
+        calls["launch"] = lambda: interface.forward_kernel_attention(q, k, v, scale, causal)
+        kernel = compiled_forward(**interface.kernel_build(q.device, shape.head_dim, causal, q.dtype, shape.keys))
+
+        def raw():
+            kernel(q, k, v, out, lse, scale * LOG2E)
+
+    calls["kernels"] = raw
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    gqa = shape.nheads != shape.heads_kv
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+    calls["SDPA cuDNN"] = sdpa
+    return calls
+
+
+def _name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def host_us(call, calls: int) -> float:
+    """Host microseconds a call, issuing `calls` back to back (the GPU catches up after)."""
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def graph_us(call, calls: int) -> float | None:
+    """GPU microseconds a call, from a CUDA graph of `calls` launches (None: not capturable)."""
+    try:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            call()  # warm, off the default stream, as capture requires
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                call()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / calls
+    except Exception as error:  # noqa: BLE001 (a layer that cannot be captured is reported, not fatal)
+        print(f"    (not capturable: {type(error).__name__}: {str(error).splitlines()[0][:120]})")
+        torch.cuda.synchronize()
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--profile", action="store_true", help="cProfile's top functions of flash_attn_func")
+    args = parser.parse_args()
+    quiet_tilelang()
+    print("| shape | layer | host µs a call | GPU µs a call (CUDA graph) |\n|---|---|---|---|")
+    for shape in SHAPES:
+        for name, call in layers(shape).items():
+            host = host_us(call, args.calls)
+            gpu = graph_us(call, args.calls) if name in ("kernels", "SDPA cuDNN", "flash_attn_func") else None
+            gpu_text = "-" if gpu is None else f"{gpu:.1f}"
+            print(f"| {shape.label()} | {name} | {host:.1f} | {gpu_text} |", flush=True)
+    if args.profile:
+        call = layers(SHAPES[2])["flash_attn_func"]
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(args.calls):
+            call()
+        profile.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
