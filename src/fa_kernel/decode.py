@@ -107,7 +107,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
             alpha = T.alloc_fragment([block_m], accum)
             tile_sum = T.alloc_fragment([block_m], accum)
             row_sum = T.alloc_fragment([block_m], accum)
-            last_key = T.alloc_fragment([block_m], T.int32) if causal else None
+            last_key = T.alloc_fragment([block_m], T.int32)  # causal: each row's last visible key
 
             kv_head = row_block_head % heads_kv
             first_row = (row_block_head // heads_kv) * block_m
