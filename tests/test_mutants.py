@@ -372,16 +372,20 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
         generated = generate(files=mutants.GENERATED_FILES[target])
         assert generated and {m.file for m in generated} == {file}
         mutant = generated[0]
-        # Their own GPU tests first, then their file's suite; the forward's smoke tier never runs them.
+        # Their file's CPU tests where it has some, then their own GPU tests, then their file's
+        # suite; the forward's smoke tier never runs them.
+        cpu = [("cpu", ["-x", *mutants.CPU_BY_FILE[file]])] if file in mutants.CPU_BY_FILE else []
         tiers = mutants.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
         assert tiers == [
+            *cpu,
             ("own tests", ["-x", *mutants.FIRST_BY_FILE[file]]),
             ("suite", ["-x", *mutants.PYTEST_ARGS[target]]),
         ]
-        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=True, cpu_only=False) == tiers[:1]
-        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == []
+        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=True, cpu_only=False) == tiers[:-1]
+        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == cpu
         # Their kernels are the whole suite's precompile's, not the smoke tier's.
-        assert mutants.precompile_args([tiers[:1]], target) == []
+        assert mutants.precompile_args([tiers[:-1]], target) == []
+    assert mutants.CPU_BY_FILE["backward.py"] and "decode.py" not in mutants.CPU_BY_FILE
 
 
 def test_program_triage_settles_only_what_the_primfuncs_decide():

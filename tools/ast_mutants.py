@@ -82,7 +82,8 @@ SCOPES = {
     # The gradient and split-KV kernels, for `tools/mutants.py --generated --target backward`
     # (`decode`): judged by their own GPU tests, apart from the forward's campaign.
     "backward.py": Scope(
-        ("preprocess_program", "sees", "gradient_sizes", "backward_program", "dq_program"), constants=True
+        ("preprocess_program", "sees", "tile_needs_mask", "gradient_sizes", "backward_program", "dq_program"),
+        constants=True,
     ),
     "decode.py": Scope(("split_plan", "split_program", "combine_program"), constants=True),
     # The emulator's tile loop, mutated for `tools/mutants.py --generated --target emulator`:

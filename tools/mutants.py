@@ -599,6 +599,16 @@ SMOKE_ARGS = ["tests/test_boundary_sweep.py", "tests/test_guard_regions.py", "-m
 GUARD_TEST = "tests/test_guard_regions.py::test_sweep_builds_write_only_out_and_lse"
 # Before any GPU tier, for mutants outside kernel.py: the dispatch and the API's checks, on the CPU.
 CPU_ARGS = ["tests/test_configs.py", "tests/test_api.py", "-m", "not gpu"]
+# CPU tests of a kernel file's pure conditions, run before any GPU tier of its mutants: a
+# mutant of one of them dies in seconds, without a compile.
+CPU_BY_FILE = {"backward.py": ("tests/test_backward_tiles.py",)}
+
+
+def cpu_args(file: str) -> list[str]:
+    """The CPU tier's pytest arguments for a mutant of `file` (not kernel.py's: the smoke tier)."""
+    return [*CPU_ARGS[:-2], *CPU_BY_FILE.get(file, ()), *CPU_ARGS[-2:]]
+
+
 PYTEST_ARGS = {
     "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
     "backward": ["tests/test_backward_kernel.py", "-m", "gpu"],
@@ -1069,9 +1079,10 @@ def mutant_tiers(
     if target == "emulator":
         return [("suite", ["-x", *PYTEST_ARGS[target]])]
     if target in ("backward", "decode"):  # their own GPU tests; the forward's smoke tier never runs them
+        cpu = [("cpu", ["-x", *CPU_BY_FILE[mutant.file]])] if mutant.file in CPU_BY_FILE else []
         if cpu_only:
-            return []
-        own = [("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
+            return cpu
+        own = [*cpu, ("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
         return own if smoke_only else [*own, ("suite", ["-x", *PYTEST_ARGS[target]])]
     tiers = []
     reason = EQUIVALENT.get(getattr(mutant, "key", None))
@@ -1081,7 +1092,7 @@ def mutant_tiers(
             tiers.append(("guard regions", ["-x", *guard_nodes]))
         tiers.append(("close" if reason.check == ROUNDING else "bitwise", [BITWISE, *changed]))
     if mutant.file != "kernel.py":
-        tiers.append(("cpu", ["-x", *CPU_ARGS]))
+        tiers.append(("cpu", ["-x", *cpu_args(mutant.file)]))
     first = getattr(mutant, "first", ()) or FIRST_BY_FILE.get(mutant.file, ())
     if first:
         tiers.append(("own tests", ["-x", *first]))
