@@ -76,3 +76,11 @@ def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
         [*sweep[:3], "128x176/2/256", "--variants", "shipped"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 2 and "--configs" in result.stderr, result.stderr[-2000:]
+
+
+def test_host_overhead_parses_its_command_line_without_a_gpu():
+    # Its layers need a GPU; what it imports and how it is called are checked here.
+    result = subprocess.run(
+        [sys.executable, "perf/host_overhead.py", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "--profile" in result.stdout, result.stderr[-2000:]
