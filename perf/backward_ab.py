@@ -76,9 +76,7 @@ def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
     patches, arguments = VARIANTS[name]
     if not causal:
         arguments = {key: value for key, value in arguments.items() if key != "rows_bottom_up"}
-    if not patches:
-        return shipped_backward.compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **arguments)
-    module = patched_module(shipped_backward, "".join(c if c.isalnum() else "_" for c in name), patches)
+    module = patched_module(shipped_backward, name, patches) if patches else shipped_backward
     return module.compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **arguments)
 
 

@@ -66,6 +66,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -198,14 +199,15 @@ def patched_module(module, name: str, patches: tuple[tuple[str, str], ...]):
         except ValueError as error:
             raise ValueError(f"variant {name}: {error} in {stem}.py") from error
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"{stem}_{name}_{digest}.py"
+    slug = re.sub(r"\W", "_", name)  # a variant's name may hold spaces and dashes; a module's may not
+    path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"{stem}_{slug}_{digest}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: two sweeps (one per GPU) may build the same variant at once,
     # and TileLang re-reads the file; a half-written one failed with "could not get source code".
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(source)
     os.replace(partial, path)
-    return _import_file(path, f"fa_kernel_{stem}_variant_{name}")
+    return _import_file(path, f"fa_kernel_{stem}_variant_{slug}")
 
 
 def _import_file(path: Path, module_name: str):

@@ -598,7 +598,7 @@ SMOKE_ARGS = ["tests/test_boundary_sweep.py", "tests/test_guard_regions.py", "-m
 # The smoke tier's test of writes outside out and lse, per sweep build: a GUARDED reason's check.
 GUARD_TEST = "tests/test_guard_regions.py::test_sweep_builds_write_only_out_and_lse"
 # Before any GPU tier, for mutants outside kernel.py: the dispatch and the API's checks, on the CPU.
-CPU_ARGS = ["tests/test_configs.py", "tests/test_api.py", "-m", "not gpu"]
+CPU_TESTS = ("tests/test_configs.py", "tests/test_api.py")
 # CPU tests of a kernel file's pure conditions, run before any GPU tier of its mutants: a
 # mutant of one of them dies in seconds, without a compile.
 CPU_BY_FILE = {"backward.py": ("tests/test_backward_tiles.py",)}
@@ -606,7 +606,7 @@ CPU_BY_FILE = {"backward.py": ("tests/test_backward_tiles.py",)}
 
 def cpu_args(file: str) -> list[str]:
     """The CPU tier's pytest arguments for a mutant of `file` (not kernel.py's: the smoke tier)."""
-    return [*CPU_ARGS[:-2], *CPU_BY_FILE.get(file, ()), *CPU_ARGS[-2:]]
+    return [*CPU_TESTS, *CPU_BY_FILE.get(file, ()), "-m", "not gpu"]
 
 
 PYTEST_ARGS = {

@@ -84,7 +84,7 @@ def main() -> int:
     # pool per kind would end each on a round of idle cores.
     gradients = [] if args.smoke else gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
     # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
-    decodes = [] if args.smoke else unique(test_decode.gpu_builds(arch) + split_kv_builds(arch.removesuffix("a")))
+    decodes = [] if args.smoke else unique(test_decode.gpu_builds(arch) + split_kv_builds(arch))
     everything = gradients + decodes + builds
     builders = (
         [compiled_gradient_kernels] * len(gradients) + [compiled_decode_kernels] * len(decodes) + [None] * len(builds)

@@ -37,12 +37,12 @@ def shipped_builds(
     ]
 
 
-def split_kv_builds(arch: str = "sm_90", head_dims: Sequence[int] = (64, 128, 256)) -> list[dict]:
+def split_kv_builds(arch: str, head_dims: Sequence[int] = (64, 128, 256)) -> list[dict]:
     """compiled_decode_kernels' arguments of every split-KV build flash_attn_func runs, in both
-    dtypes, for `arch`: without the mask only (configs.split_kv_serves takes causal with one
-    query alone, which sees every key)."""
+    dtypes, for the nvcc `arch` ("sm_90a"): without the mask only (configs.split_kv_serves takes
+    causal with one query alone, which sees every key)."""
     return [
-        dict(head_dim=head_dim, causal=False, dtype=dtype, arch=f"{arch}a")
+        dict(head_dim=head_dim, causal=False, dtype=dtype, arch=arch)
         for head_dim in head_dims
         for dtype in ("float16", "bfloat16")
     ]
