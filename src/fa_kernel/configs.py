@@ -138,8 +138,9 @@ def split_kv_serves(seqlen_q: int, heads: int, heads_kv: int, causal: bool, rows
     `rows_per_block`, so that each K/V tile is read once for the group where the forward kernel
     reads it once per query head (docs/performance.md, measured on the H200: 1.4-3.8x the forward
     kernel at 4 and 8 query heads per K/V head and 1-4 queries). Not without GQA, where no read
-    is saved (the forward kernel 1.23x at 1024 heads of one query), and not causal past one
-    query, where the split kernel's per-element mask costs more than it saves (the forward kernel
-    1.32x at 16 queries); one causal query sees every key (bottom-right), so it has no mask."""
+    is saved (the forward kernel 1.23x at 1024 heads of one query; at 32 the split kernels ran
+    faster, not yet a rule), and not causal past one query, where the causal split kernel trails
+    the forward kernel (about 1150 GB/s against 1779 at 16 queries); one causal query sees every
+    key (bottom-right), so it has no mask."""
     group_size = heads // heads_kv
     return group_size > 1 and group_size * seqlen_q <= rows_per_block and (not causal or seqlen_q == 1)
