@@ -65,8 +65,8 @@ def layers(shape: Shape) -> dict:
         "flash_attn_func": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
         "custom op": lambda: torch.ops.fa_kernel.forward(q, k, v, scale, causal, False),
     }
-    split = split_kv_serves(shape.seqlen_q, shape.nheads, shape.heads_kv, causal, decode.BLOCK_M)
     sm_count, arch = device_target(q.device)
+    split = split_kv_serves(shape.batch, shape.seqlen_q, shape.nheads, shape.heads_kv, causal, decode.BLOCK_M, sm_count)
     out, lse = torch.empty_like(q), q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
     if split:
         calls["launch"] = lambda: decode.split_kv_attention(q, k, v, scale, False, sm_count, arch)

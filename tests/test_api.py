@@ -79,10 +79,10 @@ def test_cpu_tensors_are_refused_after_everything_else_checks_out():
     ("capability", "name"), [((8, 0), "NVIDIA A100-SXM4-80GB"), ((10, 0), "NVIDIA B200"), ((12, 0), "RTX 5090")]
 )
 def test_gpus_other_than_hopper_are_refused_by_name(monkeypatch, capability, name):
-    # The check reads only these two queries, so it can be exercised without a GPU.
+    # The check reads only the device's facts and its name, so it can be exercised without a GPU.
     from fa_kernel import interface
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(interface, "device_facts", lambda device=None: (capability, 132))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     expected = rf"q: expected a tensor on a Hopper GPU \(compute capability 9\.x\), got cuda:1 \({name}, "
     with pytest.raises(ValueError, match=expected + rf"compute capability {capability[0]}\.{capability[1]}\)"):
@@ -92,7 +92,7 @@ def test_gpus_other_than_hopper_are_refused_by_name(monkeypatch, capability, nam
 def test_hopper_gpus_pass_the_check(monkeypatch):
     from fa_kernel import interface
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(interface, "device_facts", lambda device=None: ((9, 0), 132))
     interface._require_hopper(torch.device("cuda:0"))
 
 
@@ -115,7 +115,7 @@ def test_a_gradient_at_head_dim_256_is_refused_before_the_forward(monkeypatch):
     from fa_kernel import interface
 
     monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal: 0.0625)
-    monkeypatch.setattr(torch.ops.fa_kernel, "forward", lambda *args: pytest.fail("launched"), raising=False)
+    monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
     q, k, v = (t.requires_grad_() for t in qkv(head_dim=256))
     with pytest.raises(ValueError, match=r"q: expected headdim in \(64, 128\) where a gradient is needed .*got 256"):
         flash_attn_func(q, k, v)
@@ -135,6 +135,6 @@ def test_deterministic_must_be_a_bool(monkeypatch):
     from fa_kernel import interface
 
     monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal: 0.0625)
-    monkeypatch.setattr(torch.ops.fa_kernel, "forward", lambda *args: pytest.fail("launched"), raising=False)
+    monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
     with pytest.raises(TypeError, match=r"deterministic: expected a bool, got int"):
         flash_attn_func(*qkv(), deterministic=1)

@@ -204,6 +204,30 @@ def test_lse_gradient(causal):
     assert verdict.passed, str(verdict)
 
 
+@pytest.mark.parametrize("used", ["out", "lse", "both"])
+def test_eager_gradients_are_the_custom_ops_bit_for_bit(used):
+    # In eager mode flash_attn_func runs the ops' bodies under an autograd.Function of its own
+    # (the ops' dispatch costs the host more than short kernels take): its outputs and gradients
+    # must be the op's, whichever outputs the loss uses (an unused one's gradient comes as None).
+    q, k, v = random_qkv(2, 200, 300, 4, 2, 64, torch.bfloat16, seed=12)
+    dout = random_dout(q, 13)
+    grad_lse = torch.randn(2, 4, 200, generator=torch.Generator().manual_seed(14)).cuda()
+
+    def outputs_and_gradients(attention):
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        out, lse = attention(*leaves)
+        used_outputs = {"out": ((out,), (dout,)), "lse": ((lse,), (grad_lse,)), "both": ((out, lse), (dout, grad_lse))}
+        torch.autograd.backward(*used_outputs[used])
+        return (out, lse, *(t.grad for t in leaves))
+
+    eager = outputs_and_gradients(
+        lambda q, k, v: flash_attn_func(q, k, v, 0.125, causal=True, return_lse=True, deterministic=True)
+    )
+    op = outputs_and_gradients(lambda q, k, v: torch.ops.fa_kernel.forward(q, k, v, 0.125, True, True))
+    for name, eager_tensor, op_tensor in zip(("out", "lse", "dq", "dk", "dv"), eager, op, strict=True):
+        assert torch.equal(eager_tensor, op_tensor), name
+
+
 class AttentionBlock(torch.nn.Module):
     """A pre-norm causal self-attention block with GQA: norm, q/k/v projections, attention, output
     projection, residual. `attention(q, k, v)` takes and returns [batch, seqlen, heads, head_dim]."""

@@ -168,6 +168,7 @@ def stub_builds(monkeypatch):
             module, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys)
         )
         monkeypatch.setattr(module, "compile_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(interface, "device_target", lambda device: (132, "sm_90a"))
 
 
 def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypatch, capsys, tmp_path):

@@ -54,24 +54,37 @@ def test_text_that_is_not_a_config_is_refused_with_the_form_expected(text):
         TileConfig.parse(text)
 
 
-# (seqlen_q, heads, heads_kv, causal, rows_per_block, served): each condition's two sides.
+# (batch, seqlen_q, heads, heads_kv, causal, rows_per_block, sm_count, served): each condition's
+# two sides.
 SPLIT_KV_CASES = [
-    (1, 32, 32, False, 64, False),  # no GQA: no K/V read to save
-    (1, 32, 16, False, 64, True),  # the smallest group
-    (1, 32, 8, False, 64, True),
-    (16, 32, 8, False, 64, True),  # the group's 64 rows: one row block
-    (17, 32, 8, False, 64, False),  # 68 rows
-    (13, 40, 8, False, 64, False),  # groups of 5: 65 rows, one past the block
-    (32, 16, 8, False, 64, True),  # groups of 2: 64 rows, then 66
-    (33, 16, 8, False, 64, False),
-    (17, 32, 8, False, 128, True),  # the row block is the split kernel's
-    (1, 32, 8, True, 64, True),  # one causal query sees every key
-    (2, 32, 8, True, 64, False),  # past it, the causal mask: the forward kernel
+    (1, 1, 32, 16, False, 64, 132, True),  # the smallest group
+    (1, 1, 32, 8, False, 64, 132, True),
+    (1000, 1, 32, 8, False, 64, 132, True),  # with GQA, whatever the grid
+    (1000, 1, 32, 16, False, 64, 132, True),  # the smallest group too
+    (1, 16, 32, 8, False, 64, 132, True),  # the group's 64 rows: one row block
+    (1, 17, 32, 8, False, 64, 132, False),  # 68 rows
+    (1, 13, 40, 8, False, 64, 132, False),  # groups of 5: 65 rows, one past the block
+    (1, 32, 16, 8, False, 64, 132, True),  # groups of 2: 64 rows, then 66
+    (1, 33, 16, 8, False, 64, 132, False),
+    (1, 17, 32, 8, False, 128, 132, True),  # the row block is the split kernel's
+    (1, 1, 32, 8, True, 64, 132, True),  # one causal query sees every key
+    (1, 2, 32, 8, True, 64, 132, False),  # past it, the causal mask: the forward kernel
+    # Without GQA: where the forward kernel's grid, one tile per (batch, head), fills half the SMs.
+    (2, 1, 33, 33, False, 64, 132, True),  # 66 tiles on 132 SMs
+    (2, 1, 34, 34, False, 64, 132, False),  # 68
+    (2, 1, 33, 33, False, 64, 130, False),  # the SMs are the device's
+    (1, 1, 66, 66, False, 64, 131, False),  # 132 of 2x the tiles, one past
+    (1, 64, 32, 32, False, 64, 132, True),  # the queries fill one row block, then one past it
+    (1, 65, 32, 32, False, 64, 132, False),
+    (1, 1, 32, 32, True, 64, 132, True),
+    (1, 2, 32, 32, True, 64, 132, False),
 ]
 
 
-@pytest.mark.parametrize(("seqlen_q", "heads", "heads_kv", "causal", "rows_per_block", "served"), SPLIT_KV_CASES)
+@pytest.mark.parametrize(
+    ("batch", "seqlen_q", "heads", "heads_kv", "causal", "rows_per_block", "sm_count", "served"), SPLIT_KV_CASES
+)
 def test_split_kv_serves_a_group_whose_rows_fit_a_row_block_and_no_causal_mask(
-    seqlen_q, heads, heads_kv, causal, rows_per_block, served
+    batch, seqlen_q, heads, heads_kv, causal, rows_per_block, sm_count, served
 ):
-    assert split_kv_serves(seqlen_q, heads, heads_kv, causal, rows_per_block) is served
+    assert split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, rows_per_block, sm_count) is served

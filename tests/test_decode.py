@@ -149,7 +149,7 @@ ROUTED = [
     (BLOCK_M // 4 + 1, 32, 8, False, False),
     (1, 32, 8, True, True),  # one causal query sees every key: no mask
     (2, 32, 8, True, False),
-    (1, 8, 8, False, False),  # no GQA
+    (1, 8, 8, False, True),  # no GQA, on a grid of 16 tiles: test_without_gqa_... has its limit
 ]
 
 
@@ -169,6 +169,25 @@ def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
     assert bool(calls) is served
     verdict = judge(q, k, v, out, lse, causal)
     assert verdict.passed, f"{seqlen_q} queries, {heads}/{heads_kv} heads, causal={causal}: {verdict}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("past", [False, True], ids=["half-the-sms", "one-head-more"])
+def test_without_gqa_decode_steps_go_to_the_split_kv_kernels_while_the_grid_fills_half_the_sms(monkeypatch, past):
+    # One query per head of one sequence: the forward kernel's grid is one tile per head.
+    import fa_kernel.interface as interface
+    from fa_kernel.builds import device_target
+    from fa_kernel.interface import flash_attn_func
+
+    calls = []
+    split_kv_attention = interface.split_kv_attention
+    monkeypatch.setattr(interface, "split_kv_attention", lambda *args: calls.append(args) or split_kv_attention(*args))
+    heads = device_target()[0] // 2 + past
+    q, k, v = random_qkv(1, 1, 2 * 128 + 7, heads, heads, 64, torch.bfloat16, seed=heads)
+    out, lse = flash_attn_func(q, k, v, return_lse=True)
+    assert bool(calls) is not past
+    verdict = judge(q, k, v, out, lse, False)
+    assert verdict.passed, f"{heads} heads: {verdict}"
 
 
 @st.composite

@@ -235,7 +235,7 @@ EQUIVALENT: dict[str, Reason] = {
         f"numerics.py:<module>:constant:STALE_SUM_LIMIT = 4096.0->STALE_SUM_LIMIT = {limit}": STALE_SUM_LIMIT_IS_FREE
         for limit in ("8192.0", "2048.0", "4097.0", "4095.0")
     },
-    "interface.py:_forward:guard_never:t.is_contiguous()->False": CONTIGUOUS_IS_ITSELF,
+    "interface.py:_attention:guard_never:t.is_contiguous()->False": CONTIGUOUS_IS_ITSELF,
     # ---- the emulator's tile loop (tools/mutants.py --generated --target emulator)
     "emulator.py:_attend_one_head:off_by_one:q[q_start:q_start + block_m]->q[q_start:q_start + block_m + 1]": (
         ROW_COMPUTED_TWICE

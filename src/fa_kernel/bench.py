@@ -162,9 +162,10 @@ DECODE_SHAPES = (
     # of 32 tiles (the forward kernel's, as flash_attn_func runs both).
     Shape(8, 32, 16, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=8192),
     Shape(1, 32, 1, 128, False, torch.bfloat16, seqlen_k=32768),
-    # Without GQA, where the split kernels stop beating the forward kernel's grid (one tile per
-    # (batch, head)): 32 tiles they ran 1.78x, 1024 tiles 0.83x; here 128 and 512, about one SM
-    # wave and four.
+    # Without GQA, both sides of split_kv_serves' limit, a forward grid (one tile per (batch,
+    # head)) of half the SMs: 64 and 96 tiles; then 128 and 512, about one SM wave and four.
+    Shape(2, 32, 1, 128, False, torch.bfloat16, seqlen_k=16384),
+    Shape(3, 32, 1, 128, False, torch.bfloat16, seqlen_k=16384),
     Shape(4, 32, 1, 128, False, torch.bfloat16, seqlen_k=16384),
     Shape(16, 32, 1, 128, False, torch.bfloat16, seqlen_k=16384),
 )

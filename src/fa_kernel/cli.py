@@ -217,7 +217,15 @@ def cmd_verify(args) -> int:
 def _served(device: torch.device, shape: Shape) -> tuple[Callable[..., object] | None, dict]:
     """The builder and build of the kernels flash_attn_func runs for `shape` (serving_build)."""
     return serving_build(
-        device, shape.head_dim, shape.causal, shape.dtype, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv
+        device,
+        shape.head_dim,
+        shape.causal,
+        shape.dtype,
+        shape.batch,
+        shape.seqlen_q,
+        shape.keys,
+        shape.nheads,
+        shape.heads_kv,
     )
 
 

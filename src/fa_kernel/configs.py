@@ -132,15 +132,24 @@ def key_ranges(arch: str, head_dim: int, causal: bool) -> list[tuple[int, int | 
     return [*ranges, (fewest, None, select_config(arch, head_dim, causal))]
 
 
-def split_kv_serves(seqlen_q: int, heads: int, heads_kv: int, causal: bool, rows_per_block: int) -> bool:
+def split_kv_serves(
+    batch: int, seqlen_q: int, heads: int, heads_kv: int, causal: bool, rows_per_block: int, sm_count: int
+) -> bool:
     """Whether a call runs on the split-KV kernels (`fa_kernel.decode`) rather than the forward
-    kernel: where a GQA group's query rows, group_size * seqlen_q, fit one of their row blocks of
-    `rows_per_block`, so that each K/V tile is read once for the group where the forward kernel
-    reads it once per query head (docs/performance.md, measured on the H200: 1.4-3.8x the forward
-    kernel at 4 and 8 query heads per K/V head and 1-4 queries). Not without GQA, where no read
-    is saved (the forward kernel 1.23x at 1024 heads of one query; at 32 the split kernels ran
-    faster, not yet a rule), and not causal past one query, where the causal split kernel trails
-    the forward kernel (about 1150 GB/s against 1779 at 16 queries); one causal query sees every
-    key (bottom-right), so it has no mask."""
+    kernel, measured on the H200 (docs/performance.md):
+
+    - with GQA, where a group's query rows, group_size * seqlen_q, fit one of their row blocks of
+      `rows_per_block`: each K/V tile is read once for the group where the forward kernel reads it
+      once per query head (1.4-3.8x the forward kernel at 4 and 8 query heads per K/V head, 1-4
+      queries);
+    - without GQA, where the queries fit one row block and the forward kernel's grid, one tile
+      per (batch, head), fills at most half the SMs: no read is saved, but the split kernels
+      spread the keys over every SM (32 tiles: 1.68x the forward kernel; 128 tiles: the forward
+      kernel 1.15x, 1024: 1.23x);
+    - and causal only with one query, which sees every key (bottom-right), so has no mask: past
+      it the causal split kernel trails the forward kernel (about 1150 GB/s against 1779 at 16
+      queries)."""
     group_size = heads // heads_kv
-    return group_size > 1 and group_size * seqlen_q <= rows_per_block and (not causal or seqlen_q == 1)
+    if causal and seqlen_q > 1 or group_size * seqlen_q > rows_per_block:
+        return False
+    return group_size > 1 or 2 * batch * heads <= sm_count

@@ -4,7 +4,9 @@ Everything a caller can get wrong is checked here, before anything is compiled o
 and each error names the argument, what was expected and what came. The kernel itself is
 registered as the torch custom op `fa_kernel::forward`, so `torch.compile` traces through
 `flash_attn_func` without a graph break; its gradient is the custom op `fa_kernel::backward`
-(the backward kernels of `fa_kernel.backward`), registered as its autograd formula. A decode
+(the backward kernels of `fa_kernel.backward`), registered as its autograd formula. In eager
+mode the ops' bodies run without the ops' dispatch (`_EagerAttention`), which would cost the
+host more than a decode step's kernels take on the GPU. A decode
 step, a few queries of a GQA group against many keys, runs on the split-KV kernels of
 `fa_kernel.decode` instead (`configs.split_kv_serves` says which calls).
 """
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
-from fa_kernel.builds import device_target
+from fa_kernel.builds import device_facts, device_target
 from fa_kernel.configs import TileConfig, arch_of, select_config, split_kv_serves
 from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
 from fa_kernel.decode import compiled_decode_kernels, split_kv_attention
@@ -86,22 +88,29 @@ def flash_attn_func(
     softmax_scale = _check_inputs(q, k, v, softmax_scale, causal)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if needs_grad:
         _check_backward_head_dim(q.shape[-1])
-    out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal, deterministic)
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v)):
+        # Traced (torch.compile, export), or a tensor subclass (fake tensors among them): the
+        # custom op, which they see as one node with its fake and its gradient.
+        out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal, deterministic)
+    elif needs_grad:
+        out, lse = _EagerAttention.apply(q, k, v, softmax_scale, causal, deterministic)
+    else:
+        out, lse = _attention(q, k, v, softmax_scale, causal)
     return (out, lse) if return_lse else out
 
 
 def tile_config_for(device: torch.device, head_dim: int, causal: bool, seqlen_k: int | None) -> TileConfig:
     """The tile configuration the kernel uses on this device for this case (seqlen_k None: the
     long-sequence entry)."""
-    return select_config(arch_of(torch.cuda.get_device_capability(device)), head_dim, causal, seqlen_k)
+    return select_config(arch_of(device_facts(device)[0]), head_dim, causal, seqlen_k)
 
 
 def compile_arch(device: torch.device) -> str:
     """The nvcc architecture to compile for: the 'a' variant unlocks wgmma and setmaxnreg."""
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}a"
+    return device_target(device)[1]
 
 
 def kernel_build(
@@ -124,7 +133,7 @@ def kernel_build(
         dtype=_DTYPE_NAMES[dtype],
         config=config or tile_config_for(device, head_dim, causal, seqlen_k),
         arch=compile_arch(device),
-        sm_count=sm_count or torch.cuda.get_device_properties(device).multi_processor_count,
+        sm_count=sm_count or device_target(device)[0],
     )
 
 
@@ -133,6 +142,7 @@ def serving_build(
     head_dim: int,
     causal: bool,
     dtype: torch.dtype,
+    batch: int,
     seqlen_q: int,
     seqlen_k: int,
     heads: int,
@@ -141,7 +151,7 @@ def serving_build(
     """(builder, arguments) of the kernels flash_attn_func runs for this case, as
     `fa_kernel.builds` takes them: the split-KV kernels' where split_kv_serves, else the forward
     kernel's (None: compiled_forward, kernel_build's arguments)."""
-    if split_kv_serves(seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS):
+    if split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS, device_target(device)[0]):
         return compiled_decode_kernels, dict(
             head_dim=head_dim, causal=False, dtype=_DTYPE_NAMES[dtype], arch=compile_arch(device)
         )
@@ -203,7 +213,7 @@ def _check_backward_head_dim(head_dim: int) -> None:
 
 def _require_hopper(device: torch.device) -> None:
     """ValueError naming the GPU unless it is a Hopper (compute capability 9.x)."""
-    capability = torch.cuda.get_device_capability(device)
+    capability = device_facts(device)[0]
     if capability[0] != 9:
         # The kernel is built from TMA, wgmma and setmaxnreg: Hopper's instructions only.
         raise ValueError(
@@ -217,6 +227,13 @@ def _forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, deterministic: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # `deterministic` is the gradient's (the autograd formula reads it); the forward always is.
+    return _attention(q, k, v, softmax_scale, causal)
+
+
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of validated inputs: the forward op's body."""
     if q.numel() == 0:
         return _outputs_like(q)
     if k.shape[1] == 0:
@@ -225,9 +242,10 @@ def _forward(
         return out.zero_(), lse.fill_(-math.inf)
     # The kernels assume dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
-    if split_kv_serves(q.shape[1], q.shape[2], k.shape[2], causal, SPLIT_KV_ROWS):
+    batch, seqlen_q, heads, _ = q.shape
+    sm_count, arch = device_target(q.device)
+    if split_kv_serves(batch, seqlen_q, heads, k.shape[2], causal, SPLIT_KV_ROWS, sm_count):
         # A decode step. split_kv_serves takes causal with one query only, which sees every key.
-        sm_count, arch = device_target(q.device)
         return split_kv_attention(q, k, v, softmax_scale, False, sm_count, arch)
     return forward_kernel_attention(q, k, v, softmax_scale, causal)
 
@@ -271,6 +289,13 @@ def _backward(
     causal: bool,
     deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gradients(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
+
+
+def _gradients(
+    dout, grad_lse, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), contiguous: the backward op's body."""
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
     return dq, dk, dv
@@ -334,14 +359,37 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.deterministic = deterministic
 
 
-def _forward_gradient(ctx, grad_out, grad_lse):
+def _saved_gradients(ctx, grad_out, grad_lse, backward: Callable) -> tuple:
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None:  # only the LSE was used
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fa_kernel.backward(
-        grad_out, grad_lse, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic
-    )
+    dq, dk, dv = backward(grad_out, grad_lse, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic)
     return dq, dk, dv, None, None, None
 
 
+def _forward_gradient(ctx, grad_out, grad_lse):
+    # The forward op's autograd formula: under torch.compile the backward is traced as an op too.
+    return _saved_gradients(ctx, grad_out, grad_lse, torch.ops.fa_kernel.backward)
+
+
 torch.library.register_autograd("fa_kernel::forward", _forward_gradient, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """flash_attn_func's autograd in eager mode: the ops' bodies, the same gradient formula, and
+    not the custom ops' dispatch, which costs the host about 60 µs a call on the H200
+    (perf/host_overhead.py): more than a decode step's or a short sequence's kernels take."""
+
+    @staticmethod
+    def forward(q, k, v, softmax_scale, causal, deterministic):
+        return _attention(q, k, v, softmax_scale, causal)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # An unused output's gradient arrives as None, as the op's formula takes it.
+        ctx.set_materialize_grads(False)
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _saved_gradients(ctx, grad_out, grad_lse, _gradients)
