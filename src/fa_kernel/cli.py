@@ -498,24 +498,42 @@ def cmd_tune(args) -> int:
             console.print(f"--compile-only: expected an nvcc arch and an SM count, like sm_90a 132, got {arch} {sms}")
             return EXIT_FAILED
         quiet_tilelang()
-        tried, built = tune.precompile(cases, args.jobs, target=(int(sms), arch))
-        console.print(f"{built} of {tried} candidate kernels compiled for {arch} with {sms} SMs into TileLang's cache")
+        errors = [
+            error
+            for case in tune.precompile(cases, args.jobs, target=(int(sms), arch)).values()
+            for error in case.values()
+        ]
+        counts = f"{errors.count(None)} of {len(errors)} candidate kernels"
+        console.print(f"{counts} compiled for {arch} with {sms} SMs into TileLang's cache")
         return 0
     if not torch.cuda.is_available():
         console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
     arch = arch_of(torch.cuda.get_device_capability())
     ladder = sorted(set(args.keys))
+    built: dict[tuple[int, bool], list] = {}
     if args.jobs > 1:
         console.print(f"compiling every candidate kernel, {args.jobs} at a time")
-        tried, built = tune.precompile(cases, args.jobs)
-        console.print(f"{built} of {tried} candidate kernels built (the others do not fit)")
+        for (head_dim, causal), outcomes in tune.precompile(cases, args.jobs).items():
+            built[head_dim, causal] = [config for config, error in outcomes.items() if error is None]
+            failed = {config: type(error).__name__ for config, error in outcomes.items() if error is not None}
+            for config, error_name in failed.items():
+                console.print(f"  d{head_dim}{' causal' if causal else ''} {config}: does not compile ({error_name})")
+        tried = sum(len(tune.candidate_configs(causal)) for _, causal in cases)
+        console.print(f"{sum(map(len, built.values()))} of {tried} candidate kernels built (the others do not fit)")
     chosen, record = {}, []
     for head_dim, causal in cases:
         console.print(f"d{head_dim}{' causal' if causal else ''}: timing every candidate at {ladder} keys")
         shipped = {keys: select_config(arch, head_dim, causal, keys) for keys in ladder}
         sweep, tflops = tune.measure_case(
-            head_dim, causal, ladder, args.rounds, console.print, shipped.values(), nheads=args.heads
+            head_dim,
+            causal,
+            ladder,
+            args.rounds,
+            console.print,
+            shipped.values(),
+            args.heads,
+            built.get((head_dim, causal)),
         )
         chosen[head_dim, causal] = entries = tune.choose_entries(tflops)
         record.append(

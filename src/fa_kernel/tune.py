@@ -135,20 +135,23 @@ def kernel_build(head_dim: int, causal: bool, config: TileConfig, sm_count: int,
     return dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count, arch=arch)
 
 
-def precompile(cases: Iterable[tuple[int, bool]], jobs: int, target: tuple[int, str] | None = None) -> tuple[int, int]:
+def precompile(
+    cases: Iterable[tuple[int, bool]], jobs: int, target: tuple[int, str] | None = None
+) -> dict[tuple[int, bool], dict[TileConfig, BaseException | None]]:
     """Fill TileLang's disk cache with every candidate of these (head_dim, causal) cases, `jobs`
     at a time (the timing loop then loads each one from the cache), for `target` (SMs, nvcc
     arch; None: this GPU's; given, no GPU is needed, and the GPU host loads a copy of the
-    cache). A candidate that does not fit is left to the timing loop, which compiles it again
-    and says so. Returns (kernels tried, kernels built)."""
+    cache). Returns each case's candidates with their build's error (None: built); the timing
+    loop takes the built ones only (a build that does not fit takes as long to fail again)."""
     sm_count, arch = target or device_target()
+    candidates = {(head_dim, causal): candidate_configs(causal) for head_dim, causal in cases}
     builds = [
         kernel_build(head_dim, causal, config, sm_count, arch)
-        for head_dim, causal in cases
-        for config in candidate_configs(causal)
+        for (head_dim, causal), configs in candidates.items()
+        for config in configs
     ]
-    errors = build_all(builds, jobs)
-    return len(builds), sum(error is None for error in errors)
+    errors = iter(build_all(builds, jobs))
+    return {case: {config: next(errors) for config in configs} for case, configs in candidates.items()}
 
 
 def alternate(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key, float]:
@@ -164,11 +167,13 @@ def measure_case(
     log: Callable[[str], None],
     also: Iterable[TileConfig] = (),
     nheads: int = 16,
+    candidates: Iterable[TileConfig] | None = None,
 ) -> tuple[Measurements, Measurements]:
-    """TFLOP/s (fp16) of every candidate that compiles, at every length of the ladder, one timing
-    each (the sweep); then of the sweep's finalists at any length and the configs `also` (those
-    the table runs now, to compare with), alternated over `rounds` at every length (medians).
-    Shapes: bench.sweep_shape with `nheads` heads. Returns (sweep, alternated)."""
+    """TFLOP/s (fp16) of every candidate (None: candidate_configs) that compiles and launches, at
+    every length of the ladder, one timing each (the sweep); then of the sweep's finalists at
+    any length and the configs `also` (those the table runs now, to compare with), alternated
+    over `rounds` at every length (medians). Shapes: bench.sweep_shape with `nheads` heads.
+    Returns (sweep, alternated)."""
     sm_count, arch = device_target()
     shapes = {keys: sweep_shape(keys, head_dim, causal, nheads=nheads) for keys in ladder}
     log("  shapes: " + ", ".join(shape.label() for shape in shapes.values()))
@@ -183,11 +188,18 @@ def measure_case(
         return lambda: shapes[keys].flops / cuda_median_ms(call, warmup=5, repeats=20) / 1e9
 
     kernels: dict[TileConfig, Callable] = {}
-    for config in candidate_configs(causal):
+    for config in candidate_configs(causal) if candidates is None else candidates:
         try:
-            kernels[config] = compiled_forward(**kernel_build(head_dim, causal, config, sm_count, arch))
-        except Exception as error:  # shared memory or registers do not fit this head_dim
+            kernel = compiled_forward(**kernel_build(head_dim, causal, config, sm_count, arch))
+        except Exception as error:  # registers do not fit this head_dim
             log(f"  {config}: does not compile ({type(error).__name__})")
+            continue
+        try:
+            kernel(*arguments[min(shapes)])
+        except Exception as error:  # more shared memory than this GPU gives a block (not known at compile)
+            log(f"  {config}: does not launch ({type(error).__name__}: {error})")
+            continue
+        kernels[config] = kernel
     # Every kernel is loaded before any is timed, and one length's timings follow each other
     # without a pause: a pause lets the GPU cool, and the next timing reads high.
     sweep = {keys: {config: timer(kernel, keys)() for config, kernel in kernels.items()} for keys in shapes}
