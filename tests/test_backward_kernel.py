@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import BACKWARD_TILES
+from fa_kernel.backward import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import backward_into
 from fa_kernel.reference import judge_backward, random_qkv
 from strategies import cases
@@ -48,24 +48,24 @@ def assert_gradients_within_the_bound(q, k, v, causal, label, softmax_scale=None
         assert torch.all(grads[0][:, : seqlen_q - seqlen_k] == 0), label
 
 
-def backward_offsets(head_dim: int) -> list[int]:
+def backward_offsets(head_dim: int, tiles: dict = BACKWARD_TILES) -> list[int]:
     """Causal offsets seqlen_k - seqlen_q within 2 of n·block_n - k·block_m, in ±2·block_n: where
     a K/V tile's first key meets a query tile's first row's diagonal (the causal first query
     tile), or its last key a row's (the causal mask); seqlen_k then crosses block_n's multiples."""
-    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    block_m, block_n, _ = tiles[head_dim]
     limit = 2 * block_n
     tiles_n, tiles_m = limit // block_n + 1, 2 * limit // block_m + 1
     centres = {n * block_n - j * block_m for n in range(-tiles_n, tiles_n + 1) for j in range(-tiles_m, tiles_m + 1)}
     return sorted({c + side for c in centres for side in range(-2, 3) if -limit <= c + side <= limit})
 
 
-def sweep_lengths(head_dim: int):
-    """(seqlen_q, seqlen_k, offset) of the backward's sweep: two query lengths, a query tile's
-    last row on the Delta padding's edge (2·block_m, with block_m dividing it) and one past it,
-    at every backward_offsets offset that leaves a key."""
-    block_m, _, _ = BACKWARD_TILES[head_dim]
+def sweep_lengths(head_dim: int, tiles: dict = BACKWARD_TILES):
+    """(seqlen_q, seqlen_k, offset) of the backward's sweep on a kernel's `tiles`: two query
+    lengths, a query tile's last row on the Delta padding's edge (2·block_m, with block_m
+    dividing it) and one past it, at every backward_offsets offset that leaves a key."""
+    block_m, _, _ = tiles[head_dim]
     for seqlen_q in (2 * block_m, 2 * block_m + 1):
-        for offset in backward_offsets(head_dim):
+        for offset in backward_offsets(head_dim, tiles):
             if seqlen_q + offset >= 1:
                 yield seqlen_q, seqlen_q + offset, offset
 
@@ -93,8 +93,10 @@ def deterministic_builds(arch: str) -> list[dict]:
 @pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
 def test_deterministic_backward_boundary_sweep(head_dim, causal):
     # The fixed-order dQ kernel walks K/V tiles per query tile: its own boundaries are the
-    # dK/dV kernel's seen from the other side (a query tile's last K/V tile, rows that see none).
-    for seqlen_q, seqlen_k, offset in sweep_lengths(head_dim):
+    # dK/dV kernel's seen from the other side (a query tile's last K/V tile, rows that see none),
+    # on its own tiles; the dK/dV kernel's block_m is a multiple of its, so they hold those too.
+    assert all(BACKWARD_TILES[head_dim][0] % DQ_TILES[head_dim][0] == 0 for head_dim in DQ_TILES)
+    for seqlen_q, seqlen_k, offset in sweep_lengths(head_dim, DQ_TILES):
         inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, torch.bfloat16, seed=seqlen_k)
         label = f"deterministic {seqlen_q}x{seqlen_k}"
         assert_gradients_within_the_bound(*inputs, causal, label, seed=offset, deterministic=True)

@@ -326,10 +326,17 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
     return flash_attention_backward_dq
 
 
-# Tiles by head dim: (block_m, block_n, num_stages), FlashAttention-3's (64 query rows against
-# 128 keys). head_dim 256 has none yet: dK and dV of 128 keys take 256 fp32 registers a thread
-# on two warpgroups, and 64 keys on two warpgroups give wgmma no row split (layout conflict).
-BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+# Tiles by head dim: (block_m, block_n, num_stages), FlashAttention-3's. head_dim 64 on 128 query
+# rows (half the loop's steps, each GEMM twice as tall; measured 1.17x causal, 0.98x without the
+# mask at 8x32x4096, perf/backward_ab.py); head_dim 128 on 64, where Sᵀ and dPᵀ of 128 rows would
+# take 128 fp32 registers a thread beside dK and dV's 128. head_dim 256 has none yet: dK and dV
+# of 128 keys take 256 fp32 registers a thread on two warpgroups, and 64 keys on two
+# warpgroups give wgmma no row split (layout conflict).
+BACKWARD_TILES = {64: (128, 128, 2), 128: (64, 128, 2)}
+# The fixed-order dQ kernel's tiles: 64 query rows at both. At head_dim 64 on 128 rows the
+# deterministic gradient measured 0.71x (204 TFLOP/s against 288 at 8x32x4096, 175 against 243
+# causal): its S, dP and dQ of 128 rows weigh on registers as the dK/dV kernel's do not.
+DQ_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
 
 
 def _compile(program, arch: str | None):
@@ -372,8 +379,8 @@ def compiled_backward(
 
 @functools.cache
 def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None):
-    """The compiled fixed-order dQ kernel (dq_program) for this head dim (BACKWARD_TILES)."""
-    block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
+    """The compiled fixed-order dQ kernel (dq_program) for this head dim (DQ_TILES)."""
+    block_m, block_n, num_stages = DQ_TILES[head_dim]
     program = dq_program(
         head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages
     )
