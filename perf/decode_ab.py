@@ -19,6 +19,8 @@ Variants (`--list`):
   three_stages     three K/V tiles in flight instead of two.
   two_blocks_per_sm  splits for two thread blocks per SM (shorter splits, more partials).
   four_blocks_per_sm  splits for four.
+  one_wave         splits rounded down: at most one block per SM where the plan splits, not a
+                   second, partial wave (a one-batch decode step: 18 splits of 8 heads on 132 SMs).
 """
 
 from __future__ import annotations
@@ -41,12 +43,21 @@ from perf.variants import patched_module  # noqa: E402
 
 TILES = "DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}"
 BLOCKS = "BLOCKS_PER_SM = 1"
+# At most one wave: split_plan asks at least enough splits to give every SM a block, so 8 K/V
+# heads on 132 SMs get 18 splits, 144 blocks, and 12 SMs a second block's tiles (the one-batch
+# anchor's kernels take 82 us where cuDNN takes 37). Rounding the splits down instead leaves at
+# most one block per SM (16 splits, 128 blocks of 32 tiles against 30 twice over).
+AT_LEAST_A_WAVE = """wanted = ceildiv(BLOCKS_PER_SM * sm_count, max(1, batch * heads_kv * row_blocks))
+tiles_per_split = max(1, tiles // wanted)"""
+AT_MOST_A_WAVE = """wanted = max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))
+tiles_per_split = ceildiv(tiles, wanted)"""
 VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "shipped": (),
     "wide_d128": ((TILES, "DECODE_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}"),),
     "three_stages": ((TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),),
     "two_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 2"),),
     "four_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 4"),),
+    "one_wave": ((AT_LEAST_A_WAVE, AT_MOST_A_WAVE),),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
