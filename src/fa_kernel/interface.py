@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
-from fa_kernel.builds import device_facts, device_target
+from fa_kernel.builds import device_facts, device_target, split_kv_build
 from fa_kernel.configs import TileConfig, arch_of, select_config, split_kv_serves
 from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
 from fa_kernel.decode import compiled_decode_kernels, split_kv_attention
@@ -152,9 +152,7 @@ def serving_build(
     `fa_kernel.builds` takes them: the split-KV kernels' where split_kv_serves, else the forward
     kernel's (None: compiled_forward, kernel_build's arguments)."""
     if split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS, device_target(device)[0]):
-        return compiled_decode_kernels, dict(
-            head_dim=head_dim, causal=False, dtype=_DTYPE_NAMES[dtype], arch=compile_arch(device)
-        )
+        return compiled_decode_kernels, split_kv_build(head_dim, _DTYPE_NAMES[dtype], compile_arch(device))
     return None, kernel_build(device, head_dim, causal, dtype, seqlen_k)
 
 
