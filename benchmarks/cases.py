@@ -107,6 +107,20 @@ class Decode(Case):
         return Shape(16, 32, seqlen_q, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=seqlen_k)
 
 
+class HostPath(Case):
+    """A call whose kernels take less GPU time than the host spends issuing it: a decode step of
+    one sequence against 4096 keys (the split-KV kernels) and 128 tokens of one sequence (the
+    forward kernel). What such a call costs is flash_attn_func's Python and its launches."""
+
+    params = (["split-KV", "forward"],)
+    param_names = ["path"]
+
+    def shape_for(self, path):
+        if path == "split-KV":
+            return Shape(1, 32, 1, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=4096)
+        return Shape(1, 16, 128, 128, False, torch.bfloat16)
+
+
 class Backward(Case):
     """The backward alone of the MHA grid's shapes, bf16 (what training runs), at the head dims
     the gradient kernels serve."""

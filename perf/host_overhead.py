@@ -27,7 +27,6 @@ import cProfile
 import math
 import pstats
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +37,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from fa_kernel import decode, flash_attn_func, interface  # noqa: E402
-from fa_kernel.bench import Shape  # noqa: E402
+from fa_kernel.bench import Shape, host_us_per_call  # noqa: E402
 from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
 from fa_kernel.configs import split_kv_serves  # noqa: E402
 from fa_kernel.kernel import compiled_forward  # noqa: E402
@@ -102,19 +101,6 @@ def _name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def host_us(call, calls: int) -> float:
-    """Host microseconds a call, issuing `calls` back to back (the GPU catches up after)."""
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
-
-
 def graph_us(call, calls: int) -> float | None:
     """GPU microseconds a call, from a CUDA graph of `calls` launches, the fastest of three
     replays (None: not capturable). Kept short: each call's outputs live in the graph's pool."""
@@ -152,7 +138,7 @@ def main() -> int:
     print("| shape | layer | host µs a call | GPU µs a call (CUDA graph) |\n|---|---|---|---|")
     for shape in SHAPES:
         for name, call in layers(shape).items():
-            host = host_us(call, args.calls)
+            host = host_us_per_call(call, args.calls)
             gpu = graph_us(call, GRAPH_CALLS) if name in ("kernels", "SDPA cuDNN", "flash_attn_func") else None
             gpu_text = "-" if gpu is None else f"{gpu:.1f}"
             print(f"| {shape.label()} | {name} | {host:.1f} | {gpu_text} |", flush=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -45,6 +46,21 @@ def cuda_median_ms(fn: Callable[[], object], warmup: int = 10, repeats: int = 50
         end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 300, warmup: int = 5) -> float:
+    """Host microseconds a call of `fn`: `calls` calls issued back to back after `warmup`, the
+    GPU not waited for until they are all issued (where the kernels take less GPU time than the
+    host spends a call, a timing with CUDA events measures this instead of the kernels)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 @dataclass(frozen=True)
