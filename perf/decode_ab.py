@@ -21,6 +21,8 @@ Variants (`--list`):
   four_blocks_per_sm  splits for four.
   one_wave         splits rounded down: at most one block per SM where the plan splits, not a
                    second, partial wave (a one-batch decode step: 18 splits of 8 heads on 132 SMs).
+  one_wave_three_stages  both: with one block on most SMs, a third K/V tile in flight is the
+                   SM's only way to more bytes in flight.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "two_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 2"),),
     "four_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 4"),),
     "one_wave": ((AT_LEAST_A_WAVE, AT_MOST_A_WAVE),),
+    "one_wave_three_stages": (
+        (AT_LEAST_A_WAVE, AT_MOST_A_WAVE),
+        (TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),
+    ),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
