@@ -422,6 +422,15 @@ KERNEL_MUTANTS = [
         "dq.copy_(dq_accum.transpose(1, 2))",
         first=BACKWARD_SWEEP,
     ),
+    Mutant(
+        # flash_attn_func's eager autograd drops the LSE's upstream gradient, which the ops'
+        # formula (what torch.compile runs) passes on.
+        "eager_lse_gradient_dropped",
+        "interface.py",
+        "_saved_gradients(ctx, grad_out, grad_lse, _gradients)",
+        "_saved_gradients(ctx, grad_out, None, _gradients)",
+        first=("tests/test_backward_kernel.py::test_lse_gradient",),
+    ),
     # ---- the deterministic dQ (backward.py's dq_program)
     Mutant(
         # The walk stops one K/V tile before the last its rows see.
