@@ -218,6 +218,10 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
     assert main(["bench", "--json", "--head-dim", "64"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert {row["head_dim"] for row in record["summary"]} == {64} and all(build[0] == 64 for build in built[-1])
+    # --seqlen-q too: the model grid's 512-token row at head_dim 64 alone, six layers causal and not.
+    assert main(["bench", "--json", "--grid", "models", "--head-dim", "64", "--seqlen-q", "512"]) == 0
+    shapes = [result["shape"] for result in json.loads(capsys.readouterr().out)["results"]]
+    assert len(shapes) == 12 and all("x512x64 float16" in shape for shape in shapes), shapes
 
 
 def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monkeypatch, capsys):

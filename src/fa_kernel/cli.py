@@ -143,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         help="only the grid's shapes of these head dims (a long grid in parts: each part prints when it ends)",
     )
+    bench.add_argument(
+        "--seqlen-q",
+        type=_count,
+        nargs="+",
+        help="only the grid's shapes of these query lengths (the model grid's 512-token row alone, say)",
+    )
     bench.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels built at once (default: cores)")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--markdown", action="store_true", help="print a markdown table")
@@ -348,6 +354,8 @@ def cmd_bench(args) -> int:
         shapes = [shape for shape in shapes if shape.head_dim in BACKWARD_TILES]
     if args.head_dim:
         shapes = [shape for shape in shapes if shape.head_dim in args.head_dim]
+    if args.seqlen_q:
+        shapes = [shape for shape in shapes if shape.seqlen_q in args.seqlen_q]
     # Every kernel the grid and the plot launch, built over all cores first (one compile each,
     # not one at a time inside the timing loop's warm-up), in one pool: the forward's, and the
     # split-KV or gradient kernels, which take (head_dim, causal, dtype, arch).
