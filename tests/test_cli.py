@@ -19,6 +19,10 @@ def test_info_lists_a_config_for_every_case(capsys):
     out = capsys.readouterr().out
     # six (head_dim, causal) cases, and the short-sequence entries beside them
     assert "tilelang 0.1.15" in out and out.count("thr") == 6 + SHORT_ENTRIES
+    # and where decode steps go, read off split_kv_serves (for an H200's 132 SMs without a GPU)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    text = " ".join(out.split())
+    assert "number at most 64;" in text and f"batch x heads at one query, is at most {sms // 2} on {sms} SMs" in text
 
 
 @no_gpu

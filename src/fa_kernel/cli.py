@@ -42,9 +42,11 @@ from fa_kernel.bench import (
     summarise,
 )
 from fa_kernel.builds import build_unless_built, distinct_tasks, quiet_tilelang, shipped_builds
-from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config
-from fa_kernel.decode import compiled_decode_kernels
+from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config, split_kv_serves
+from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
+from fa_kernel.decode import DECODE_TILES, compiled_decode_kernels
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build, serving_build
+from fa_kernel.kernel import H100_SM_COUNT
 from fa_kernel.reference import GRADIENTS, judge, judge_backward
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_COMPILED_ONLY = 1, 2, 3
@@ -584,10 +586,13 @@ def cmd_info(args) -> int:
     )
     if torch.cuda.is_available():
         arch = arch_of(torch.cuda.get_device_capability())
-        console.print(f"GPU: {torch.cuda.get_device_name()} ({arch})")
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        console.print(f"GPU: {torch.cuda.get_device_name()} ({arch}, {sm_count} SMs)")
     else:
-        arch = "sm_90"
-        console.print("GPU: none (torch.cuda.is_available() is False); showing the configs an sm_90 GPU would use")
+        arch, sm_count = "sm_90", H100_SM_COUNT
+        console.print(
+            f"GPU: none (torch.cuda.is_available() is False); showing what an sm_90 GPU of {sm_count} SMs would run"
+        )
     rows = []
     for head_dim, causal in itertools.product(SUPPORTED_HEAD_DIMS, (False, True)):
         mask = "causal" if causal else ""
@@ -600,6 +605,21 @@ def cmd_info(args) -> int:
             rows.append([str(head_dim), mask, keys, str(config), source])
     headers = ["head_dim", "mask", "seqlen_k", "tile config", "source"]
     _print_table(console, headers, rows, False, title=f"tile configs for {arch}")
+    # The split-KV rule's limits, read off configs.split_kv_serves itself.
+    group_rows = max(
+        group
+        for group in range(2, 4 * SPLIT_KV_ROWS)
+        if split_kv_serves(1, 1, group, 1, False, SPLIT_KV_ROWS, sm_count)
+    )
+    mha_heads = max(
+        (h for h in range(1, 2 * sm_count) if split_kv_serves(1, 1, h, h, False, SPLIT_KV_ROWS, sm_count)), default=0
+    )
+    console.print(
+        f"decode steps run the split-KV kernels (fa_kernel.decode; key tiles and stages by head_dim "
+        f"{DECODE_TILES}): with GQA where a group's query rows (group size x seqlen_q) number at most "
+        f"{group_rows}; without GQA where the forward kernel's grid, batch x heads at one query, is at most "
+        f"{mha_heads} on {sm_count} SMs; causal with one query only"
+    )
     return 0
 
 
