@@ -41,7 +41,7 @@ from fa_kernel.bench import (
     ratio_to_cudnn_best,
     summarise,
 )
-from fa_kernel.builds import build_unless_built, distinct_tasks, quiet_tilelang, shipped_builds
+from fa_kernel.builds import build_unless_built, device_target, distinct_tasks, quiet_tilelang, shipped_builds
 from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config, split_kv_serves
 from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
 from fa_kernel.decode import DECODE_TILES, compiled_decode_kernels
@@ -524,12 +524,14 @@ def cmd_tune(args) -> int:
     built: dict[tuple[int, bool], list] = {}
     if args.jobs > 1:
         console.print(f"compiling every candidate kernel, {args.jobs} at a time")
+        tried = 0
         for (head_dim, causal), outcomes in tune.precompile(cases, args.jobs).items():
+            tried += len(outcomes)
             built[head_dim, causal] = [config for config, error in outcomes.items() if error is None]
-            failed = {config: type(error).__name__ for config, error in outcomes.items() if error is not None}
-            for config, error_name in failed.items():
-                console.print(f"  d{head_dim}{' causal' if causal else ''} {config}: does not compile ({error_name})")
-        tried = sum(len(tune.candidate_configs(causal)) for _, causal in cases)
+            for config, error in outcomes.items():
+                if error is not None:
+                    mask = " causal" if causal else ""
+                    console.print(f"  d{head_dim}{mask} {config}: does not compile ({type(error).__name__})")
         console.print(f"{sum(map(len, built.values()))} of {tried} candidate kernels built (the others do not fit)")
     chosen, record = {}, []
     for head_dim, causal in cases:
@@ -586,7 +588,7 @@ def cmd_info(args) -> int:
     )
     if torch.cuda.is_available():
         arch = arch_of(torch.cuda.get_device_capability())
-        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        sm_count = device_target()[0]
         console.print(f"GPU: {torch.cuda.get_device_name()} ({arch}, {sm_count} SMs)")
     else:
         arch, sm_count = "sm_90", H100_SM_COUNT

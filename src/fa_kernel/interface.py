@@ -127,13 +127,14 @@ def kernel_build(
     for seqlen_k (or `config`), the device's architecture and its SM count (the persistent
     grid's size; or `sm_count`). `fa_kernel.builds` builds the same ahead of use, and the tests
     build other configs and grids through it."""
+    device_sm_count, arch = device_target(device)
     return dict(
         head_dim=head_dim,
         causal=causal,
         dtype=_DTYPE_NAMES[dtype],
         config=config or tile_config_for(device, head_dim, causal, seqlen_k),
-        arch=compile_arch(device),
-        sm_count=sm_count or device_target(device)[0],
+        arch=arch,
+        sm_count=sm_count or device_sm_count,
     )
 
 
