@@ -67,7 +67,10 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     short, long = TileConfig(128, 128, 2, 256, persistent=True), TileConfig(128, 176, 2, 256)
     compiled = []
 
+    import fa_kernel.cli as cli
+
     monkeypatch.setattr(tune, "device_target", lambda: (132, "sm_90a"))
+    monkeypatch.setattr(cli, "device_target", lambda: (132, "sm_90a"))
 
     def does_not_launch(*args):
         raise RuntimeError("Failed to set the dynamic shared memory size")
@@ -177,10 +180,11 @@ def stub_builds(monkeypatch):
 
     for module in (cli, interface):
         monkeypatch.setattr(
-            module, "kernel_build", lambda device, head_dim, causal, dtype, keys: (head_dim, causal, keys)
+            module, "kernel_build", lambda device, head_dim, causal, dtype, keys, grid: (head_dim, causal, keys)
         )
         monkeypatch.setattr(module, "compile_arch", lambda device: "sm_90a")
-    monkeypatch.setattr(interface, "device_target", lambda device: (132, "sm_90a"))
+    for module in (cli, interface):
+        monkeypatch.setattr(module, "device_target", lambda device: (132, "sm_90a"))
 
 
 def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypatch, capsys, tmp_path):

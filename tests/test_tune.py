@@ -12,15 +12,18 @@ from fa_kernel.tune import (
     MARGIN,
     alternate,
     candidate_configs,
+    choose_bands,
     choose_entries,
     config_source,
     finalists,
+    serves,
     table_text,
 )
 
 SMALL = TileConfig(128, 128, 2, 256, persistent=True)
 WIDE = TileConfig(192, 128, 2, 384, persistent=True)
 LONG = TileConfig(192, 128, 2, 384)
+TWO_PER_SM = TileConfig(64, 128, 2, 128, blocks_per_sm=2)
 
 
 def test_one_config_fastest_everywhere_is_one_entry():
@@ -63,22 +66,69 @@ def test_no_measurements_is_an_error_that_says_so():
 
 
 def test_the_printed_table_is_configs_py_and_selects_what_was_chosen():
-    chosen = {(64, True): [(1024, SMALL), (4096, WIDE), (None, LONG)], (64, False): [(None, WIDE)]}
+    # d64 causal: a band of small grids (up to 4 tiles an SM) of its own, then the full grid's
+    # entries; d64: one band, no TUNED_GRIDS entry.
+    full = [(1024, SMALL), (4096, WIDE), (None, LONG)]
+    chosen = {
+        (64, True): [(4.0, [(2048, TWO_PER_SM), (None, WIDE)]), (None, full)],
+        (64, False): [(None, [(None, WIDE)])],
+    }
     text = table_text("sm_90", chosen)
     namespace = {"TileConfig": TileConfig}
-    long_part, short_part = text.split("# Paste into TUNED_SHORT")
-    tuned = eval("{" + long_part.split("\n", 1)[1] + "}", namespace)  # noqa: S307 - our own printout
-    tuned_short = eval("{" + short_part.split("\n", 1)[1] + "}", namespace)  # noqa: S307
+    long_part, rest = text.split("# Paste into TUNED_SHORT")
+    short_part, grid_part = rest.split("# Paste into TUNED_GRIDS")
+    tuned, tuned_short, tuned_grids = (
+        eval("{" + part.split("\n", 1)[1] + "}", namespace)  # noqa: S307 - our own printout
+        for part in (long_part, short_part, grid_part)
+    )
     assert tuned == {("sm_90", 64, True): LONG, ("sm_90", 64, False): WIDE}
     assert tuned_short == {("sm_90", 64, True): ((1024, SMALL), (4096, WIDE))}
+    assert tuned_grids == {("sm_90", 64, True): ((4.0, ((2048, TWO_PER_SM), (None, WIDE))),)}
     # the same lookup the package does, on the printed tables
     import fa_kernel.configs as configs
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(configs, "TUNED", tuned)
         patch.setattr(configs, "TUNED_SHORT", tuned_short)
-        picks = [select_config("sm_90", 64, True, keys) for keys in (1, 1024, 1025, 4096, 4097, None)]
-    assert picks == [SMALL, SMALL, WIDE, WIDE, LONG, LONG]
+        patch.setattr(configs, "TUNED_GRIDS", tuned_grids)
+        keys = (1, 1024, 1025, 2048, 2049, 4096, 4097, None)
+        full_grid = [select_config("sm_90", 64, True, n) for n in keys]
+        at_the_band = [select_config("sm_90", 64, True, n, 4.0) for n in keys]
+        past_it = [select_config("sm_90", 64, True, n, 4.01) for n in keys]
+        without_a_band = select_config("sm_90", 64, False, 1, 0.5)
+    assert full_grid == past_it == [SMALL, SMALL, WIDE, WIDE, WIDE, WIDE, LONG, LONG]
+    assert at_the_band == [TWO_PER_SM] * 4 + [WIDE] * 4
+    assert without_a_band == WIDE
+
+
+def test_entries_serve_a_grid_where_each_length_runs_within_the_margin_of_its_fastest():
+    entries = [(1024, SMALL), (None, LONG)]
+    level = {1024: {SMALL: 100.0, LONG: 90.0}, 4096: {SMALL: 90.0, LONG: 100.0}}
+    assert serves(entries, level)
+    behind = (1 - MARGIN) * 100.0 - 0.1
+    assert not serves(entries, {**level, 4096: {SMALL: 100.0, LONG: behind}})
+    assert serves(entries, {**level, 4096: {SMALL: 100.0, LONG: behind + 0.2}})
+    assert not serves(entries, {1024: {LONG: 100.0}})  # an entry's config not measured there: not served
+
+
+def test_a_band_serves_down_while_its_entries_hold_and_the_first_grid_they_do_not_starts_the_next():
+    fast_long = {1024: {SMALL: 100.0, LONG: 90.0}, 4096: {SMALL: 80.0, LONG: 100.0}}
+    two_per_sm = {
+        1024: {SMALL: 90.0, LONG: 80.0, TWO_PER_SM: 100.0},
+        4096: {SMALL: 80.0, LONG: 100.0, TWO_PER_SM: 70.0},
+    }
+    bands = choose_bands({31.0: fast_long, 15.5: fast_long, 3.9: two_per_sm, 1.9: two_per_sm})
+    assert bands == [(3.9, [(1024, TWO_PER_SM), (None, LONG)]), (None, [(1024, SMALL), (None, LONG)])]
+    # one grid, or entries that hold on every grid: one band, the full grid's tables alone
+    assert (
+        choose_bands({31.0: fast_long})
+        == choose_bands({31.0: fast_long, 1.9: fast_long})
+        == [(None, [(1024, SMALL), (None, LONG)])]
+    )
+    # a grid's band is its own entries even where a smaller grid's would do again
+    assert [most for most, _ in choose_bands({31.0: fast_long, 3.9: two_per_sm, 1.9: fast_long})] == [1.9, 3.9, None]
+    with pytest.raises(ValueError, match="by_grid: expected the measurements of one grid"):
+        choose_bands({})
 
 
 def test_configs_print_as_configs_py_writes_them():

@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from fa_kernel.configs import key_ranges
+from fa_kernel.configs import grid_bands
 
 
 def shipped_builds(
     arch: str = "sm_90", head_dims: Sequence[int] = (64, 128, 256), sm_count: int | None = None
 ) -> list[dict]:
-    """Every config the tables ship for `arch`, in both dtypes, compiled for it (no GPU needed);
+    """Every config the tables ship for `arch` (every band of grids), in both dtypes, compiled for it (no GPU needed);
     for a grid of `sm_count` thread blocks where given (compiled_forward's default otherwise)."""
     grid = {} if sm_count is None else {"sm_count": sm_count}
     return [
@@ -34,7 +34,9 @@ def shipped_builds(
         for head_dim in head_dims
         for causal in (False, True)
         for dtype in ("float16", "bfloat16")
-        for config in dict.fromkeys(config for _, _, config in key_ranges(arch, head_dim, causal))
+        for config in dict.fromkeys(
+            config for _, ranges in grid_bands(arch, head_dim, causal) for _, _, config in ranges
+        )
     ]
 
 

@@ -42,7 +42,15 @@ from fa_kernel.bench import (
     summarise,
 )
 from fa_kernel.builds import build_unless_built, device_target, distinct_tasks, quiet_tilelang, shipped_builds
-from fa_kernel.configs import TUNED, arch_of, key_ranges, select_config, split_kv_serves
+from fa_kernel.configs import (
+    TUNED,
+    TileConfig,
+    arch_of,
+    grid_bands,
+    select_config,
+    split_kv_serves,
+    tiles_per_sm,
+)
 from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
 from fa_kernel.decode import DECODE_TILES, compiled_decode_kernels
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build, serving_build
@@ -87,6 +95,14 @@ def _console(stderr: bool = False) -> Console:
     """A console that does not fold tables to 80 columns when writing to a file or CI log."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+def _tile_config(text: str) -> TileConfig:
+    """argparse type for a tile config as TileConfig prints it."""
+    try:
+        return TileConfig.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _count(text: str) -> int:
@@ -166,7 +182,20 @@ def main(argv: list[str] | None = None) -> int:
     tuner.add_argument("--head-dim", type=int, choices=SUPPORTED_HEAD_DIMS, nargs="+", default=[64, 128])
     tuner.add_argument("--keys", type=_count, nargs="+", default=list(tune.LADDER), help="the ladder of key counts")
     tuner.add_argument(
-        "--heads", type=_count, default=16, help="query heads of every shape (which entry wins depends on the grid)"
+        "--heads",
+        type=_count,
+        nargs="+",
+        default=[16],
+        help="query heads of the shapes, one ladder each (32k tokens: 256 x heads work tiles of 128 rows, so the "
+        "heads set the grid's size against the SMs)",
+    )
+    tuner.add_argument(
+        "--configs",
+        type=_tile_config,
+        nargs="+",
+        metavar="CONFIG",
+        help="time only these candidates (as TileConfig prints them, like 128x128/2st/256thr/persistent), with the "
+        "configs the tables run now; default: the whole search space (tune.candidate_configs)",
     )
     tuner.add_argument("--rounds", type=_count, default=5, help="alternated timings of the finalists at each length")
     tuner.add_argument("--jobs", type=_count, default=os.cpu_count(), help="kernels compiled at once before timing")
@@ -370,7 +399,8 @@ def cmd_bench(args) -> int:
     # flash_attn_func runs.
     decodes = [s for s in shapes if s.seqlen_q <= SPLIT_KV_QUERIES and not args.backward]
     for s in decodes:
-        builds += [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys), _kernels_arguments(s, arch)]
+        grid = tiles_per_sm(s.batch, s.nheads, s.seqlen_q, device_target(device)[0])
+        builds += [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys, grid=grid), _kernels_arguments(s, arch)]
         builders += [None, compiled_decode_kernels]
     if args.backward:  # the atomic and the deterministic gradient's (its own dQ kernel)
         builds += [_kernels_arguments(s, arch) for s in launched]
@@ -508,11 +538,8 @@ def cmd_tune(args) -> int:
             console.print(f"--compile-only: expected an nvcc arch and an SM count, like sm_90a 132, got {arch} {sms}")
             return EXIT_FAILED
         quiet_tilelang()
-        errors = [
-            error
-            for case in tune.precompile(cases, args.jobs, target=(int(sms), arch)).values()
-            for error in case.values()
-        ]
+        by_case = tune.precompile(cases, args.jobs, target=(int(sms), arch), candidates=_tune_candidates(args, "sm_90"))
+        errors = [error for case in by_case.values() for error in case.values()]
         counts = f"{errors.count(None)} of {len(errors)} candidate kernels"
         console.print(f"{counts} compiled for {arch} with {sms} SMs into TileLang's cache")
         return 0
@@ -520,12 +547,14 @@ def cmd_tune(args) -> int:
         console.print("fa-kernel tune needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
     arch = arch_of(torch.cuda.get_device_capability())
+    sm_count = device_target()[0]
     ladder = sorted(set(args.keys))
+    candidates = _tune_candidates(args, arch)
     built: dict[tuple[int, bool], list] = {}
     if args.jobs > 1:
         console.print(f"compiling every candidate kernel, {args.jobs} at a time")
         tried = 0
-        for (head_dim, causal), outcomes in tune.precompile(cases, args.jobs).items():
+        for (head_dim, causal), outcomes in tune.precompile(cases, args.jobs, candidates=candidates).items():
             tried += len(outcomes)
             built[head_dim, causal] = [config for config, error in outcomes.items() if error is None]
             for config, error in outcomes.items():
@@ -533,25 +562,28 @@ def cmd_tune(args) -> int:
                     mask = " causal" if causal else ""
                     console.print(f"  d{head_dim}{mask} {config}: does not compile ({type(error).__name__})")
         console.print(f"{sum(map(len, built.values()))} of {tried} candidate kernels built (the others do not fit)")
-    chosen, record = {}, []
-    for head_dim, causal in cases:
-        console.print(f"d{head_dim}{' causal' if causal else ''}: timing every candidate at {ladder} keys")
-        shipped = {keys: select_config(arch, head_dim, causal, keys) for keys in ladder}
-        sweep, tflops = tune.measure_case(
-            head_dim,
-            causal,
-            ladder,
-            args.rounds,
-            console.print,
-            shipped.values(),
-            args.heads,
-            built.get((head_dim, causal)),
+    elif candidates is not None:
+        built = {case: candidates(*case) for case in cases}
+    by_grid: dict[tuple[int, bool], dict[float, tune.Measurements]] = {case: {} for case in cases}
+    record = []
+    for (head_dim, causal), heads in itertools.product(cases, sorted(set(args.heads))):
+        mask = " causal" if causal else ""
+        grid = round(tune.sweep_tiles(heads) / sm_count, 2)
+        console.print(
+            f"d{head_dim}{mask}, {heads} heads ({grid} work tiles an SM): timing every candidate at {ladder} keys"
         )
-        chosen[head_dim, causal] = entries = tune.choose_entries(tflops)
+        shipped = {keys: select_config(arch, head_dim, causal, keys, grid) for keys in ladder}
+        sweep, tflops = tune.measure_case(
+            head_dim, causal, ladder, args.rounds, console.print, shipped.values(), heads, built.get((head_dim, causal))
+        )
+        by_grid[head_dim, causal][grid] = tflops
+        entries = tune.choose_entries(tflops)
         record.append(
             {
                 "head_dim": head_dim,
                 "causal": causal,
+                "heads": heads,
+                "tiles_per_sm": grid,
                 **{name: _by_name(measured) for name, measured in (("sweep", sweep), ("alternated", tflops))},
                 "entries": [[most, str(config)] for most, config in entries],
             }
@@ -566,12 +598,46 @@ def cmd_tune(args) -> int:
             ]
             rows.append([str(keys), *cells])
         headers = ["keys", "fastest (TFLOP/s)", "entry derived", "configs.py now"]
-        _print_table(console, headers, rows, False, title=f"d{head_dim}{' causal' if causal else ''} (fp16)")
+        _print_table(
+            console, headers, rows, False, title=f"d{head_dim}{mask}, {heads} heads, {grid} tiles an SM (fp16)"
+        )
+    chosen = {case: tune.choose_bands(grids) for case, grids in by_grid.items()}
     console.print(tune.table_text(arch, chosen), highlight=False, soft_wrap=True)
     if args.json:
+        bands = [
+            {
+                "head_dim": d,
+                "causal": c,
+                "bands": [[most, [[keys, str(config)] for keys, config in entries]] for most, entries in b],
+            }
+            for (d, c), b in chosen.items()
+        ]
         with open(args.json, "w") as file:
-            json.dump({"device": torch.cuda.get_device_name(), "arch": arch, "cases": record}, file, indent=1)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "arch": arch,
+                    "sm_count": sm_count,
+                    "cases": record,
+                    "bands": bands,
+                },
+                file,
+                indent=1,
+            )
     return 0
+
+
+def _tune_candidates(args, arch: str) -> Callable[[int, bool], list[TileConfig]] | None:
+    """The candidates `--configs` names, with the configs the tables run for each case now (None: the
+    whole search space)."""
+    if not args.configs:
+        return None
+
+    def candidates(head_dim: int, causal: bool) -> list[TileConfig]:
+        shipped = [config for _, ranges in grid_bands(arch, head_dim, causal) for _, _, config in ranges]
+        return list(dict.fromkeys([*args.configs, *shipped]))
+
+    return candidates
 
 
 def _by_name(measured: tune.Measurements) -> dict[int, dict[str, float]]:
@@ -598,14 +664,26 @@ def cmd_info(args) -> int:
     rows = []
     for head_dim, causal in itertools.product(SUPPORTED_HEAD_DIMS, (False, True)):
         mask = "causal" if causal else ""
-        for fewest, most, config in key_ranges(arch, head_dim, causal):
-            if most is None:
-                keys = f">= {fewest}" if fewest else "any"
-                source = "tuned" if (arch, head_dim, causal) in TUNED else "fallback"
+        fewest_tiles = 0.0
+        for most_tiles, ranges in grid_bands(arch, head_dim, causal):
+            if most_tiles is None:
+                grid = f"> {fewest_tiles:g}" if fewest_tiles else "any"
             else:
-                keys, source = (f"{fewest}-{most}" if fewest else f"<= {most}"), "tuned (short)"
-            rows.append([str(head_dim), mask, keys, str(config), source])
-    headers = ["head_dim", "mask", "seqlen_k", "tile config", "source"]
+                grid = f"{fewest_tiles:g}-{most_tiles:g}" if fewest_tiles else f"<= {most_tiles:g}"
+            for fewest, most, config in ranges:
+                if most_tiles is not None:
+                    source = "tuned (grid)"
+                elif most is None:
+                    source = "tuned" if (arch, head_dim, causal) in TUNED else "fallback"
+                else:
+                    source = "tuned (short)"
+                if most is None:
+                    keys = f">= {fewest}" if fewest else "any"
+                else:
+                    keys = f"{fewest}-{most}" if fewest else f"<= {most}"
+                rows.append([str(head_dim), mask, grid, keys, str(config), source])
+            fewest_tiles = most_tiles or 0.0
+    headers = ["head_dim", "mask", "work tiles / SM", "seqlen_k", "tile config", "source"]
     _print_table(console, headers, rows, False, title=f"tile configs for {arch}")
     # The split-KV rule's limits, read off configs.split_kv_serves itself.
     group_rows = max(

@@ -101,6 +101,17 @@ TUNED_SHORT: dict[tuple[str, int, bool], tuple[tuple[int, TileConfig], ...]] = {
     ("sm_90", 128, True): ((4096, TileConfig(128, 128, 2, 256, persistent=True)),),
 }
 
+# Launches with few work tiles for the SMs: per case, bands in increasing order of the work tiles
+# per SM they serve (`tiles_per_sm`), each (the most tiles per SM it serves, its entries: (the
+# most keys, config), the last with None for any longer). Past the last band, TUNED_SHORT and
+# TUNED. `fa-kernel tune --heads` measures each band on grids of its own. The numbers:
+# docs/tile-configs.md.
+TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | None, TileConfig], ...]], ...]] = {}
+
+# Work tiles are counted in rows of this many queries whatever the config's block_m, so that the
+# measure a band is chosen by does not depend on the config it chooses.
+GRID_ROWS = 128
+
 # One consumer warpgroup, one stage: fits any head_dim up to 256 in a Hopper SM's shared
 # memory and registers. Slower than tuned, never wrong; the GPU tests run it too.
 FALLBACK = TileConfig(64, 64, 1, 128)
@@ -112,24 +123,54 @@ def arch_of(compute_capability: tuple[int, int]) -> str:
     return f"sm_{major}{minor}"
 
 
-def select_config(arch: str, head_dim: int, causal: bool, seqlen_k: int | None = None) -> TileConfig:
+def tiles_per_sm(batch: int, heads: int, seqlen_q: int, sm_count: int) -> float:
+    """Work tiles of GRID_ROWS query rows per SM in a launch: how far its grid fills the GPU."""
+    return batch * heads * -(-seqlen_q // GRID_ROWS) / sm_count
+
+
+def select_config(
+    arch: str, head_dim: int, causal: bool, seqlen_k: int | None = None, grid: float | None = None
+) -> TileConfig:
     """The measured configuration for this case, or the fallback. seqlen_k None: the
-    long-sequence entry."""
-    if seqlen_k is not None:
-        for most_keys, config in TUNED_SHORT.get((arch, head_dim, causal), ()):
-            if seqlen_k <= most_keys:
-                return config
-    return TUNED.get((arch, head_dim, causal), FALLBACK)
+    long-sequence entry; grid: the launch's work tiles per SM (`tiles_per_sm`), None: a full
+    grid (TUNED_SHORT and TUNED)."""
+    entries = _entries(arch, head_dim, causal, grid)
+    return next(config for most, config in entries if most is None or seqlen_k is not None and seqlen_k <= most)
 
 
-def key_ranges(arch: str, head_dim: int, causal: bool) -> list[tuple[int, int | None, TileConfig]]:
-    """Every config this case runs and the keys it runs them at: (fewest, most, config), in
-    increasing order of keys; `most` is None for the long-sequence entry."""
+def key_ranges(
+    arch: str, head_dim: int, causal: bool, grid: float | None = None
+) -> list[tuple[int, int | None, TileConfig]]:
+    """Every config this case runs on a grid of `grid` work tiles per SM (None: a full grid) and
+    the keys it runs them at: (fewest, most, config), in increasing order of keys; `most` is None
+    for the last, which serves any longer too."""
+    entries = _entries(arch, head_dim, causal, grid)
     ranges, fewest = [], 0
-    for most_keys, config in TUNED_SHORT.get((arch, head_dim, causal), ()):
+    for most_keys, config in entries:
         ranges.append((fewest, most_keys, config))
-        fewest = most_keys + 1
-    return [*ranges, (fewest, None, select_config(arch, head_dim, causal))]
+        fewest = (most_keys or 0) + 1
+    return ranges
+
+
+def grid_bands(
+    arch: str, head_dim: int, causal: bool
+) -> list[tuple[float | None, list[tuple[int, int | None, TileConfig]]]]:
+    """Every band of grids this case has: (the most work tiles per SM it serves, None for the
+    last, which serves any more; its key_ranges), in increasing order of tiles."""
+    limits = [most for most, _ in TUNED_GRIDS.get((arch, head_dim, causal), ())]
+    return [(most, key_ranges(arch, head_dim, causal, most)) for most in limits] + [
+        (None, key_ranges(arch, head_dim, causal))
+    ]
+
+
+def _entries(arch: str, head_dim: int, causal: bool, grid: float | None) -> tuple[tuple[int | None, TileConfig], ...]:
+    """(most keys, config) of the band that serves `grid` tiles per SM, the last entry's most None."""
+    case = (arch, head_dim, causal)
+    if grid is not None:
+        for most_tiles, entries in TUNED_GRIDS.get(case, ()):
+            if grid <= most_tiles:
+                return entries
+    return (*TUNED_SHORT.get(case, ()), (None, TUNED.get(case, FALLBACK)))
 
 
 def split_kv_serves(

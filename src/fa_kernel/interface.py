@@ -21,7 +21,7 @@ import torch
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
 from fa_kernel.builds import device_facts, device_target, split_kv_build
-from fa_kernel.configs import TileConfig, arch_of, select_config, split_kv_serves
+from fa_kernel.configs import TileConfig, arch_of, select_config, split_kv_serves, tiles_per_sm
 from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
 from fa_kernel.decode import compiled_decode_kernels, split_kv_attention
 from fa_kernel.kernel import compiled_forward
@@ -102,10 +102,13 @@ def flash_attn_func(
     return (out, lse) if return_lse else out
 
 
-def tile_config_for(device: torch.device, head_dim: int, causal: bool, seqlen_k: int | None) -> TileConfig:
+def tile_config_for(
+    device: torch.device, head_dim: int, causal: bool, seqlen_k: int | None, grid: float | None = None
+) -> TileConfig:
     """The tile configuration the kernel uses on this device for this case (seqlen_k None: the
-    long-sequence entry)."""
-    return select_config(arch_of(device_facts(device)[0]), head_dim, causal, seqlen_k)
+    long-sequence entry; grid: the launch's work tiles per SM, configs.tiles_per_sm, None: a
+    full grid)."""
+    return select_config(arch_of(device_facts(device)[0]), head_dim, causal, seqlen_k, grid)
 
 
 def compile_arch(device: torch.device) -> str:
@@ -120,19 +123,21 @@ def kernel_build(
     dtype: torch.dtype,
     seqlen_k: int | None = None,
     *,
+    grid: float | None = None,
     config: TileConfig | None = None,
     sm_count: int | None = None,
 ) -> dict:
     """compiled_forward's arguments for this case on this device: the config the table gives
-    for seqlen_k (or `config`), the device's architecture and its SM count (the persistent
-    grid's size; or `sm_count`). `fa_kernel.builds` builds the same ahead of use, and the tests
-    build other configs and grids through it."""
+    for seqlen_k on a launch of `grid` work tiles per SM (or `config`), the device's
+    architecture and its SM count (the persistent grid's size; or `sm_count`).
+    `fa_kernel.builds` builds the same ahead of use, and the tests build other configs and grids
+    through it."""
     device_sm_count, arch = device_target(device)
     return dict(
         head_dim=head_dim,
         causal=causal,
         dtype=_DTYPE_NAMES[dtype],
-        config=config or tile_config_for(device, head_dim, causal, seqlen_k),
+        config=config or tile_config_for(device, head_dim, causal, seqlen_k, grid),
         arch=arch,
         sm_count=sm_count or device_sm_count,
     )
@@ -152,9 +157,12 @@ def serving_build(
     """(builder, arguments) of the kernels flash_attn_func runs for this case, as
     `fa_kernel.builds` takes them: the split-KV kernels' where split_kv_serves, else the forward
     kernel's (None: compiled_forward, kernel_build's arguments)."""
-    if split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS, device_target(device)[0]):
+    sm_count = device_target(device)[0]
+    if split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS, sm_count):
         return compiled_decode_kernels, split_kv_build(head_dim, _DTYPE_NAMES[dtype], compile_arch(device))
-    return None, kernel_build(device, head_dim, causal, dtype, seqlen_k)
+    return None, kernel_build(
+        device, head_dim, causal, dtype, seqlen_k, grid=tiles_per_sm(batch, heads, seqlen_q, sm_count)
+    )
 
 
 def _check_inputs(q, k, v, softmax_scale, causal) -> float:
@@ -252,11 +260,13 @@ def _attention(
 def forward_kernel_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) by the forward kernel, in the config the table gives for seqlen_k, whatever
-    flash_attn_func would choose: q, k, v dense [batch, seqlen, heads, head_dim] on one Hopper
-    GPU as flash_attn_func checks and makes them, seqlen_k >= 1."""
+    """(out, lse) by the forward kernel, in the config the table gives for seqlen_k and the
+    launch's grid, whatever flash_attn_func would choose: q, k, v dense [batch, seqlen, heads,
+    head_dim] on one Hopper GPU as flash_attn_func checks and makes them, seqlen_k >= 1."""
     out, lse = _outputs_like(q)
-    kernel = compiled_forward(**kernel_build(q.device, q.shape[-1], causal, q.dtype, k.shape[1]))
+    batch, seqlen_q, heads, head_dim = q.shape
+    grid = tiles_per_sm(batch, heads, seqlen_q, device_target(q.device)[0])
+    kernel = compiled_forward(**kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1], grid=grid))
     with torch.cuda.device(q.device):
         kernel(q, k, v, out, lse, softmax_scale * LOG2E)
     return out, lse

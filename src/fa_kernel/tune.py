@@ -97,6 +97,38 @@ def choose_entries(tflops: Measurements, margin: float = MARGIN) -> list[tuple[i
     return [*entries[:-1], (None, entries[-1][1])]
 
 
+Entries = list[tuple[int | None, TileConfig]]
+
+
+def serves(entries: Entries, tflops: Measurements, margin: float = MARGIN) -> bool:
+    """Whether `entries` run every length of these measurements at its fastest config or one
+    within `margin` of it."""
+    for keys, row in tflops.items():
+        config = next(config for most, config in entries if most is None or keys <= most)
+        if row.get(config, 0.0) < (1 - margin) * max(row.values()):
+            return False
+    return True
+
+
+def choose_bands(by_grid: dict[float, Measurements], margin: float = MARGIN) -> list[tuple[float | None, Entries]]:
+    """(most work tiles per SM, entries) bands, in increasing order of tiles, from the ladders
+    measured on grids of these many work tiles per SM; the last band's most is None (it serves
+    every larger grid too).
+
+    From the largest grid down, as choose_entries walks its lengths up: a band starts with the
+    entries derived on its largest grid and serves on down while they run every length of the
+    next grid within `margin` of its fastest (`serves`); at the first grid where they do not,
+    that grid's own entries start the next band, which serves up to that grid's tiles."""
+    grids = sorted(by_grid, reverse=True)
+    if not grids:
+        raise ValueError("by_grid: expected the measurements of one grid at least, got none")
+    bands: list[tuple[float | None, Entries]] = [(None, choose_entries(by_grid[grids[0]], margin))]
+    for grid in grids[1:]:
+        if not serves(bands[-1][1], by_grid[grid], margin):
+            bands.append((grid, choose_entries(by_grid[grid], margin)))
+    return bands[::-1]
+
+
 def config_source(config: TileConfig) -> str:
     """`config` as configs.py writes it: the four sizes, then the switches not at their default."""
     defaults = TileConfig(config.block_m, config.block_n, config.num_stages, config.threads)
@@ -109,21 +141,31 @@ def config_source(config: TileConfig) -> str:
     return f"TileConfig({', '.join([sizes, *switches])})"
 
 
-def table_text(arch: str, chosen: dict[tuple[int, bool], list[tuple[int | None, TileConfig]]]) -> str:
-    """configs.py's TUNED and TUNED_SHORT entries for these cases, as Python to paste."""
-    long_lines, short_lines = [], []
-    for (head_dim, causal), entries in chosen.items():
+def table_text(arch: str, chosen: dict[tuple[int, bool], list[tuple[float | None, Entries]]]) -> str:
+    """configs.py's TUNED, TUNED_SHORT and TUNED_GRIDS entries for these cases (each a list of
+    choose_bands' bands; one band: TUNED and TUNED_SHORT alone), as Python to paste."""
+    long_lines, short_lines, grid_lines = [], [], []
+
+    def entries_source(entries: Entries) -> str:
+        return ", ".join(f"({most_keys}, {config_source(config)})" for most_keys, config in entries)
+
+    for (head_dim, causal), bands in chosen.items():
         key = (arch, head_dim, causal)
+        entries = bands[-1][1]
         long_lines.append(f"    {key!r}: {config_source(entries[-1][1])},")
         if len(entries) > 1:
-            short = ", ".join(f"({most_keys}, {config_source(config)})" for most_keys, config in entries[:-1])
-            short_lines.append(f"    {key!r}: ({short},),")
+            short_lines.append(f"    {key!r}: ({entries_source(entries[:-1])},),")
+        if len(bands) > 1:
+            grids = ", ".join(f"({most}, ({entries_source(band)},))" for most, band in bands[:-1])
+            grid_lines.append(f"    {key!r}: ({grids},),")
     return "\n".join(
         [
             "# Paste into TUNED in src/fa_kernel/configs.py:",
             *long_lines,
             "# Paste into TUNED_SHORT (cases without an entry there run TUNED's at every length):",
             *short_lines,
+            "# Paste into TUNED_GRIDS (cases without an entry there run the two above on every grid):",
+            *grid_lines,
         ]
     )
 
@@ -135,23 +177,34 @@ def kernel_build(head_dim: int, causal: bool, config: TileConfig, sm_count: int,
     return dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, sm_count=sm_count, arch=arch)
 
 
+def sweep_tiles(nheads: int) -> int:
+    """Work tiles of 128 query rows in each of the sweep's launches (bench.sweep_shape: 32k tokens
+    of `nheads` heads), whatever their length: the heads alone set the grid."""
+    return 32768 // 128 * nheads
+
+
 def precompile(
-    cases: Iterable[tuple[int, bool]], jobs: int, target: tuple[int, str] | None = None
+    cases: Iterable[tuple[int, bool]],
+    jobs: int,
+    target: tuple[int, str] | None = None,
+    candidates: Callable[[int, bool], list[TileConfig]] | None = None,
 ) -> dict[tuple[int, bool], dict[TileConfig, BaseException | None]]:
-    """Fill TileLang's disk cache with every candidate of these (head_dim, causal) cases, `jobs`
-    at a time (the timing loop then loads each one from the cache), for `target` (SMs, nvcc
-    arch; None: this GPU's; given, no GPU is needed, and the GPU host loads a copy of the
-    cache). Returns each case's candidates with their build's error (None: built); the timing
-    loop takes the built ones only (a build that does not fit takes as long to fail again)."""
+    """Fill TileLang's disk cache with every candidate of these (head_dim, causal) cases
+    (`candidates(head_dim, causal)`, or candidate_configs), `jobs` at a time (the timing loop
+    then loads each one from the cache), for `target` (SMs, nvcc arch; None: this GPU's; given,
+    no GPU is needed, and the GPU host loads a copy of the cache). Returns each case's
+    candidates with their build's error (None: built); the timing loop takes the built ones
+    only (a build that does not fit takes as long to fail again)."""
     sm_count, arch = target or device_target()
-    candidates = {(head_dim, causal): candidate_configs(causal) for head_dim, causal in cases}
+    chosen = candidates or (lambda head_dim, causal: candidate_configs(causal))
+    candidates_of = {(head_dim, causal): chosen(head_dim, causal) for head_dim, causal in cases}
     builds = [
         kernel_build(head_dim, causal, config, sm_count, arch)
-        for (head_dim, causal), configs in candidates.items()
+        for (head_dim, causal), configs in candidates_of.items()
         for config in configs
     ]
     errors = iter(build_all(builds, jobs))
-    return {case: {config: next(errors) for config in configs} for case, configs in candidates.items()}
+    return {case: {config: next(errors) for config in configs} for case, configs in candidates_of.items()}
 
 
 def alternate(timers: dict[Key, Callable[[], float]], rounds: int) -> dict[Key, float]:
