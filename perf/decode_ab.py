@@ -23,6 +23,9 @@ Variants (`--list`):
                    second, partial wave (a one-batch decode step: 18 splits of 8 heads on 132 SMs).
   one_wave_three_stages  both: with one block on most SMs, a third K/V tile in flight is the
                    SM's only way to more bytes in flight.
+  two_resident     two thread blocks resident on each SM (launch bounds for two, the consumer's
+                   setmaxnreg 232 instead of 240), splits for two blocks an SM.
+  two_resident_one_wave  both, the splits rounded down to at most two blocks an SM.
 """
 
 from __future__ import annotations
@@ -53,6 +56,20 @@ AT_LEAST_A_WAVE = """wanted = ceildiv(BLOCKS_PER_SM * sm_count, max(1, batch * h
 tiles_per_split = max(1, tiles // wanted)"""
 AT_MOST_A_WAVE = """wanted = max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))
 tiles_per_split = ceildiv(tiles, wanted)"""
+# Two resident thread blocks an SM: launch bounds for two, and the consumer warpgroup's registers
+# (setmaxnreg) cut from 240 to 232 so that two blocks' producers (24) and consumers fit the SM's
+# 64K registers; each block's consumer works through its own tiles, so the SM has two softmax
+# chains and four K/V tiles in flight instead of one and two (shared memory: 80 KB a block).
+TWO_RESIDENT = (
+    (
+        "Q_shared = T.alloc_shared([block_m, head_dim], dtype)",
+        """T.annotate_min_blocks_per_sm(2)
+T.annotate_producer_reg_dealloc(24)
+T.annotate_consumer_reg_alloc(232)
+Q_shared = T.alloc_shared([block_m, head_dim], dtype)""",
+    ),
+    (BLOCKS, "BLOCKS_PER_SM = 2"),
+)
 VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "shipped": (),
     "wide_d128": ((TILES, "DECODE_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}"),),
@@ -64,6 +81,8 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
         (AT_LEAST_A_WAVE, AT_MOST_A_WAVE),
         (TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),
     ),
+    "two_resident": TWO_RESIDENT,
+    "two_resident_one_wave": (*TWO_RESIDENT, (AT_LEAST_A_WAVE, AT_MOST_A_WAVE)),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
