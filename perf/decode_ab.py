@@ -13,19 +13,16 @@ kernels taken round by round. `--compile-only sm_90a` builds them without a GPU.
 
 Variants (`--list`):
 
-  shipped          decode.py as it is: d64 128 keys a tile, d128 and d256 64, two stages, splits
-                   for one thread block per SM, the causal limit worked out once per row.
+  shipped          decode.py as it is: d64 128 keys a tile, d128 and d256 64, three stages,
+                   splits rounded down to at most one thread block per SM, the causal limit worked
+                   out once per row.
   wide_d128        d128 tiles of 128 keys (half the loop trips, twice the registers for S).
-  three_stages     three K/V tiles in flight instead of two.
-  two_blocks_per_sm  splits for two thread blocks per SM (shorter splits, more partials).
+  two_stages       two K/V tiles in flight instead of three.
+  two_blocks_per_sm  splits for two thread blocks per SM (shorter splits, more partials; the
+                   kernel's registers still hold one block an SM, so a second wave).
   four_blocks_per_sm  splits for four.
-  one_wave         splits rounded down: at most one block per SM where the plan splits, not a
-                   second, partial wave (a one-batch decode step: 18 splits of 8 heads on 132 SMs).
-  one_wave_three_stages  both: with one block on most SMs, a third K/V tile in flight is the
-                   SM's only way to more bytes in flight.
-  two_resident     two thread blocks resident on each SM (launch bounds for two, the consumer's
-                   setmaxnreg 232 instead of 240), splits for two blocks an SM.
-  two_resident_one_wave  both, the splits rounded down to at most two blocks an SM.
+  a_second_wave    splits rounded up: at least a block for every SM, where a partial second wave
+                   of blocks follows (a one-batch decode step: 18 splits of 8 heads on 132 SMs).
 """
 
 from __future__ import annotations
@@ -46,43 +43,22 @@ from fa_kernel.reference import judge  # noqa: E402
 from perf import ab  # noqa: E402
 from perf.variants import patched_module  # noqa: E402
 
-TILES = "DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}"
+TILES = "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"
 BLOCKS = "BLOCKS_PER_SM = 1"
-# At most one wave: split_plan asks at least enough splits to give every SM a block, so 8 K/V
-# heads on 132 SMs get 18 splits, 144 blocks, and 12 SMs a second block's tiles (the one-batch
-# anchor's kernels take 82 us where cuDNN takes 37). Rounding the splits down instead leaves at
-# most one block per SM (16 splits, 128 blocks of 32 tiles against 30 twice over).
-AT_LEAST_A_WAVE = """wanted = ceildiv(BLOCKS_PER_SM * sm_count, max(1, batch * heads_kv * row_blocks))
-tiles_per_split = max(1, tiles // wanted)"""
+# split_plan rounds the splits down, to at most one wave of blocks; rounding them up instead
+# asks at least a block for every SM, and 8 K/V heads on 132 SMs then get 18 splits, 144 blocks,
+# 12 SMs a second block's tiles (the plan before 2026-12-03, 1.03-1.50x slower).
 AT_MOST_A_WAVE = """wanted = max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))
 tiles_per_split = ceildiv(tiles, wanted)"""
-# Two resident thread blocks an SM: launch bounds for two, and the consumer warpgroup's registers
-# (setmaxnreg) cut from 240 to 232 so that two blocks' producers (24) and consumers fit the SM's
-# 64K registers; each block's consumer works through its own tiles, so the SM has two softmax
-# chains and four K/V tiles in flight instead of one and two (shared memory: 80 KB a block).
-TWO_RESIDENT = (
-    (
-        "Q_shared = T.alloc_shared([block_m, head_dim], dtype)",
-        """T.annotate_min_blocks_per_sm(2)
-T.annotate_producer_reg_dealloc(24)
-T.annotate_consumer_reg_alloc(232)
-Q_shared = T.alloc_shared([block_m, head_dim], dtype)""",
-    ),
-    (BLOCKS, "BLOCKS_PER_SM = 2"),
-)
+AT_LEAST_A_WAVE = """wanted = ceildiv(BLOCKS_PER_SM * sm_count, max(1, batch * heads_kv * row_blocks))
+tiles_per_split = max(1, tiles // wanted)"""
 VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "shipped": (),
-    "wide_d128": ((TILES, "DECODE_TILES = {64: (128, 2), 128: (128, 2), 256: (64, 2)}"),),
-    "three_stages": ((TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),),
+    "wide_d128": ((TILES, "DECODE_TILES = {64: (128, 3), 128: (128, 3), 256: (64, 3)}"),),
+    "two_stages": ((TILES, "DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}"),),
     "two_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 2"),),
     "four_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 4"),),
-    "one_wave": ((AT_LEAST_A_WAVE, AT_MOST_A_WAVE),),
-    "one_wave_three_stages": (
-        (AT_LEAST_A_WAVE, AT_MOST_A_WAVE),
-        (TILES, "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"),
-    ),
-    "two_resident": TWO_RESIDENT,
-    "two_resident_one_wave": (*TWO_RESIDENT, (AT_LEAST_A_WAVE, AT_MOST_A_WAVE)),
+    "a_second_wave": ((AT_MOST_A_WAVE, AT_LEAST_A_WAVE),),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]

@@ -40,10 +40,10 @@ def test_split_plan_covers_every_tile_once_and_fills_the_gpu(head_dim, sm_count,
             tiles = ceildiv(seqlen_k, block_n)
             # Every tile in one split, and every split with a tile (the kernel's `tiles` >= 1).
             assert (splits - 1) * tiles_per_split < tiles <= splits * tiles_per_split
-            # At least the splits BLOCKS_PER_SM on every SM asks for, one per tile where there
-            # are fewer tiles, and fewer than twice as many.
-            wanted = ceildiv(BLOCKS_PER_SM * sm_count, batch * heads_kv * row_blocks)
-            assert min(wanted, tiles) <= splits < max(2 * wanted, 2)
+            # At most the splits BLOCKS_PER_SM on every SM asks for (no second, partial wave),
+            # at most one per tile, at least one, and at least half as many.
+            wanted = max(1, BLOCKS_PER_SM * sm_count // (batch * heads_kv * row_blocks))
+            assert 1 <= splits <= min(wanted, tiles) <= 2 * splits
 
 
 def emulator_cases():

@@ -405,7 +405,13 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
         # Delta's padding no longer a multiple of block_m: building the gradient kernels raises.
         find(backward, "<module>", "constant", "PREPROCESS_ROWS = 128", "PREPROCESS_ROWS = 129"),
         # Host-side: the same PrimFuncs, another split plan at launch. Left to run.
-        find(decode, "split_plan", "min_max", "max(1, tiles // wanted)", "min(1, tiles // wanted)"),
+        find(
+            decode,
+            "split_plan",
+            "min_max",
+            "max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))",
+            "min(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))",
+        ),
         # A kernel change: left to run.
         find(decode, "flash_decoding_split", "relational", "key < seqlen_k", "key <= seqlen_k"),
     ]

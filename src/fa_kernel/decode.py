@@ -39,10 +39,10 @@ PASS_CONFIGS = {
 }
 
 # (block_n, num_stages) by head dim. One warpgroup of 64 rows: wgmma's smallest M, and a decode
-# step has few rows. Two K/V tiles in flight (64 KB at d128), about what an SM's share of HBM
-# bandwidth (36 GB/s) needs over a microsecond of load latency; d128 tiles of 128 keys and
-# three stages measured no faster (docs/performance.md).
-DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}
+# step has few rows. Three K/V tiles in flight (96 KB at d128): with one block an SM (below),
+# the SM's only way to more bytes in flight (+4-8% at one batch, level elsewhere); d128 tiles
+# of 128 keys measured no faster (docs/performance.md).
+DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}
 BLOCK_M = 64
 THREADS = 128
 # Thread blocks per SM the splits aim for: K/V tiles are read once, so the split count only has
@@ -58,13 +58,15 @@ def ceildiv(a: int, b: int) -> int:
 def split_plan(
     batch: int, heads_kv: int, row_blocks: int, seqlen_k: int, head_dim: int, sm_count: int
 ) -> tuple[int, int]:
-    """(splits, K/V tiles per split) for this launch: at least the splits that give every SM
-    BLOCKS_PER_SM thread blocks (fewer than twice as many), or one per tile where there are fewer
-    tiles; every split the same number of tiles but the last, which has at least one."""
+    """(splits, K/V tiles per split) for this launch: at most the splits that give every SM
+    BLOCKS_PER_SM thread blocks, at least one, and no more than there are tiles; every split the
+    same number of tiles but the last, which has at least one. Rounded down, not up: a second,
+    partial wave of blocks costs a whole block's time (1.03-1.50x on the decode grid's split-KV
+    steps, docs/performance.md)."""
     block_n, _ = DECODE_TILES[head_dim]
     tiles = max(1, ceildiv(seqlen_k, block_n))
-    wanted = ceildiv(BLOCKS_PER_SM * sm_count, max(1, batch * heads_kv * row_blocks))
-    tiles_per_split = max(1, tiles // wanted)
+    wanted = max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))
+    tiles_per_split = ceildiv(tiles, wanted)
     return ceildiv(tiles, tiles_per_split), tiles_per_split
 
 
