@@ -14,7 +14,8 @@ causal offset `seqlen_k - seqlen_q` or a tile count crosses a multiple of a bloc
 - the K/V tile count of 1 or more (the turn taking's first arrive): seqlen_k against block_n;
 - the persistent grid's `rounds` and `place_in_round`: the number of work tiles against the
   number of thread blocks (the SM count), k·SMs - 1, k·SMs, k·SMs + 1;
-- TUNED_SHORT's switch points: seqlen_k at each entry's reach, and one past it.
+- TUNED_SHORT's switch points: seqlen_k at each entry's reach, and one past it; TUNED_GRIDS':
+  the launch's work tiles per SM at each band's limit, and one tile past it.
 
 So the boundaries come from the configs, never from literals: a new table entry brings its
 own. `strategies.py` draws on both sides of them; `test_boundary_sweep.py` walks every causal
@@ -26,7 +27,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
+from fa_kernel.configs import FALLBACK, TileConfig, grid_bands
 
 HEAD_DIMS = (64, 128, 256)
 # A boundary is hit on both sides: the value at the multiple, and up to this far off it.
@@ -42,17 +43,20 @@ class Entry:
     fewest: int
     most: int | None
     config: TileConfig
+    grid: float | None = None  # the most work tiles per SM of its band (configs.grid_bands); None: any more
 
     def serves(self, seqlen_k: int) -> bool:
         return self.fewest <= seqlen_k and (self.most is None or seqlen_k <= self.most)
 
 
 def shipped_entries(arch: str = "sm_90") -> list[Entry]:
-    """Every (head_dim, causal, key range, config) the tables ship, short entries first."""
+    """Every (head_dim, causal, key range, config, band of grids) the tables ship, short entries
+    first, small grids' bands first."""
     return [
-        Entry(head_dim, causal, max(1, fewest), most, config)
+        Entry(head_dim, causal, max(1, fewest), most, config, grid)
         for head_dim, causal in itertools.product(HEAD_DIMS, (False, True))
-        for fewest, most, config in key_ranges(arch, head_dim, causal)
+        for grid, ranges in grid_bands(arch, head_dim, causal)
+        for fewest, most, config in ranges
     ]
 
 

@@ -28,7 +28,8 @@ from boundaries import (
     sweep_seqlens_q,
     tile_counts_near_grid,
 )
-from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, TileConfig
+from fa_kernel.configs import FALLBACK, TileConfig, select_config, tiles_per_sm
+from fa_kernel.kernel import H100_SM_COUNT
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -36,10 +37,9 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 # 176, 192), primes, 1, and the flash-attn test pairs exercise partial tiles, the tiles that
 # need a mask and those that do not, the causal diagonal and the loop bounds; every
 # short-sequence entry's reach +-1 the switch from one config to the next.
-SHORT_ENTRIES = [entry for entries in TUNED_SHORT.values() for entry in entries]
-CONFIGS = (*TUNED.values(), *(config for _, config in SHORT_ENTRIES), FALLBACK)
-# The most keys each short-sequence entry serves.
-REACHES = tuple(sorted({most for most, _ in SHORT_ENTRIES}))
+CONFIGS = (*dict.fromkeys(entry.config for entry in shipped_entries()), FALLBACK)
+# The most keys each entry serves, the small grids' bands' too.
+REACHES = tuple(sorted({entry.most for entry in shipped_entries() if entry.most is not None}))
 BLOCK_SIZES = sorted({size for config in CONFIGS for size in (config.block_m, config.block_n)})
 EDGE_LENGTHS = tuple(
     sorted(
@@ -211,9 +211,9 @@ def boundary_cases(
         shape = _tile_count_shape(draw, entry, near_k, sm_count, max_score_elements)
         if shape is not None:
             batch, seqlen_q, seqlen_k, nheads, nheads_kv = shape
+            named = _named_config(entry, direct, batch, seqlen_q, seqlen_k, nheads, sm_count)
             return Case(
-                batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal=entry.causal, config=config if direct else None,
-                **numerics,
+                batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal=entry.causal, config=named, **numerics,
             )  # fmt: skip
 
     limit = sweep_limit(config)
@@ -237,10 +237,22 @@ def boundary_cases(
     batch = draw(st.integers(1, min(2, room)))
     if batch * nheads_kv * group * seqlen_q * seqlen_k > budget:
         nheads_kv, group = 1, 1
+    named = _named_config(entry, direct, batch, seqlen_q, seqlen_k, nheads_kv * group, sm_count)
     return Case(
-        batch, seqlen_q, seqlen_k, nheads_kv * group, nheads_kv, causal=entry.causal,
-        config=config if direct else None, **numerics,
+        batch, seqlen_q, seqlen_k, nheads_kv * group, nheads_kv, causal=entry.causal, config=named, **numerics,
     )  # fmt: skip
+
+
+def _named_config(
+    entry: Entry, direct: bool, batch: int, seqlen_q: int, seqlen_k: int, nheads: int, sm_count: int | None
+) -> TileConfig | None:
+    """The config a case names: None where flash_attn_func runs the entry's own config for its
+    shape (its keys and its grid, on `sm_count` SMs, an H200's 132 where not told), the entry's
+    config otherwise (the small shapes a score budget allows sit in the small grids' band, so a
+    full grid's entry is called directly)."""
+    grid = tiles_per_sm(batch, nheads, seqlen_q, sm_count or H100_SM_COUNT)
+    dispatched = select_config("sm_90", entry.head_dim, entry.causal, seqlen_k, grid) == entry.config
+    return None if dispatched and not direct else entry.config
 
 
 def _tile_count_shape(draw, entry: Entry, near_k: list[int], sm_count: int, budget: int):

@@ -8,17 +8,27 @@ import pytest
 import torch
 
 from fa_kernel.cli import EXIT_COMPILED_ONLY, EXIT_NO_GPU, main
-from fa_kernel.configs import TUNED_SHORT
+from fa_kernel.configs import grid_bands, select_config
 
-SHORT_ENTRIES = sum(len(entries) for entries in TUNED_SHORT.values())
+# Every (band, key range) of each case at head_dim 64, 128 and 256, as `fa-kernel info` lists them.
+TABLE_ROWS = sum(
+    len(ranges) for d in (64, 128, 256) for causal in (False, True) for _, ranges in grid_bands("sm_90", d, causal)
+)
+# The distinct configs of each case: the kernels verify compiles (each in both dtypes).
+TABLE_CONFIGS = sum(
+    len({config for _, ranges in grid_bands("sm_90", d, causal) for _, _, config in ranges})
+    for d in (64, 128, 256)
+    for causal in (False, True)
+)
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 
 
 def test_info_lists_a_config_for_every_case(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    # six (head_dim, causal) cases, and the short-sequence entries beside them
-    assert "tilelang 0.1.15" in out and out.count("thr") == 6 + SHORT_ENTRIES
+    # six (head_dim, causal) cases, each band of grids and its short-sequence entries
+    assert "tilelang 0.1.15" in out and out.count("thr") == TABLE_ROWS
+    assert "tuned (grid)" in out and "<= 3.88" in out and "3.88-15.52" in out
     # and where decode steps go, read off split_kv_serves (for an H200's 132 SMs without a GPU)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     text = " ".join(out.split())
@@ -38,7 +48,7 @@ def test_verify_without_gpu_compiles_and_says_nothing_ran(capsys):
     assert main(["verify"]) == EXIT_COMPILED_ONLY
     out = capsys.readouterr().out
     # every (head_dim, causal) case's config, and the short-sequence configs beside them
-    assert "Nothing was run on a GPU" in out and out.count("compiled bfloat16") == 6 + SHORT_ENTRIES
+    assert "Nothing was run on a GPU" in out and out.count("compiled bfloat16") == TABLE_CONFIGS
 
 
 @pytest.mark.parametrize(
@@ -135,7 +145,7 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     launched = [c for c in expected if not (c.block_n == 64 and c.num_stages == 1)]
     assert len(cases[1]["sweep"]["1024"]) == len(launched) > len(cases[1]["alternated"]["1024"]) == 2
     # the configs the table runs now are alternated too, for the comparison the tuner prints
-    shipped = TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True)  # d128, 4096 keys
+    shipped = select_config("sm_90", 128, False, 4096, tune.sweep_tiles(32) / 132)  # d128, 4096 keys, 32 heads
     assert set(cases[0]["alternated"]["4096"]) == {str(short), str(long), str(shipped)}
     at_4096 = cases[0]["alternated"]["4096"]
     assert at_4096[str(shipped)] == pytest.approx(0.5 * at_4096[str(long)])  # its made-up speed

@@ -6,10 +6,23 @@ each of its conditions. CPU only; the kernels behind each entry are checked on t
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
-from fa_kernel.configs import FALLBACK, TUNED, TUNED_SHORT, TileConfig, key_ranges, select_config, split_kv_serves
+from fa_kernel.configs import (
+    FALLBACK,
+    GRID_ROWS,
+    TUNED,
+    TUNED_GRIDS,
+    TUNED_SHORT,
+    TileConfig,
+    grid_bands,
+    key_ranges,
+    select_config,
+    split_kv_serves,
+    tiles_per_sm,
+)
 
 CASES = sorted({(arch, head_dim, causal) for arch, head_dim, causal in TUNED})
 
@@ -27,6 +40,39 @@ def test_each_entry_serves_its_keys_and_the_next_takes_over_one_past_its_reach(a
     assert long_config == TUNED[(arch, head_dim, causal)]
     for seqlen_k in (max(1, long_fewest), long_fewest + 1, 1 << 20, None):
         assert select_config(arch, head_dim, causal, seqlen_k) == long_config, f"{seqlen_k} keys"
+
+
+GRID_CASES = sorted(TUNED_GRIDS)
+
+
+@pytest.mark.parametrize(("arch", "head_dim", "causal"), GRID_CASES)
+def test_each_band_serves_its_grids_and_the_next_takes_over_one_tile_past_its_limit(arch, head_dim, causal):
+    bands = grid_bands(arch, head_dim, causal)
+    limits = [most for most, _ in bands[:-1]]
+    assert limits == sorted(set(limits)) and bands[-1][0] is None, "bands in increasing order of tiles, the last open"
+    assert bands[-1][1] == key_ranges(arch, head_dim, causal), "past the last band, the full grid's tables"
+    for sm_count in (132, 114):
+        for (most, ranges), (_, next_ranges) in itertools.pairwise(bands):
+            # the largest grid the band serves, in whole work tiles of GRID_ROWS rows, and one tile more
+            tiles = math.floor(most * sm_count)
+            at, past = tiles_per_sm(1, tiles, 1, sm_count), tiles_per_sm(1, tiles + 1, GRID_ROWS, sm_count)
+            for fewest, most_keys, config in ranges:
+                for seqlen_k in {max(1, fewest), most_keys or fewest + 1}:
+                    assert select_config(arch, head_dim, causal, seqlen_k, at) == config, (
+                        f"{tiles} tiles, {seqlen_k} keys"
+                    )
+            for fewest, most_keys, config in next_ranges:
+                for seqlen_k in {max(1, fewest), most_keys or fewest + 1}:
+                    assert select_config(arch, head_dim, causal, seqlen_k, past) == config, f"{tiles + 1} tiles"
+    # a grid of one tile is the first band's; no grid given, the full grid's tables
+    assert key_ranges(arch, head_dim, causal, tiles_per_sm(1, 1, 1, 132)) == bands[0][1]
+    assert select_config(arch, head_dim, causal, 1 << 20) == bands[-1][1][-1][2]
+
+
+def test_work_tiles_are_counted_in_rows_of_grid_rows_whatever_the_config():
+    assert tiles_per_sm(2, 3, GRID_ROWS, 6) == 1.0
+    assert tiles_per_sm(2, 3, GRID_ROWS + 1, 6) == 2.0
+    assert tiles_per_sm(1, 1, 1, 132) == 1 / 132
 
 
 def test_short_entries_are_in_increasing_order_of_keys():

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
+from fa_kernel.configs import FALLBACK, TileConfig, grid_bands, key_ranges, tiles_per_sm
+from fa_kernel.interface import tile_config_for
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward
 from fa_kernel.reference import judge, random_qkv
 from launch import device_arch, run_config
@@ -183,6 +184,34 @@ def test_scores_that_jump_between_key_tiles(table, head_dim, causal, dtype):
     for seqlen in lengths:
         case = Case(2, seqlen, seqlen, 4, 2, head_dim, dtype, causal, None, "jumping_scores", seed=head_dim)
         assert_matches_reference(*case.inputs("cuda"), causal)
+
+
+# Each small-grid band's limit and the next band's first grid (configs.TUNED_GRIDS), each with
+# the band's shortest keys and the longest entry's: (head_dim, causal, band, side).
+GRID_LIMITS = [
+    (head_dim, causal, band, side)
+    for head_dim, causal in ((64, True), (128, True), (64, False), (128, False))
+    for band in range(len(grid_bands("sm_90", head_dim, causal)) - 1)
+    for side in ("at", "past")
+]
+
+
+@pytest.mark.parametrize(("head_dim", "causal", "band", "side"), GRID_LIMITS)
+def test_a_grid_bands_limit_and_one_tile_past_it_run_their_own_configs(head_dim, causal, band, side):
+    device = torch.device("cuda")
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    bands = grid_bands("sm_90", head_dim, causal)
+    most, ranges = bands[band]
+    tiles = math.floor(most * sm_count) + (side == "past")
+    served = ranges if side == "at" else bands[band + 1][1]
+    heads = max(h for h in range(1, 17) if tiles % h == 0)
+    batch, seqlen_q = tiles // heads, 100  # one work tile of GRID_ROWS rows per (batch, head)
+    for fewest, most_keys, config in (served[0], served[-1]):
+        seqlen_k = most_keys if most_keys is not None else fewest + 1
+        grid = tiles_per_sm(batch, heads, seqlen_q, sm_count)
+        assert tile_config_for(device, head_dim, causal, seqlen_k, grid) == config
+        q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads, head_dim, torch.bfloat16, seed=tiles)
+        assert_matches_reference(q, k, v, causal)
 
 
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():

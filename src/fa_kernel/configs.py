@@ -95,8 +95,13 @@ TUNED_SHORT: dict[tuple[str, int, bool], tuple[tuple[int, TileConfig], ...]] = {
         # 192-row blocks pay off once each warpgroup visits only its rows' tiles, up to the long entry's reach
         (4096, TileConfig(192, 128, 2, 384, persistent=True)),
     ),
-    # persistent without the overlapped epilogue (slower and erratic at these lengths)
-    ("sm_90", 128, False): ((2048, TileConfig(128, 128, 2, 256, persistent=True)),),
+    # persistent without the overlapped epilogue (slower and erratic at these lengths); 128x176 from
+    # 2049 keys, still without it: ahead at 4096-8192 keys on grids of 4-16 tiles an SM (+1-3%, and
+    # within 1.5% of the overlap at 62)
+    ("sm_90", 128, False): (
+        (2048, TileConfig(128, 128, 2, 256, persistent=True)),
+        (8192, TileConfig(128, 176, 2, 256, persistent=True)),
+    ),
     # as d128; ahead of the long entry up to 4096 keys, level at 8192
     ("sm_90", 128, True): ((4096, TileConfig(128, 128, 2, 256, persistent=True)),),
 }
@@ -106,7 +111,43 @@ TUNED_SHORT: dict[tuple[str, int, bool], tuple[tuple[int, TileConfig], ...]] = {
 # most keys, config), the last with None for any longer). Past the last band, TUNED_SHORT and
 # TUNED. `fa-kernel tune --heads` measures each band on grids of its own. The numbers:
 # docs/tile-configs.md.
-TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | None, TileConfig], ...]], ...]] = {}
+TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | None, TileConfig], ...]], ...]] = {
+    ("sm_90", 64, True): (
+        # 4 tiles an SM: 192-row blocks over few keys, 128 rows at 2048; from 4096 two blocks an SM of
+        # one warpgroup each, whose causal tiles of unequal length fill the SMs (a static
+        # persistent order leaves them idle: 278 against 344 TFLOP/s at 4096)
+        (
+            3.88,
+            (
+                (1024, TileConfig(192, 128, 2, 384, persistent=True)),
+                (2048, TileConfig(128, 128, 2, 256, persistent=True)),
+                (None, TileConfig(64, 128, 2, 128, blocks_per_sm=2)),
+            ),
+        ),
+    ),
+    ("sm_90", 128, True): (
+        # 4 tiles an SM: one block a tile from 2049 keys (the persistent order's imbalance: 401
+        # against 453 at 4096, 354 against 682 at 16384)
+        (
+            3.88,
+            (
+                (2048, TileConfig(128, 128, 2, 256, persistent=True)),
+                (4096, TileConfig(128, 128, 2, 256)),
+                (None, TileConfig(128, 176, 2, 256)),
+            ),
+        ),
+        # 16 tiles an SM: persistent up to 8192 keys (128x176 at 8192: 577 against 540 per tile),
+        # one block a tile past it (653 against 470 at 16384)
+        (
+            15.52,
+            (
+                (4096, TileConfig(128, 128, 2, 256, persistent=True)),
+                (8192, TileConfig(128, 176, 2, 256, persistent=True)),
+                (None, TileConfig(128, 128, 2, 256)),
+            ),
+        ),
+    ),
+}
 
 # Work tiles are counted in rows of this many queries whatever the config's block_m, so that the
 # measure a band is chosen by does not depend on the config it chooses.

@@ -19,8 +19,10 @@ import math
 
 import torch
 
-from fa_kernel.configs import TileConfig, select_config
+from fa_kernel.configs import TileConfig, select_config, tiles_per_sm
 from fa_kernel.numerics import LN2, LOG2E, STALE_SUM_LIMIT
+
+H200_SM_COUNT = 132  # the SMs the default config is chosen for (its grid's band)
 
 
 def attention_tiled(
@@ -33,7 +35,7 @@ def attention_tiled(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) as the kernel computes them; inputs [batch, seqlen, nheads, headdim].
 
-    `config` defaults to the tiles the kernel uses on the H200 (sm_90).
+    `config` defaults to the tiles the kernel uses on the H200 (sm_90, 132 SMs) for this shape.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_kv = k.shape[2]
@@ -41,7 +43,8 @@ def attention_tiled(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     scale_log2 = softmax_scale * LOG2E
-    config = config or select_config("sm_90", head_dim, causal, k.shape[1])
+    grid = tiles_per_sm(batch, nheads, seqlen_q, H200_SM_COUNT)
+    config = config or select_config("sm_90", head_dim, causal, k.shape[1], grid)
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32)
     # One (batch, head) at a time, as the kernel's grid does: every head then runs the very
