@@ -20,23 +20,31 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from fa_kernel.configs import grid_bands
+from fa_kernel.configs import TileConfig, grid_bands, key_ranges
 
 
 def shipped_builds(
-    arch: str = "sm_90", head_dims: Sequence[int] = (64, 128, 256), sm_count: int | None = None
+    arch: str = "sm_90",
+    head_dims: Sequence[int] = (64, 128, 256),
+    sm_count: int | None = None,
+    small_grids: bool = True,
 ) -> list[dict]:
-    """Every config the tables ship for `arch` (every band of grids), in both dtypes, compiled for it (no GPU needed);
-    for a grid of `sm_count` thread blocks where given (compiled_forward's default otherwise)."""
+    """Every config the tables ship for `arch` (the small grids' bands too, unless
+    `small_grids` is False), in both dtypes, compiled for it (no GPU needed); for a grid of
+    `sm_count` thread blocks where given (compiled_forward's default otherwise)."""
     grid = {} if sm_count is None else {"sm_count": sm_count}
+
+    def configs(head_dim: int, causal: bool) -> dict[TileConfig, None]:
+        full = (config for _, _, config in key_ranges(arch, head_dim, causal))
+        bands = (config for _, ranges in grid_bands(arch, head_dim, causal) for _, _, config in ranges)
+        return dict.fromkeys(bands if small_grids else full)
+
     return [
         dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch=f"{arch}a", **grid)
         for head_dim in head_dims
         for causal in (False, True)
         for dtype in ("float16", "bfloat16")
-        for config in dict.fromkeys(
-            config for _, ranges in grid_bands(arch, head_dim, causal) for _, _, config in ranges
-        )
+        for config in configs(head_dim, causal)
     ]
 
 

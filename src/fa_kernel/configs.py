@@ -95,13 +95,8 @@ TUNED_SHORT: dict[tuple[str, int, bool], tuple[tuple[int, TileConfig], ...]] = {
         # 192-row blocks pay off once each warpgroup visits only its rows' tiles, up to the long entry's reach
         (4096, TileConfig(192, 128, 2, 384, persistent=True)),
     ),
-    # persistent without the overlapped epilogue (slower and erratic at these lengths); 128x176 from
-    # 2049 keys, still without it: ahead at 4096-8192 keys on grids of 4-16 tiles an SM (+1-3%, and
-    # within 1.5% of the overlap at 62)
-    ("sm_90", 128, False): (
-        (2048, TileConfig(128, 128, 2, 256, persistent=True)),
-        (8192, TileConfig(128, 176, 2, 256, persistent=True)),
-    ),
+    # persistent without the overlapped epilogue (slower and erratic at these lengths)
+    ("sm_90", 128, False): ((2048, TileConfig(128, 128, 2, 256, persistent=True)),),
     # as d128; ahead of the long entry up to 4096 keys, level at 8192
     ("sm_90", 128, True): ((4096, TileConfig(128, 128, 2, 256, persistent=True)),),
 }
@@ -122,6 +117,18 @@ TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | No
                 (1024, TileConfig(192, 128, 2, 384, persistent=True)),
                 (2048, TileConfig(128, 128, 2, 256, persistent=True)),
                 (None, TileConfig(64, 128, 2, 128, blocks_per_sm=2)),
+            ),
+        ),
+    ),
+    ("sm_90", 128, False): (
+        # 16 tiles an SM: 128x176 without the overlapped epilogue up to 8192 keys (602 against 584
+        # at 4096, 626 against 608 at 8192; on 62 tiles the overlap leads at 8192, 608 against 599)
+        (
+            15.52,
+            (
+                (2048, TileConfig(128, 128, 2, 256, persistent=True)),
+                (8192, TileConfig(128, 176, 2, 256, persistent=True)),
+                (None, TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True)),
             ),
         ),
     ),
