@@ -152,6 +152,54 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     assert "configs.py now" in out
 
 
+def test_tune_on_several_grids_derives_a_band_where_a_small_grid_runs_another_config(monkeypatch, capsys, tmp_path):
+    # --heads 2 32: made-up speeds under which two blocks an SM win on the small grid only;
+    # --configs: only those candidates and the configs the tables run now are built and timed.
+    import json
+
+    import fa_kernel.cli as cli
+    import fa_kernel.tune as tune
+    from fa_kernel.bench import Shape
+    from fa_kernel.configs import TileConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    monkeypatch.setattr(Shape, "inputs", lambda self, seed=0: (torch.empty(1, self.seqlen_q, self.nheads, 1),) * 3)
+    for module in (tune, cli):
+        monkeypatch.setattr(module, "device_target", lambda: (132, "sm_90a"))
+    two, long = TileConfig(64, 128, 2, 128, blocks_per_sm=2), TileConfig(128, 176, 2, 256)
+    built = []
+
+    def compile_stub(*, head_dim, causal, dtype, config, sm_count, arch):
+        built.append(config)
+        return lambda q, k, v, out, lse, scale_log2: (config, q.shape[2])
+
+    def median_ms_stub(call, warmup, repeats):
+        config, heads = call()
+        return 1.0 / {two: 1.2 if heads == 2 else 0.8, long: 1.0}.get(config, 0.5)
+
+    monkeypatch.setattr(tune, "compiled_forward", compile_stub)
+    monkeypatch.setattr(tune, "cuda_median_ms", median_ms_stub)
+    monkeypatch.setattr(tune, "build_all", lambda builds, jobs: [compile_stub(**build) and None for build in builds])
+    record = tmp_path / "tune.json"
+    arguments = ["tune", "--head-dim", "128", "--keys", "1024", "4096", "--heads", "32", "2", "--rounds", "2"]
+    assert main([*arguments, "--configs", str(two), str(long), "--jobs", "2", "--json", str(record)]) == 0
+    out = capsys.readouterr().out
+    shipped = {c for causal in (False, True) for _, r in grid_bands("sm_90", 128, causal) for _, _, c in r}
+    assert set(built) == {two, long, *shipped}
+    assert "d128, 2 heads (3.88 work tiles an SM)" in out and "d128, 32 heads (62.06 work tiles an SM)" in out
+    grids_part = out[out.index("# Paste into TUNED_GRIDS") :].split("\n", 1)[1]
+    tuned_grids = eval("{" + grids_part + "}", {"TileConfig": TileConfig})  # noqa: S307 - our own printout
+    band = ((3.88, ((None, two),)),)
+    assert tuned_grids == {("sm_90", 128, False): band, ("sm_90", 128, True): band}
+    bands = json.loads(record.read_text())["bands"]
+    assert bands[0]["bands"] == [[3.88, [[None, str(two)]]], [None, [[None, str(long)]]]]
+    with pytest.raises(SystemExit):
+        main(["tune", "--configs", "128x128"])
+    assert "expected BMxBN/Sst/Tthr" in capsys.readouterr().err
+
+
 def timings(**medians_and_rounds) -> dict:
     """{implementation: bench.Timing} from {name: rounds} (the names' spaces as underscores)."""
     from fa_kernel.bench import Timing
