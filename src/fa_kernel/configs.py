@@ -3,7 +3,9 @@
 The table is keyed by (GPU architecture, head_dim, causal) and was filled by measurement
 (`fa-kernel tune` regenerates it; docs/perf-log.md keeps the numbers behind each entry). Attention
 over few keys has a second table, TUNED_SHORT: per case, configs each up to a number of keys
-(seqlen_k); past the last, TUNED's. The kernel is written for Hopper (TMA, wgmma, setmaxnreg),
+(seqlen_k); past the last, TUNED's. Launches whose grid gives the SMs few work tiles have a
+third, TUNED_GRIDS: bands of tiles per SM, each with key entries of its own (`fa-kernel tune
+--heads` measures a ladder per grid). The kernel is written for Hopper (TMA, wgmma, setmaxnreg),
 so the tables have sm_90 rows only; a case not in them gets the smallest configuration, which
 is correct and slow.
 """
