@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from fa_kernel import decode, flash_attn_func, interface  # noqa: E402
 from fa_kernel.bench import Shape, host_us_per_call  # noqa: E402
 from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
-from fa_kernel.configs import split_kv_serves, tiles_per_sm  # noqa: E402
+from fa_kernel.configs import split_kv_serves  # noqa: E402
 from fa_kernel.kernel import compiled_forward  # noqa: E402
 from fa_kernel.numerics import LOG2E  # noqa: E402
 
@@ -80,9 +80,9 @@ def layers(shape: Shape) -> dict:
             kernels[1](o_partial, lse_partial, out, lse)
     else:
         calls["launch"] = lambda: interface.forward_kernel_attention(q, k, v, scale, causal)
-        grid = tiles_per_sm(shape.batch, shape.nheads, shape.seqlen_q, device_target(q.device)[0])
+        launch = (shape.batch, shape.nheads, shape.seqlen_q)
         kernel = compiled_forward(
-            **interface.kernel_build(q.device, shape.head_dim, causal, q.dtype, shape.keys, grid=grid)
+            **interface.kernel_build(q.device, shape.head_dim, causal, q.dtype, shape.keys, launch=launch)
         )
 
         def raw():

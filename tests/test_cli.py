@@ -238,7 +238,7 @@ def stub_builds(monkeypatch):
 
     for module in (cli, interface):
         monkeypatch.setattr(
-            module, "kernel_build", lambda device, head_dim, causal, dtype, keys, grid: (head_dim, causal, keys)
+            module, "kernel_build", lambda device, head_dim, causal, dtype, keys, launch: (head_dim, causal, keys)
         )
         monkeypatch.setattr(module, "compile_arch", lambda device: "sm_90a")
     for module in (cli, interface):

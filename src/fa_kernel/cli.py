@@ -49,7 +49,6 @@ from fa_kernel.configs import (
     grid_bands,
     select_config,
     split_kv_serves,
-    tiles_per_sm,
 )
 from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
 from fa_kernel.decode import DECODE_TILES, compiled_decode_kernels
@@ -399,8 +398,11 @@ def cmd_bench(args) -> int:
     # flash_attn_func runs.
     decodes = [s for s in shapes if s.seqlen_q <= SPLIT_KV_QUERIES and not args.backward]
     for s in decodes:
-        grid = tiles_per_sm(s.batch, s.nheads, s.seqlen_q, device_target(device)[0])
-        builds += [kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys, grid=grid), _kernels_arguments(s, arch)]
+        launch = (s.batch, s.nheads, s.seqlen_q)
+        builds += [
+            kernel_build(device, s.head_dim, s.causal, s.dtype, s.keys, launch=launch),
+            _kernels_arguments(s, arch),
+        ]
         builders += [None, compiled_decode_kernels]
     if args.backward:  # the atomic and the deterministic gradient's (its own dQ kernel)
         builds += [_kernels_arguments(s, arch) for s in launched]

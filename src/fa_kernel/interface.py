@@ -123,16 +123,17 @@ def kernel_build(
     dtype: torch.dtype,
     seqlen_k: int | None = None,
     *,
-    grid: float | None = None,
+    launch: tuple[int, int, int] | None = None,
     config: TileConfig | None = None,
     sm_count: int | None = None,
 ) -> dict:
     """compiled_forward's arguments for this case on this device: the config the table gives
-    for seqlen_k on a launch of `grid` work tiles per SM (or `config`), the device's
-    architecture and its SM count (the persistent grid's size; or `sm_count`).
-    `fa_kernel.builds` builds the same ahead of use, and the tests build other configs and grids
-    through it."""
+    for seqlen_k on a launch of (batch, heads, seqlen_q) (its grid against the device's SMs;
+    None: a full grid), or `config`; the device's architecture and its SM count (the persistent
+    grid's size; or `sm_count`). `fa_kernel.builds` builds the same ahead of use, and the tests
+    build other configs and grids through it."""
     device_sm_count, arch = device_target(device)
+    grid = None if launch is None else tiles_per_sm(*launch, device_sm_count)
     return dict(
         head_dim=head_dim,
         causal=causal,
@@ -157,12 +158,9 @@ def serving_build(
     """(builder, arguments) of the kernels flash_attn_func runs for this case, as
     `fa_kernel.builds` takes them: the split-KV kernels' where split_kv_serves, else the forward
     kernel's (None: compiled_forward, kernel_build's arguments)."""
-    sm_count = device_target(device)[0]
-    if split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS, sm_count):
+    if split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS, device_target(device)[0]):
         return compiled_decode_kernels, split_kv_build(head_dim, _DTYPE_NAMES[dtype], compile_arch(device))
-    return None, kernel_build(
-        device, head_dim, causal, dtype, seqlen_k, grid=tiles_per_sm(batch, heads, seqlen_q, sm_count)
-    )
+    return None, kernel_build(device, head_dim, causal, dtype, seqlen_k, launch=(batch, heads, seqlen_q))
 
 
 def _check_inputs(q, k, v, softmax_scale, causal) -> float:
@@ -265,8 +263,8 @@ def forward_kernel_attention(
     head_dim] on one Hopper GPU as flash_attn_func checks and makes them, seqlen_k >= 1."""
     out, lse = _outputs_like(q)
     batch, seqlen_q, heads, head_dim = q.shape
-    grid = tiles_per_sm(batch, heads, seqlen_q, device_target(q.device)[0])
-    kernel = compiled_forward(**kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1], grid=grid))
+    build = kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1], launch=(batch, heads, seqlen_q))
+    kernel = compiled_forward(**build)
     with torch.cuda.device(q.device):
         kernel(q, k, v, out, lse, softmax_scale * LOG2E)
     return out, lse
