@@ -40,20 +40,21 @@ def within_the_bound(variants: list[str], failures: Callable[[str], Iterable[str
 
 
 def print_header(unit: str, variants: list[str]) -> None:
-    others = [f"{name} / shipped" for name in variants[1:]]
-    print(f"{unit}, medians of the rounds; each variant's ratio to shipped round by round (range)\n")
+    """The table's head: `variants`' columns, the first the base of the ratios (print_row)."""
+    others = [f"{name} / {variants[0]}" for name in variants[1:]]
+    print(f"{unit}, medians of the rounds; each variant's ratio to {variants[0]} round by round (range)\n")
     print(f"| shape | {' | '.join(variants)} | {' | '.join(others)} |")
     print("|---|" + "---|" * (len(variants) + len(others)))
 
 
 def print_row(label: str, timers: dict[str, Callable[[], float]], rounds: int) -> None:
-    """Time `timers` (variant -> one figure, higher is faster; 'shipped' among them) alternated
-    over `rounds` and print the shape's row."""
+    """Time `timers` (variant -> one figure, higher is faster; the first the base of the ratios,
+    'shipped' in the A/B scripts) alternated over `rounds` and print the shape's row."""
     samples = alternated(timers, rounds)
     medians = " | ".join(f"{statistics.median(figures):.0f}" for figures in samples.values())
-    ratios = []
+    base_name, ratios = next(iter(samples)), []
     for name, figures in samples.items():
-        if name != "shipped":
-            each = [ours / base for ours, base in zip(figures, samples["shipped"], strict=True)]
+        if name != base_name:
+            each = [ours / base for ours, base in zip(figures, samples[base_name], strict=True)]
             ratios.append(f"{statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
     print(f"| {label} | {medians} | {' | '.join(ratios)} |", flush=True)

@@ -14,7 +14,7 @@ import torch
 
 from fa_kernel import flash_attn_func
 from fa_kernel.configs import FALLBACK, TileConfig, grid_bands, key_ranges, tiles_per_sm
-from fa_kernel.interface import tile_config_for
+from fa_kernel.interface import serving_build, tile_config_for
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward
 from fa_kernel.reference import judge, random_qkv
 from launch import device_arch, run_config
@@ -257,9 +257,18 @@ def test_every_output_element_is_written(causal):
 
 
 def test_one_compile_serves_every_length_batch_and_head_count():
-    flash_attn_func(*random_qkv(1, 10, 10, 2, 2, 128, torch.float16))
+    # Lengths, batch and heads are launch arguments, not compile-time constants: calls that the
+    # tables give one config (one grid band, one key range) share one kernel. Every case runs
+    # the forward kernel (none is a decode step for the split-KV kernels), the first one included.
+    cases = [(1, 200, 10, 2, 2), (1, 129, 1, 1, 1), (3, 999, 17, 8, 2), (2, 4097, 300, 6, 3)]
+    builds = [
+        serving_build(torch.device("cuda"), 128, False, torch.float16, batch, seqlen_q, seqlen_k, heads, heads_kv)
+        for batch, seqlen_q, seqlen_k, heads, heads_kv in cases
+    ]
+    assert all(builder is None and build == builds[0][1] for builder, build in builds), builds
+    flash_attn_func(*random_qkv(*cases[0], 128, torch.float16))
     misses = compiled_forward.cache_info().misses
-    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [(1, 1, 1, 1, 1), (3, 999, 17, 8, 2), (2, 4097, 300, 6, 3)]:
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in cases[1:]:
         flash_attn_func(*random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, 128, torch.float16))
     assert compiled_forward.cache_info().misses == misses
 

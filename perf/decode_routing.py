@@ -1,0 +1,107 @@
+"""Where `configs.split_kv_serves` should send a step of a few queries: the forward kernel and
+the split-KV kernels on a ladder of query counts, causal and not, alternated in one process.
+
+From the repository root on the GPU machine:
+
+    PYTHONPATH=$PWD/src:$PWD python perf/decode_routing.py [--rounds 3] [--repeats 30]
+
+Each shape runs both launches flash_attn_func chooses between (`bench.forward_kernel_call`,
+`bench.split_kv_call`), whatever split_kv_serves says now; the rows name what it says. The
+ladder walks the query count of a GQA group of 4 and of 8 and of no GQA up to one row block
+of the split kernels (`decode.BLOCK_M` rows), on grids of one batch to a full GPU, at 2048 and
+8192 keys. GB/s of K/V read (`Shape.kv_bytes`); the split kernels' ratio to the forward
+kernel's round by round. `--compile-only sm_90a` builds every kernel without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
+
+import torch  # noqa: E402
+
+from fa_kernel.bench import Shape, cuda_median_ms, forward_kernel_call, split_kv_call  # noqa: E402
+from fa_kernel.builds import quiet_tilelang  # noqa: E402
+from fa_kernel.configs import select_config, split_kv_serves, tiles_per_sm  # noqa: E402
+from fa_kernel.decode import BLOCK_M, compiled_decode_kernels  # noqa: E402
+from fa_kernel.kernel import compiled_forward  # noqa: E402
+from perf import ab  # noqa: E402
+
+H200_SM_COUNT = 132
+# (batch, query heads, K/V heads): a group of 4 on one batch and on a full GPU, a group of 8,
+# and no GQA on grids of 32 and 64 (batch, head) pairs, either side of half the SMs.
+GRIDS = ((1, 32, 8), (16, 32, 8), (8, 64, 8), (1, 32, 32), (2, 32, 32))
+
+
+def ladder() -> list[Shape]:
+    shapes = []
+    for batch, heads, heads_kv in GRIDS:
+        group = heads // heads_kv
+        queries = [n for n in (1, 2, 4, 8, 16, 32, 64) if group * n <= BLOCK_M]
+        for seqlen_k in (2048, 8192):
+            for causal in (True, False):
+                for seqlen_q in queries:
+                    shapes.append(
+                        Shape(
+                            batch, heads, seqlen_q, 128, causal, torch.bfloat16, nheads_kv=heads_kv, seqlen_k=seqlen_k
+                        )
+                    )
+    return shapes
+
+
+def served(shape: Shape, sm_count: int) -> str:
+    split = split_kv_serves(shape.batch, shape.seqlen_q, shape.nheads, shape.heads_kv, shape.causal, BLOCK_M, sm_count)
+    return "split-KV" if split else "forward"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--compile-only", metavar="ARCH", help="compile every kernel for ARCH (sm_90a), no GPU")
+    args = parser.parse_args()
+    shapes = ladder()
+    if args.compile_only:
+        quiet_tilelang()
+        builds = set()
+        for s in shapes:
+            grid = tiles_per_sm(s.batch, s.nheads, s.seqlen_q, H200_SM_COUNT)
+            builds.add((s.causal, select_config("sm_90", 128, s.causal, s.keys, grid)))
+        for causal, config in sorted(builds, key=str):
+            compiled_forward(
+                head_dim=128,
+                causal=causal,
+                dtype="bfloat16",
+                config=config,
+                arch=args.compile_only,
+                sm_count=H200_SM_COUNT,
+            )
+            print(f"forward {'causal' if causal else 'full'} {config}: compiled", flush=True)
+        for causal in (False, True):
+            compiled_decode_kernels(head_dim=128, causal=causal, dtype="bfloat16", arch=args.compile_only)
+        print("split-KV kernels: compiled", flush=True)
+        return 0
+
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    ab.print_header("GB/s of K and V read", ["forward kernel", "split-KV"])
+
+    def gb_per_s(call, kv_bytes: int) -> float:
+        return kv_bytes / (cuda_median_ms(call, 10, args.repeats) * 1e-3) / 1e9
+
+    for shape in shapes:
+        q, k, v = shape.inputs()
+        calls = {
+            "forward kernel": forward_kernel_call(q, k, v, shape.causal),
+            "split-KV": split_kv_call(q, k, v, shape.causal),
+        }
+        timers = {name: (lambda call=call, kv=shape.kv_bytes: gb_per_s(call, kv)) for name, call in calls.items()}
+        ab.print_row(f"{shape.label()} (serves: {served(shape, sm_count)})", timers, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
