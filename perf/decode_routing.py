@@ -25,16 +25,15 @@ sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in s
 import torch  # noqa: E402
 
 from fa_kernel.bench import Shape, cuda_median_ms, forward_kernel_call, split_kv_call  # noqa: E402
-from fa_kernel.builds import quiet_tilelang  # noqa: E402
+from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
 from fa_kernel.configs import select_config, split_kv_serves, tiles_per_sm  # noqa: E402
 from fa_kernel.decode import BLOCK_M, compiled_decode_kernels  # noqa: E402
-from fa_kernel.kernel import compiled_forward  # noqa: E402
+from fa_kernel.kernel import H100_SM_COUNT, compiled_forward  # noqa: E402
 from perf import ab  # noqa: E402
 
-H200_SM_COUNT = 132
 # (batch, query heads, K/V heads): a group of 4 on one batch and on a full GPU, a group of 8,
-# and no GQA on grids of 32 and 64 (batch, head) pairs, either side of half the SMs.
-GRIDS = ((1, 32, 8), (16, 32, 8), (8, 64, 8), (1, 32, 32), (2, 32, 32))
+# and no GQA on grids of 32 and 96 (batch, head) pairs, either side of half the SMs.
+GRIDS = ((1, 32, 8), (16, 32, 8), (8, 64, 8), (1, 32, 32), (3, 32, 32))
 
 
 def ladder() -> list[Shape]:
@@ -69,7 +68,7 @@ def main() -> int:
         quiet_tilelang()
         builds = set()
         for s in shapes:
-            grid = tiles_per_sm(s.batch, s.nheads, s.seqlen_q, H200_SM_COUNT)
+            grid = tiles_per_sm(s.batch, s.nheads, s.seqlen_q, H100_SM_COUNT)
             builds.add((s.causal, select_config("sm_90", 128, s.causal, s.keys, grid)))
         for causal, config in sorted(builds, key=str):
             compiled_forward(
@@ -78,7 +77,7 @@ def main() -> int:
                 dtype="bfloat16",
                 config=config,
                 arch=args.compile_only,
-                sm_count=H200_SM_COUNT,
+                sm_count=H100_SM_COUNT,
             )
             print(f"forward {'causal' if causal else 'full'} {config}: compiled", flush=True)
         for causal in (False, True):
@@ -86,7 +85,7 @@ def main() -> int:
         print("split-KV kernels: compiled", flush=True)
         return 0
 
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    sm_count = device_target(torch.device("cuda"))[0]
     ab.print_header("GB/s of K and V read", ["forward kernel", "split-KV"])
 
     def gb_per_s(call, kv_bytes: int) -> float:
