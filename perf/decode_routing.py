@@ -9,8 +9,9 @@ Each shape runs both launches flash_attn_func chooses between (`bench.forward_ke
 `bench.split_kv_call`), whatever split_kv_serves says now; the rows name what it says. The
 ladder walks the query count of a GQA group of 4 and of 8 and of no GQA up to one row block
 of the split kernels (`decode.BLOCK_M` rows), on grids of one batch to a full GPU, at 2048 and
-8192 keys. GB/s of K/V read (`Shape.kv_bytes`); the split kernels' ratio to the forward
-kernel's round by round. `--compile-only sm_90a` builds every kernel without a GPU.
+8192 keys. `--boundaries` runs shapes either side of each of split_kv_serves' limits instead.
+GB/s of K/V read (`Shape.kv_bytes`); the split kernels' ratio to the forward kernel's round by
+round. `--compile-only sm_90a` builds every kernel without a GPU.
 """
 
 from __future__ import annotations
@@ -26,14 +27,35 @@ import torch  # noqa: E402
 
 from fa_kernel.bench import Shape, cuda_median_ms, forward_kernel_call, split_kv_call  # noqa: E402
 from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
-from fa_kernel.configs import select_config, split_kv_serves, tiles_per_sm  # noqa: E402
-from fa_kernel.decode import BLOCK_M, compiled_decode_kernels  # noqa: E402
+from fa_kernel.configs import select_config, tiles_per_sm  # noqa: E402
+from fa_kernel.decode import BLOCK_M, compiled_decode_kernels, keys_per_split, serves_launch  # noqa: E402
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward  # noqa: E402
 from perf import ab  # noqa: E402
 
 # (batch, query heads, K/V heads): a group of 4 on one batch and on a full GPU, a group of 8,
 # and no GQA on grids of 32 and 96 (batch, head) pairs, either side of half the SMs.
 GRIDS = ((1, 32, 8), (16, 32, 8), (8, 64, 8), (1, 32, 32), (3, 32, 32))
+# (batch, query heads, K/V heads, seqlen_q, seqlen_k) either side of split_kv_serves' limits, on
+# 132 SMs: group size x keys a split at 1024 and 1536 against 2048 (a group of 4 on one and on
+# four batches, no GQA on 32 and 16 tiles); 8 queries against 9 and 16 without GQA and with a
+# group of 4 at 2048 keys; 16 queries of that group at 3072 keys against 4096.
+BOUNDARIES = (
+    *((1, 32, 8, 1, keys) for keys in (4096, 6144, 8192)),
+    *((4, 32, 8, 1, keys) for keys in (1024, 2048)),
+    *((1, 32, 32, 1, keys) for keys in (4096, 6144, 8192)),
+    *((1, 16, 16, 1, keys) for keys in (8192, 16384)),
+    *((1, 32, 32, queries, 8192) for queries in (8, 9, 16)),
+    *((16, 32, 8, queries, 2048) for queries in (8, 9, 16)),
+    *((16, 32, 8, queries, keys) for queries, keys in ((9, 4096), (16, 3072), (16, 4096))),
+)
+
+
+def boundaries() -> list[Shape]:
+    return [
+        Shape(batch, heads, seqlen_q, 128, causal, torch.bfloat16, nheads_kv=heads_kv, seqlen_k=seqlen_k)
+        for batch, heads, heads_kv, seqlen_q, seqlen_k in BOUNDARIES
+        for causal in (False, True)
+    ]
 
 
 def ladder() -> list[Shape]:
@@ -53,17 +75,19 @@ def ladder() -> list[Shape]:
 
 
 def served(shape: Shape, sm_count: int) -> str:
-    split = split_kv_serves(shape.batch, shape.seqlen_q, shape.nheads, shape.heads_kv, shape.causal, BLOCK_M, sm_count)
-    return "split-KV" if split else "forward"
+    sizes = (shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, shape.head_dim, sm_count)
+    split_keys = keys_per_split(*sizes) * (shape.nheads // shape.heads_kv)
+    return f"{split_keys} group keys a split; serves: {'split-KV' if serves_launch(*sizes) else 'forward'}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--boundaries", action="store_true", help="shapes either side of split_kv_serves' limits")
     parser.add_argument("--compile-only", metavar="ARCH", help="compile every kernel for ARCH (sm_90a), no GPU")
     args = parser.parse_args()
-    shapes = ladder()
+    shapes = boundaries() if args.boundaries else ladder()
     if args.compile_only:
         quiet_tilelang()
         builds = set()
@@ -98,7 +122,7 @@ def main() -> int:
             "split-KV": split_kv_call(q, k, v, shape.causal),
         }
         timers = {name: (lambda call=call, kv=shape.kv_bytes: gb_per_s(call, kv)) for name, call in calls.items()}
-        ab.print_row(f"{shape.label()} (serves: {served(shape, sm_count)})", timers, args.rounds)
+        ab.print_row(f"{shape.label()} ({served(shape, sm_count)})", timers, args.rounds)
     return 0
 
 

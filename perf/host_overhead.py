@@ -39,7 +39,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from fa_kernel import decode, flash_attn_func, interface  # noqa: E402
 from fa_kernel.bench import Shape, host_us_per_call  # noqa: E402
 from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
-from fa_kernel.configs import split_kv_serves  # noqa: E402
 from fa_kernel.kernel import compiled_forward  # noqa: E402
 from fa_kernel.numerics import LOG2E  # noqa: E402
 
@@ -65,15 +64,17 @@ def layers(shape: Shape) -> dict:
         "custom op": lambda: torch.ops.fa_kernel.forward(q, k, v, scale, causal, False),
     }
     sm_count, arch = device_target(q.device)
-    split = split_kv_serves(shape.batch, shape.seqlen_q, shape.nheads, shape.heads_kv, causal, decode.BLOCK_M, sm_count)
+    split = decode.serves_launch(
+        shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, shape.head_dim, sm_count
+    )
     out, lse = torch.empty_like(q), q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
     if split:
-        calls["launch"] = lambda: decode.split_kv_attention(q, k, v, scale, False, sm_count, arch)
+        calls["launch"] = lambda: decode.split_kv_attention(q, k, v, scale, causal, sm_count, arch)
         splits, tiles_per_split = decode.split_plan_for(q, k, sm_count)
         rows = (shape.batch, splits, shape.nheads, shape.seqlen_q)
         o_partial = q.new_empty((*rows, shape.head_dim), dtype=torch.float32)
         lse_partial = q.new_empty(rows, dtype=torch.float32)
-        kernels = decode.compiled_decode_kernels(head_dim=shape.head_dim, causal=False, dtype=_name(q), arch=arch)
+        kernels = decode.compiled_decode_kernels(head_dim=shape.head_dim, causal=causal, dtype=_name(q), arch=arch)
 
         def raw():
             kernels[0](q, k, v, o_partial, lse_partial, scale * LOG2E, tiles_per_split)

@@ -100,37 +100,48 @@ def test_text_that_is_not_a_config_is_refused_with_the_form_expected(text):
         TileConfig.parse(text)
 
 
-# (batch, seqlen_q, heads, heads_kv, causal, rows_per_block, sm_count, served): each condition's
-# two sides.
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, keys_per_split, rows_per_block, sm_count, served):
+# each condition's two sides, the others' far from theirs (MANY keys, MANY keys a split).
+MANY = 1 << 20
 SPLIT_KV_CASES = [
-    (1, 1, 32, 16, False, 64, 132, True),  # the smallest group
-    (1, 1, 32, 8, False, 64, 132, True),
-    (1000, 1, 32, 8, False, 64, 132, True),  # with GQA, whatever the grid
-    (1000, 1, 32, 16, False, 64, 132, True),  # the smallest group too
-    (1, 16, 32, 8, False, 64, 132, True),  # the group's 64 rows: one row block
-    (1, 17, 32, 8, False, 64, 132, False),  # 68 rows
-    (1, 13, 40, 8, False, 64, 132, False),  # groups of 5: 65 rows, one past the block
-    (1, 32, 16, 8, False, 64, 132, True),  # groups of 2: 64 rows, then 66
-    (1, 33, 16, 8, False, 64, 132, False),
-    (1, 17, 32, 8, False, 128, 132, True),  # the row block is the split kernel's
-    (1, 1, 32, 8, True, 64, 132, True),  # one causal query sees every key
-    (1, 2, 32, 8, True, 64, 132, False),  # past it, the causal mask: the forward kernel
+    (1, 1, MANY, 32, 16, MANY, 64, 132, True),  # the smallest group
+    (1, 1, MANY, 32, 8, MANY, 64, 132, True),
+    (1000, 1, MANY, 32, 8, MANY, 64, 132, True),  # with GQA, whatever the grid
+    (1000, 1, MANY, 32, 16, MANY, 64, 132, True),  # the smallest group too
+    (1, 16, MANY, 32, 8, MANY, 64, 132, True),  # the group's 64 rows: one row block
+    (1, 17, MANY, 32, 8, MANY, 64, 132, False),  # 68 rows
+    (1, 13, MANY, 40, 8, MANY, 64, 132, False),  # groups of 5: 65 rows, one past the block
+    (1, 32, MANY, 16, 8, MANY, 64, 132, True),  # groups of 2: 64 rows, then 66
+    (1, 33, MANY, 16, 8, MANY, 64, 132, False),
+    (1, 17, MANY, 32, 8, MANY, 128, 132, True),  # the row block is the split kernel's
     # Without GQA: where the forward kernel's grid, one tile per (batch, head), fills half the SMs.
-    (2, 1, 33, 33, False, 64, 132, True),  # 66 tiles on 132 SMs
-    (2, 1, 34, 34, False, 64, 132, False),  # 68
-    (2, 1, 33, 33, False, 64, 130, False),  # the SMs are the device's
-    (1, 1, 66, 66, False, 64, 131, False),  # 132 of 2x the tiles, one past
-    (1, 64, 32, 32, False, 64, 132, True),  # the queries fill one row block, then one past it
-    (1, 65, 32, 32, False, 64, 132, False),
-    (1, 1, 32, 32, True, 64, 132, True),
-    (1, 2, 32, 32, True, 64, 132, False),
+    (2, 1, MANY, 33, 33, MANY, 64, 132, True),  # 66 tiles on 132 SMs
+    (2, 1, MANY, 34, 34, MANY, 64, 132, False),  # 68
+    (2, 1, MANY, 33, 33, MANY, 64, 130, False),  # the SMs are the device's
+    (1, 1, MANY, 66, 66, MANY, 64, 131, False),  # 132 of 2x the tiles, one past
+    # The group times the keys a split walks, at SPLIT_KV_GROUP_KEYS.
+    (1, 1, MANY, 32, 8, 512, 64, 132, True),
+    (1, 1, MANY, 32, 8, 511, 64, 132, False),
+    (1, 1, MANY, 32, 32, 2048, 64, 132, True),
+    (1, 1, MANY, 32, 32, 2047, 64, 132, False),
+    # SPLIT_KV_QUERIES: without GQA at any keys, with GQA below SPLIT_KV_MANY_QUERIES_KEYS.
+    (1, 8, MANY, 32, 32, MANY, 64, 132, True),
+    (1, 9, MANY, 32, 32, MANY, 64, 132, False),
+    (1, 64, MANY, 32, 32, MANY, 64, 132, False),  # one row block of queries, many keys
+    (1, 8, 4095, 32, 8, MANY, 64, 132, True),
+    (1, 9, 4095, 32, 8, MANY, 64, 132, False),
+    (1, 9, 4096, 32, 8, MANY, 64, 132, True),
+    (1, 16, 4096, 32, 8, MANY, 64, 132, True),
 ]
 
 
 @pytest.mark.parametrize(
-    ("batch", "seqlen_q", "heads", "heads_kv", "causal", "rows_per_block", "sm_count", "served"), SPLIT_KV_CASES
+    ("batch", "seqlen_q", "seqlen_k", "heads", "heads_kv", "keys_per_split", "rows_per_block", "sm_count", "served"),
+    SPLIT_KV_CASES,
 )
-def test_split_kv_serves_a_group_whose_rows_fit_a_row_block_and_no_causal_mask(
-    batch, seqlen_q, heads, heads_kv, causal, rows_per_block, sm_count, served
+def test_split_kv_serves_on_both_sides_of_each_limit(
+    batch, seqlen_q, seqlen_k, heads, heads_kv, keys_per_split, rows_per_block, sm_count, served
 ):
-    assert split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, rows_per_block, sm_count) is served
+    assert (
+        split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, keys_per_split, rows_per_block, sm_count) is served
+    )

@@ -16,7 +16,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fa_kernel.decode import BLOCK_M, BLOCKS_PER_SM, DECODE_TILES, ceildiv, split_plan
+from fa_kernel.configs import SPLIT_KV_QUERIES
+from fa_kernel.decode import BLOCK_M, BLOCKS_PER_SM, DECODE_TILES, ceildiv, keys_per_split, serves_launch, split_plan
 from fa_kernel.emulator_split_kv import attention_split_kv
 from fa_kernel.reference import judge, random_qkv
 
@@ -142,39 +143,61 @@ def test_split_kv_kernels_within_the_bound(case, causal):
     assert verdict.passed, f"{case} causal={causal}: {verdict}"
 
 
-# (seqlen_q, heads, heads_kv, causal, served): flash_attn_func's switch to the split-KV kernels
-# (configs.split_kv_serves, BLOCK_M rows a group), both sides of each condition.
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, causal, served on 132 SMs): flash_attn_func's
+# switch to the split-KV kernels (configs.split_kv_serves at d128), both sides of each condition.
 ROUTED = [
-    (BLOCK_M // 4, 32, 8, False, True),  # a group's rows fill one row block
-    (BLOCK_M // 4 + 1, 32, 8, False, False),
-    (1, 32, 8, True, True),  # one causal query sees every key: no mask
-    (2, 32, 8, True, False),
-    (1, 8, 8, False, True),  # no GQA, on a grid of 16 tiles: test_without_gqa_... has its limit
+    (1, BLOCK_M // 4, 8192, 32, 8, False, True),  # a group's rows fill one row block
+    (1, BLOCK_M // 4 + 1, 8192, 32, 8, False, False),
+    (1, 2, 8192, 32, 8, True, True),  # the causal mask, as the full one
+    (1, BLOCK_M // 4, 8192, 32, 8, True, True),
+    (1, 1, 6144, 32, 8, False, False),  # 4 x 384 keys a split, then 4 x 512
+    (1, 1, 8192, 32, 8, True, True),
+    (16, 8, 2048, 32, 8, True, True),  # 8 queries of a group at few keys, then 9
+    (16, 9, 2048, 32, 8, True, False),
+    (16, 9, 4096, 32, 8, False, True),  # 9 at many keys
+    (1, 8, 8192, 32, 32, False, True),  # no GQA: 8 queries, then 9
+    (1, 9, 8192, 32, 32, False, False),
 ]
 
 
+def test_routed_cases_sit_where_they_claim_on_an_h200():
+    for batch, seqlen_q, seqlen_k, heads, heads_kv, _, served in ROUTED:
+        assert serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, 128, 132) is served
+
+
+def test_keys_per_split_is_the_split_plans_tiles_in_keys_at_most_seqlen_k():
+    for head_dim, (block_n, _) in DECODE_TILES.items():
+        for seqlen_k in (1, block_n - 1, block_n, 5 * block_n + 1, 10_000):
+            _, tiles_per_split = split_plan(2, 8, 1, seqlen_k, head_dim, 132)
+            expected = min(seqlen_k, tiles_per_split * block_n)
+            assert keys_per_split(2, 16, seqlen_k, 32, 8, head_dim, 132) == expected
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(("seqlen_q", "heads", "heads_kv", "causal", "served"), ROUTED)
+@pytest.mark.parametrize(("batch", "seqlen_q", "seqlen_k", "heads", "heads_kv", "causal", "served"), ROUTED)
 def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
-    monkeypatch, seqlen_q, heads, heads_kv, causal, served
+    monkeypatch, batch, seqlen_q, seqlen_k, heads, heads_kv, causal, served
 ):
     import fa_kernel.interface as interface
+    from fa_kernel.builds import device_target
     from fa_kernel.interface import flash_attn_func
 
     calls = []
     split_kv_attention = interface.split_kv_attention
     monkeypatch.setattr(interface, "split_kv_attention", lambda *args: calls.append(args) or split_kv_attention(*args))
-    q, k, v = random_qkv(2, seqlen_q, 2 * 128 + 7, heads, heads_kv, 128, torch.float16, seed=seqlen_q)
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, 128, torch.float16, seed=seqlen_q)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    assert bool(calls) is served
+    # On 132 SMs as the case claims; elsewhere, as the rule says for the device's SMs.
+    assert bool(calls) is serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, 128, device_target()[0])
     verdict = judge(q, k, v, out, lse, causal)
-    assert verdict.passed, f"{seqlen_q} queries, {heads}/{heads_kv} heads, causal={causal}: {verdict}"
+    assert verdict.passed, f"{batch}x{heads}/{heads_kv}x{seqlen_q}x{seqlen_k} causal={causal}: {verdict}"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("past", [False, True], ids=["half-the-sms", "one-head-more"])
 def test_without_gqa_decode_steps_go_to_the_split_kv_kernels_while_the_grid_fills_half_the_sms(monkeypatch, past):
-    # One query per head of one sequence: the forward kernel's grid is one tile per head.
+    # One query per head of one sequence: the forward kernel's grid is one tile per head. Keys
+    # for two splits of over 2048 (d64: 17 tiles of 128) wherever the SMs ask for two.
     import fa_kernel.interface as interface
     from fa_kernel.builds import device_target
     from fa_kernel.interface import flash_attn_func
@@ -183,40 +206,52 @@ def test_without_gqa_decode_steps_go_to_the_split_kv_kernels_while_the_grid_fill
     split_kv_attention = interface.split_kv_attention
     monkeypatch.setattr(interface, "split_kv_attention", lambda *args: calls.append(args) or split_kv_attention(*args))
     heads = device_target()[0] // 2 + past
-    q, k, v = random_qkv(1, 1, 2 * 128 + 7, heads, heads, 64, torch.bfloat16, seed=heads)
+    q, k, v = random_qkv(1, 1, 2 * 2048 + 7, heads, heads, 64, torch.bfloat16, seed=heads)
     out, lse = flash_attn_func(q, k, v, return_lse=True)
     assert bool(calls) is not past
     verdict = judge(q, k, v, out, lse, False)
     assert verdict.passed, f"{heads} heads: {verdict}"
 
 
+def first_served_keys(batch, seqlen_q, heads, heads_kv, head_dim, sm_count, most=1 << 19) -> int | None:
+    """The fewest keys at which flash_attn_func gives this step to the split-KV kernels (None: not
+    up to `most`); serves_launch only grows with seqlen_k."""
+    if not serves_launch(batch, seqlen_q, most, heads, heads_kv, head_dim, sm_count):
+        return None
+    fewest, enough = 1, most
+    while fewest < enough:
+        middle = (fewest + enough) // 2
+        if serves_launch(batch, seqlen_q, middle, heads, heads_kv, head_dim, sm_count):
+            enough = middle
+        else:
+            fewest = middle + 1
+    return fewest
+
+
 @st.composite
 def decode_steps(draw) -> tuple:
     """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, causal, dtype, seed): a few queries
-    against a KV cache, their group's rows on both sides of flash_attn_func's switch to the
-    split-KV kernels (group_size * seqlen_q at BLOCK_M, causal one query or two), keys next to the
-    split kernel's tile ends or anywhere up to a few thousand."""
+    against a KV cache, on both sides of flash_attn_func's switch to the split-KV kernels: the
+    group's rows next to BLOCK_M, seqlen_q next to SPLIT_KV_QUERIES, keys next to the fewest the
+    split kernels take the step at (on 132 SMs), next to the split kernel's tile ends, or
+    anywhere up to a few thousand."""
     head_dim = draw(st.sampled_from(sorted(DECODE_TILES)))
     group_size = draw(st.sampled_from([1, 2, 3, 4, 5, 8]))
     heads_kv = draw(st.sampled_from([1, 2]))
+    batch = draw(st.integers(1, 3))
     fits = BLOCK_M // group_size
-    seqlen_q = draw(st.sampled_from(sorted({1, 2, max(1, fits - 1), fits, fits + 1})))
+    seqlen_q = draw(
+        st.sampled_from(sorted({1, 2, max(1, fits - 1), fits, fits + 1, SPLIT_KV_QUERIES, SPLIT_KV_QUERIES + 1}))
+    )
+    heads = group_size * heads_kv
     block_n = DECODE_TILES[head_dim][0]
     near_tiles = [n * block_n + step for n in (1, 2, 7) for step in (-1, 0, 1)]
-    seqlen_k = draw(st.one_of(st.sampled_from(near_tiles), st.integers(1, 3000)))
+    switch = first_served_keys(batch, seqlen_q, heads, heads_kv, head_dim, 132)
+    near_switch = [switch - 1, switch] if switch else near_tiles
+    seqlen_k = draw(st.one_of(st.sampled_from(near_switch), st.sampled_from(near_tiles), st.integers(1, 3000)))
     causal = draw(st.booleans())
     dtype = draw(st.sampled_from([torch.float16, torch.bfloat16]))
-    return (
-        draw(st.integers(1, 3)),
-        seqlen_q,
-        group_size * heads_kv,
-        heads_kv,
-        seqlen_k,
-        head_dim,
-        causal,
-        dtype,
-        draw(st.integers(0, 2**31 - 1)),
-    )
+    return (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, causal, dtype, draw(st.integers(0, 2**31 - 1)))
 
 
 @pytest.mark.gpu

@@ -49,15 +49,19 @@ def shipped_builds(
 
 
 def split_kv_builds(arch: str, head_dims: Sequence[int] = (64, 128, 256)) -> list[dict]:
-    """compiled_decode_kernels' arguments of every split-KV build flash_attn_func runs, in both
-    dtypes, for the nvcc `arch` ("sm_90a")."""
-    return [split_kv_build(head_dim, dtype, arch) for head_dim in head_dims for dtype in ("float16", "bfloat16")]
+    """compiled_decode_kernels' arguments of every split-KV build flash_attn_func runs, causal and
+    not, in both dtypes, for the nvcc `arch` ("sm_90a")."""
+    return [
+        split_kv_build(head_dim, causal, dtype, arch)
+        for head_dim in head_dims
+        for causal in (False, True)
+        for dtype in ("float16", "bfloat16")
+    ]
 
 
-def split_kv_build(head_dim: int, dtype: str, arch: str) -> dict:
-    """compiled_decode_kernels' arguments of the split-KV build flash_attn_func runs: without the
-    mask only (configs.split_kv_serves takes causal with one query alone, which sees every key)."""
-    return dict(head_dim=head_dim, causal=False, dtype=dtype, arch=arch)
+def split_kv_build(head_dim: int, causal: bool, dtype: str, arch: str) -> dict:
+    """compiled_decode_kernels' arguments of the split-KV build flash_attn_func runs for a call."""
+    return dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
 
 
 def device_target(device=None) -> tuple[int, str]:

@@ -223,24 +223,45 @@ def _entries(arch: str, head_dim: int, causal: bool, grid: float | None) -> tupl
     return (*TUNED_SHORT.get(case, ()), (None, TUNED.get(case, FALLBACK)))
 
 
+# Where the split-KV kernels beat the forward kernel on a step of few queries, measured on the
+# H200 at d128 (docs/performance.md, the routing ladder and its boundaries). They pay a second
+# launch and fp32 partials on every step and save the forward kernel's re-reads of K/V, one per
+# query head of a group, so a block's keys times the group are what hides that cost: 1x32/8 at
+# 2048 keys (128 keys a split, x4) 0.77-0.90x the forward kernel, at 8192 (512, x4) 1.55-1.68x;
+# no GQA at 512 keys a split 0.66-0.80x, at 2048 1.41-1.48x.
+SPLIT_KV_GROUP_KEYS = 2048
+# Past 8 queries the split kernel's pace drops (no GQA at 8192 keys: 2543 GB/s at 8 queries,
+# 1729 at 16), below the forward kernel's without GQA (0.84-0.99x at 16-64 queries)...
+SPLIT_KV_QUERIES = 8
+# ...and with GQA at few keys (16 queries of a group of 4 at 2048 keys 0.86-0.93x), not at many
+# (at 8192 keys 1.58-1.62x): the re-reads saved grow with the keys.
+SPLIT_KV_MANY_QUERIES_KEYS = 4096
+
+
 def split_kv_serves(
-    batch: int, seqlen_q: int, heads: int, heads_kv: int, causal: bool, rows_per_block: int, sm_count: int
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    heads: int,
+    heads_kv: int,
+    keys_per_split: int,
+    rows_per_block: int,
+    sm_count: int,
 ) -> bool:
     """Whether a call runs on the split-KV kernels (`fa_kernel.decode`) rather than the forward
-    kernel, measured on the H200 (docs/performance.md):
+    kernel, causal or not (the mask costs both the same), measured on the H200:
 
-    - with GQA, where a group's query rows, group_size * seqlen_q, fit one of their row blocks of
-      `rows_per_block`: each K/V tile is read once for the group where the forward kernel reads it
-      once per query head (1.4-3.8x the forward kernel at 4 and 8 query heads per K/V head, 1-4
-      queries);
-    - without GQA, where the queries fit one row block and the forward kernel's grid, one tile
-      per (batch, head), fills at most half the SMs: no read is saved, but the split kernels
-      spread the keys over every SM (32 tiles: 1.68x the forward kernel; 128 tiles: the forward
-      kernel 1.15x, 1024: 1.23x);
-    - and causal only with one query, which sees every key (bottom-right), so has no mask: past
-      it the causal split kernel trails the forward kernel (about 1150 GB/s against 1779 at 16
-      queries)."""
+    - a group's query rows, group_size * seqlen_q, fit one of the split kernel's row blocks of
+      `rows_per_block`: each K/V tile is read once for the group;
+    - without GQA, the forward kernel's grid, one tile per (batch, head), fills at most half the
+      SMs: no read is saved, but the split kernels spread the keys over every SM (32 tiles:
+      1.68x the forward kernel; 128 tiles: the forward kernel 1.15x, 1024: 1.23x);
+    - group_size * keys_per_split (the keys each split's thread block walks, `decode.keys_per_split`)
+      is at least SPLIT_KV_GROUP_KEYS;
+    - at most SPLIT_KV_QUERIES queries, or with GQA at least SPLIT_KV_MANY_QUERIES_KEYS keys."""
     group_size = heads // heads_kv
-    if causal and seqlen_q > 1 or group_size * seqlen_q > rows_per_block:
+    if group_size * seqlen_q > rows_per_block or group_size == 1 and 2 * batch * heads > sm_count:
         return False
-    return group_size > 1 or 2 * batch * heads <= sm_count
+    if group_size * keys_per_split < SPLIT_KV_GROUP_KEYS:
+        return False
+    return seqlen_q <= SPLIT_KV_QUERIES or group_size > 1 and seqlen_k >= SPLIT_KV_MANY_QUERIES_KEYS

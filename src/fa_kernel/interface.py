@@ -7,8 +7,8 @@ registered as the torch custom op `fa_kernel::forward`, so `torch.compile` trace
 (the backward kernels of `fa_kernel.backward`), registered as its autograd formula. In eager
 mode the ops' bodies run without the ops' dispatch (`_EagerAttention`), which would cost the
 host more than a decode step's kernels take on the GPU. A decode
-step, a few queries of a GQA group against many keys, runs on the split-KV kernels of
-`fa_kernel.decode` instead (`configs.split_kv_serves` says which calls).
+step, a few queries against many keys, runs on the split-KV kernels of `fa_kernel.decode`
+instead where they measured faster (`configs.split_kv_serves` says which calls).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import torch
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
 from fa_kernel.builds import device_facts, device_target, split_kv_build
-from fa_kernel.configs import TileConfig, arch_of, select_config, split_kv_serves, tiles_per_sm
-from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
-from fa_kernel.decode import compiled_decode_kernels, split_kv_attention
+from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
+from fa_kernel.decode import compiled_decode_kernels, serves_launch, split_kv_attention
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 
@@ -156,10 +155,10 @@ def serving_build(
     heads_kv: int,
 ) -> tuple[Callable[..., object] | None, dict]:
     """(builder, arguments) of the kernels flash_attn_func runs for this case, as
-    `fa_kernel.builds` takes them: the split-KV kernels' where split_kv_serves, else the forward
-    kernel's (None: compiled_forward, kernel_build's arguments)."""
-    if split_kv_serves(batch, seqlen_q, heads, heads_kv, causal, SPLIT_KV_ROWS, device_target(device)[0]):
-        return compiled_decode_kernels, split_kv_build(head_dim, _DTYPE_NAMES[dtype], compile_arch(device))
+    `fa_kernel.builds` takes them: the split-KV kernels' where they serve the launch, else the
+    forward kernel's (None: compiled_forward, kernel_build's arguments)."""
+    if serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, device_target(device)[0]):
+        return compiled_decode_kernels, split_kv_build(head_dim, causal, _DTYPE_NAMES[dtype], compile_arch(device))
     return None, kernel_build(device, head_dim, causal, dtype, seqlen_k, launch=(batch, heads, seqlen_q))
 
 
@@ -247,11 +246,10 @@ def _attention(
         return out.zero_(), lse.fill_(-math.inf)
     # The kernels assume dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
-    batch, seqlen_q, heads, _ = q.shape
+    batch, seqlen_q, heads, head_dim = q.shape
     sm_count, arch = device_target(q.device)
-    if split_kv_serves(batch, seqlen_q, heads, k.shape[2], causal, SPLIT_KV_ROWS, sm_count):
-        # A decode step. split_kv_serves takes causal with one query only, which sees every key.
-        return split_kv_attention(q, k, v, softmax_scale, False, sm_count, arch)
+    if serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], head_dim, sm_count):
+        return split_kv_attention(q, k, v, softmax_scale, causal, sm_count, arch)
     return forward_kernel_attention(q, k, v, softmax_scale, causal)
 
 
