@@ -17,6 +17,7 @@ round. `--compile-only sm_90a` builds every kernel without a GPU.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import torch  # noqa: E402
 from fa_kernel.bench import Shape, cuda_median_ms, forward_kernel_call, split_kv_call  # noqa: E402
 from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
 from fa_kernel.configs import select_config, tiles_per_sm  # noqa: E402
-from fa_kernel.decode import BLOCK_M, compiled_decode_kernels, keys_per_split, serves_launch  # noqa: E402
+from fa_kernel.decode import BLOCK_M, compiled_decode_kernels, serves_launch  # noqa: E402
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward  # noqa: E402
 from perf import ab  # noqa: E402
 
@@ -36,9 +37,10 @@ from perf import ab  # noqa: E402
 # and no GQA on grids of 32 and 96 (batch, head) pairs, either side of half the SMs.
 GRIDS = ((1, 32, 8), (16, 32, 8), (8, 64, 8), (1, 32, 32), (3, 32, 32))
 # (batch, query heads, K/V heads, seqlen_q, seqlen_k) either side of split_kv_serves' limits, on
-# 132 SMs: group size x keys a split at 1024 and 1536 against 2048 (a group of 4 on one and on
-# four batches, no GQA on 32 and 16 tiles); 8 queries against 9 and 16 without GQA and with a
-# group of 4 at 2048 keys; 16 queries of that group at 3072 keys against 4096.
+# 132 SMs: the forward kernel's keys per SM at 4096 against 6144 and 8192 on one wave of tiles (a
+# group of 4, no GQA), 1024 and 2048 on one wave of 4 batches, 8192 and 16384 on 16 tiles; 8
+# queries against 9 and 16 without GQA and with a group of 4 at 2048 keys; 16 queries of that
+# group at 3072 keys against 4096.
 BOUNDARIES = (
     *((1, 32, 8, 1, keys) for keys in (4096, 6144, 8192)),
     *((4, 32, 8, 1, keys) for keys in (1024, 2048)),
@@ -75,9 +77,9 @@ def ladder() -> list[Shape]:
 
 
 def served(shape: Shape, sm_count: int) -> str:
-    sizes = (shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, shape.head_dim, sm_count)
-    split_keys = keys_per_split(*sizes) * (shape.nheads // shape.heads_kv)
-    return f"{split_keys} group keys a split; serves: {'split-KV' if serves_launch(*sizes) else 'forward'}"
+    waves = math.ceil(tiles_per_sm(shape.batch, shape.nheads, shape.seqlen_q, sm_count))
+    split = serves_launch(shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, sm_count)
+    return f"forward keys per SM {waves * shape.keys}; serves: {'split-KV' if split else 'forward'}"
 
 
 def main() -> int:

@@ -64,9 +64,7 @@ def layers(shape: Shape) -> dict:
         "custom op": lambda: torch.ops.fa_kernel.forward(q, k, v, scale, causal, False),
     }
     sm_count, arch = device_target(q.device)
-    split = decode.serves_launch(
-        shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, shape.head_dim, sm_count
-    )
+    split = decode.serves_launch(shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, sm_count)
     out, lse = torch.empty_like(q), q.new_empty((shape.batch, shape.nheads, shape.seqlen_q), dtype=torch.float32)
     if split:
         calls["launch"] = lambda: decode.split_kv_attention(q, k, v, scale, causal, sm_count, arch)

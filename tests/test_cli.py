@@ -33,7 +33,10 @@ def test_info_lists_a_config_for_every_case(capsys):
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     text = " ".join(out.split())
     assert "number at most 64;" in text and f"batch x heads at one query, is at most {sms // 2} on {sms} SMs" in text
-    assert "the keys of a split is at least 2048;" in text and "at most 8 queries, or with GQA from 4096 keys" in text
+    assert (
+        "(waves of its tiles x seqlen_k) reach 5120;" in text
+        and "at most 8 queries, or with GQA from 4096 keys" in text
+    )
 
 
 @no_gpu

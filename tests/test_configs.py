@@ -100,48 +100,49 @@ def test_text_that_is_not_a_config_is_refused_with_the_form_expected(text):
         TileConfig.parse(text)
 
 
-# (batch, seqlen_q, seqlen_k, heads, heads_kv, keys_per_split, rows_per_block, sm_count, served):
-# each condition's two sides, the others' far from theirs (MANY keys, MANY keys a split).
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, rows_per_block, sm_count, served): each condition's
+# two sides, the others' far from theirs (MANY keys).
 MANY = 1 << 20
 SPLIT_KV_CASES = [
-    (1, 1, MANY, 32, 16, MANY, 64, 132, True),  # the smallest group
-    (1, 1, MANY, 32, 8, MANY, 64, 132, True),
-    (1000, 1, MANY, 32, 8, MANY, 64, 132, True),  # with GQA, whatever the grid
-    (1000, 1, MANY, 32, 16, MANY, 64, 132, True),  # the smallest group too
-    (1, 16, MANY, 32, 8, MANY, 64, 132, True),  # the group's 64 rows: one row block
-    (1, 17, MANY, 32, 8, MANY, 64, 132, False),  # 68 rows
-    (1, 13, MANY, 40, 8, MANY, 64, 132, False),  # groups of 5: 65 rows, one past the block
-    (1, 32, MANY, 16, 8, MANY, 64, 132, True),  # groups of 2: 64 rows, then 66
-    (1, 33, MANY, 16, 8, MANY, 64, 132, False),
-    (1, 17, MANY, 32, 8, MANY, 128, 132, True),  # the row block is the split kernel's
+    (1, 1, MANY, 32, 16, 64, 132, True),  # the smallest group
+    (1, 1, MANY, 32, 8, 64, 132, True),
+    (1000, 1, MANY, 32, 8, 64, 132, True),  # with GQA, whatever the grid
+    (1000, 1, MANY, 32, 16, 64, 132, True),  # the smallest group too
+    (1, 16, MANY, 32, 8, 64, 132, True),  # the group's 64 rows: one row block
+    (1, 17, MANY, 32, 8, 64, 132, False),  # 68 rows
+    (1, 13, MANY, 40, 8, 64, 132, False),  # groups of 5: 65 rows, one past the block
+    (1, 32, MANY, 16, 8, 64, 132, True),  # groups of 2: 64 rows, then 66
+    (1, 33, MANY, 16, 8, 64, 132, False),
+    (1, 17, MANY, 32, 8, 128, 132, True),  # the row block is the split kernel's
     # Without GQA: where the forward kernel's grid, one tile per (batch, head), fills half the SMs.
-    (2, 1, MANY, 33, 33, MANY, 64, 132, True),  # 66 tiles on 132 SMs
-    (2, 1, MANY, 34, 34, MANY, 64, 132, False),  # 68
-    (2, 1, MANY, 33, 33, MANY, 64, 130, False),  # the SMs are the device's
-    (1, 1, MANY, 66, 66, MANY, 64, 131, False),  # 132 of 2x the tiles, one past
-    # The group times the keys a split walks, at SPLIT_KV_GROUP_KEYS.
-    (1, 1, MANY, 32, 8, 512, 64, 132, True),
-    (1, 1, MANY, 32, 8, 511, 64, 132, False),
-    (1, 1, MANY, 32, 32, 2048, 64, 132, True),
-    (1, 1, MANY, 32, 32, 2047, 64, 132, False),
+    (2, 1, MANY, 33, 33, 64, 132, True),  # 66 tiles on 132 SMs
+    (2, 1, MANY, 34, 34, 64, 132, False),  # 68
+    (2, 1, MANY, 33, 33, 64, 130, False),  # the SMs are the device's
+    (1, 1, MANY, 66, 66, 64, 131, False),  # 132 of 2x the tiles, one past
+    # The forward kernel's keys per SM, whole waves of its tiles x seqlen_k, at SPLIT_KV_FORWARD_KEYS.
+    (1, 1, 5120, 32, 8, 64, 132, True),  # one wave
+    (1, 1, 5119, 32, 8, 64, 132, False),
+    (1, 1, 5120, 32, 32, 64, 132, True),  # without GQA too
+    (1, 1, 5119, 32, 32, 64, 132, False),
+    (8, 1, 2560, 32, 8, 64, 132, True),  # two waves (256 tiles): 5120 at 2560 keys, not at 2048
+    (8, 1, 2048, 32, 8, 64, 132, False),
+    (9, 1, 2048, 32, 8, 64, 132, True),  # three (288 tiles)
+    (9, 1, 2048, 32, 8, 64, 288, False),  # one wave of the device's SMs
     # SPLIT_KV_QUERIES: without GQA at any keys, with GQA below SPLIT_KV_MANY_QUERIES_KEYS.
-    (1, 8, MANY, 32, 32, MANY, 64, 132, True),
-    (1, 9, MANY, 32, 32, MANY, 64, 132, False),
-    (1, 64, MANY, 32, 32, MANY, 64, 132, False),  # one row block of queries, many keys
-    (1, 8, 4095, 32, 8, MANY, 64, 132, True),
-    (1, 9, 4095, 32, 8, MANY, 64, 132, False),
-    (1, 9, 4096, 32, 8, MANY, 64, 132, True),
-    (1, 16, 4096, 32, 8, MANY, 64, 132, True),
+    (1, 8, MANY, 32, 32, 64, 132, True),
+    (1, 9, MANY, 32, 32, 64, 132, False),
+    (1, 64, MANY, 32, 32, 64, 132, False),  # one row block of queries, many keys
+    (16, 8, 4095, 32, 8, 64, 132, True),
+    (16, 9, 4095, 32, 8, 64, 132, False),
+    (16, 9, 4096, 32, 8, 64, 132, True),
+    (16, 16, 4096, 32, 8, 64, 132, True),
 ]
 
 
 @pytest.mark.parametrize(
-    ("batch", "seqlen_q", "seqlen_k", "heads", "heads_kv", "keys_per_split", "rows_per_block", "sm_count", "served"),
-    SPLIT_KV_CASES,
+    ("batch", "seqlen_q", "seqlen_k", "heads", "heads_kv", "rows_per_block", "sm_count", "served"), SPLIT_KV_CASES
 )
 def test_split_kv_serves_on_both_sides_of_each_limit(
-    batch, seqlen_q, seqlen_k, heads, heads_kv, keys_per_split, rows_per_block, sm_count, served
+    batch, seqlen_q, seqlen_k, heads, heads_kv, rows_per_block, sm_count, served
 ):
-    assert (
-        split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, keys_per_split, rows_per_block, sm_count) is served
-    )
+    assert split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, rows_per_block, sm_count) is served

@@ -16,8 +16,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fa_kernel.configs import SPLIT_KV_QUERIES
-from fa_kernel.decode import BLOCK_M, BLOCKS_PER_SM, DECODE_TILES, ceildiv, keys_per_split, serves_launch, split_plan
+from fa_kernel.configs import SPLIT_KV_FORWARD_KEYS, SPLIT_KV_QUERIES
+from fa_kernel.decode import BLOCK_M, BLOCKS_PER_SM, DECODE_TILES, ceildiv, serves_launch, split_plan
 from fa_kernel.emulator_split_kv import attention_split_kv
 from fa_kernel.reference import judge, random_qkv
 
@@ -150,8 +150,9 @@ ROUTED = [
     (1, BLOCK_M // 4 + 1, 8192, 32, 8, False, False),
     (1, 2, 8192, 32, 8, True, True),  # the causal mask, as the full one
     (1, BLOCK_M // 4, 8192, 32, 8, True, True),
-    (1, 1, 6144, 32, 8, False, False),  # 4 x 384 keys a split, then 4 x 512
-    (1, 1, 8192, 32, 8, True, True),
+    (1, 1, 4096, 32, 8, False, False),  # the forward kernel's keys per SM: 4096 on one wave
+    (1, 1, 6144, 32, 8, True, True),  # 6144
+    (4, 1, 2048, 32, 8, False, False),  # 2048 on one wave of 4 batches
     (16, 8, 2048, 32, 8, True, True),  # 8 queries of a group at few keys, then 9
     (16, 9, 2048, 32, 8, True, False),
     (16, 9, 4096, 32, 8, False, True),  # 9 at many keys
@@ -162,15 +163,7 @@ ROUTED = [
 
 def test_routed_cases_sit_where_they_claim_on_an_h200():
     for batch, seqlen_q, seqlen_k, heads, heads_kv, _, served in ROUTED:
-        assert serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, 128, 132) is served
-
-
-def test_keys_per_split_is_the_split_plans_tiles_in_keys_at_most_seqlen_k():
-    for head_dim, (block_n, _) in DECODE_TILES.items():
-        for seqlen_k in (1, block_n - 1, block_n, 5 * block_n + 1, 10_000):
-            _, tiles_per_split = split_plan(2, 8, 1, seqlen_k, head_dim, 132)
-            expected = min(seqlen_k, tiles_per_split * block_n)
-            assert keys_per_split(2, 16, seqlen_k, 32, 8, head_dim, 132) == expected
+        assert serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, 132) is served
 
 
 @pytest.mark.gpu
@@ -188,7 +181,7 @@ def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, 128, torch.float16, seed=seqlen_q)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     # On 132 SMs as the case claims; elsewhere, as the rule says for the device's SMs.
-    assert bool(calls) is serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, 128, device_target()[0])
+    assert bool(calls) is serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, device_target()[0])
     verdict = judge(q, k, v, out, lse, causal)
     assert verdict.passed, f"{batch}x{heads}/{heads_kv}x{seqlen_q}x{seqlen_k} causal={causal}: {verdict}"
 
@@ -196,8 +189,8 @@ def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
 @pytest.mark.gpu
 @pytest.mark.parametrize("past", [False, True], ids=["half-the-sms", "one-head-more"])
 def test_without_gqa_decode_steps_go_to_the_split_kv_kernels_while_the_grid_fills_half_the_sms(monkeypatch, past):
-    # One query per head of one sequence: the forward kernel's grid is one tile per head. Keys
-    # for two splits of over 2048 (d64: 17 tiles of 128) wherever the SMs ask for two.
+    # One query per head of one sequence: the forward kernel's grid is one tile per head, one
+    # wave, and its keys per SM past SPLIT_KV_FORWARD_KEYS.
     import fa_kernel.interface as interface
     from fa_kernel.builds import device_target
     from fa_kernel.interface import flash_attn_func
@@ -206,22 +199,22 @@ def test_without_gqa_decode_steps_go_to_the_split_kv_kernels_while_the_grid_fill
     split_kv_attention = interface.split_kv_attention
     monkeypatch.setattr(interface, "split_kv_attention", lambda *args: calls.append(args) or split_kv_attention(*args))
     heads = device_target()[0] // 2 + past
-    q, k, v = random_qkv(1, 1, 2 * 2048 + 7, heads, heads, 64, torch.bfloat16, seed=heads)
+    q, k, v = random_qkv(1, 1, SPLIT_KV_FORWARD_KEYS + 7, heads, heads, 64, torch.bfloat16, seed=heads)
     out, lse = flash_attn_func(q, k, v, return_lse=True)
     assert bool(calls) is not past
     verdict = judge(q, k, v, out, lse, False)
     assert verdict.passed, f"{heads} heads: {verdict}"
 
 
-def first_served_keys(batch, seqlen_q, heads, heads_kv, head_dim, sm_count, most=1 << 19) -> int | None:
+def first_served_keys(batch, seqlen_q, heads, heads_kv, sm_count, most=1 << 16) -> int | None:
     """The fewest keys at which flash_attn_func gives this step to the split-KV kernels (None: not
     up to `most`); serves_launch only grows with seqlen_k."""
-    if not serves_launch(batch, seqlen_q, most, heads, heads_kv, head_dim, sm_count):
+    if not serves_launch(batch, seqlen_q, most, heads, heads_kv, sm_count):
         return None
     fewest, enough = 1, most
     while fewest < enough:
         middle = (fewest + enough) // 2
-        if serves_launch(batch, seqlen_q, middle, heads, heads_kv, head_dim, sm_count):
+        if serves_launch(batch, seqlen_q, middle, heads, heads_kv, sm_count):
             enough = middle
         else:
             fewest = middle + 1
@@ -246,7 +239,7 @@ def decode_steps(draw) -> tuple:
     heads = group_size * heads_kv
     block_n = DECODE_TILES[head_dim][0]
     near_tiles = [n * block_n + step for n in (1, 2, 7) for step in (-1, 0, 1)]
-    switch = first_served_keys(batch, seqlen_q, heads, heads_kv, head_dim, 132)
+    switch = first_served_keys(batch, seqlen_q, heads, heads_kv, 132)
     near_switch = [switch - 1, switch] if switch else near_tiles
     seqlen_k = draw(st.one_of(st.sampled_from(near_switch), st.sampled_from(near_tiles), st.integers(1, 3000)))
     causal = draw(st.booleans())

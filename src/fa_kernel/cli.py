@@ -689,21 +689,23 @@ def cmd_info(args) -> int:
     _print_table(console, headers, rows, False, title=f"tile configs for {arch}")
 
     # The split-KV rule's limits, read off configs.split_kv_serves itself, each with the others
-    # far from theirs (keys and keys a split without end).
-    def serves(seqlen_q=1, heads=2, heads_kv=1, seqlen_k=1 << 30, split_keys=1 << 30) -> bool:
-        return split_kv_serves(1, seqlen_q, seqlen_k, heads, heads_kv, split_keys, SPLIT_KV_ROWS, sm_count)
+    # far from theirs (keys without end; many waves of forward tiles where keys are probed).
+    def serves(seqlen_q=1, heads=2, heads_kv=1, seqlen_k=1 << 30, batch=1) -> bool:
+        return split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, SPLIT_KV_ROWS, sm_count)
 
     group_rows = max(group for group in range(2, 4 * SPLIT_KV_ROWS) if serves(heads=group))
     mha_heads = max((h for h in range(1, 2 * sm_count) if serves(heads=h, heads_kv=h)), default=0)
-    group_keys = min(keys for keys in range(1, 1 << 16) if serves(heads=1, split_keys=keys))
+    forward_keys = min(keys for keys in range(1, 1 << 16) if serves(heads=1, seqlen_k=keys))
     queries = max(n for n in range(1, SPLIT_KV_ROWS + 1) if serves(seqlen_q=n, heads=1))
-    many_queries_keys = min(keys for keys in range(1, 1 << 16) if serves(seqlen_q=queries + 1, seqlen_k=keys))
+    many_queries_keys = min(
+        keys for keys in range(1, 1 << 16) if serves(queries + 1, seqlen_k=keys, batch=4 * sm_count)
+    )
     console.print(
         f"decode steps run the split-KV kernels (fa_kernel.decode; key tiles and stages by head_dim "
         f"{DECODE_TILES}), causal or not: where a group's query rows (group size x seqlen_q) number at most "
         f"{group_rows}; without GQA where the forward kernel's grid, batch x heads at one query, is at most "
-        f"{mha_heads} on {sm_count} SMs; where group size x the keys of a split is at least {group_keys}; "
-        f"with at most {queries} queries, or with GQA from {many_queries_keys} keys"
+        f"{mha_heads} on {sm_count} SMs; where the forward kernel's keys per SM (waves of its tiles x "
+        f"seqlen_k) reach {forward_keys}; with at most {queries} queries, or with GQA from {many_queries_keys} keys"
     )
     return 0
 

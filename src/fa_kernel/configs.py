@@ -12,6 +12,7 @@ is correct and slow.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 
@@ -224,29 +225,23 @@ def _entries(arch: str, head_dim: int, causal: bool, grid: float | None) -> tupl
 
 
 # Where the split-KV kernels beat the forward kernel on a step of few queries, measured on the
-# H200 at d128 (docs/performance.md, the routing ladder and its boundaries). They pay a second
-# launch and fp32 partials on every step and save the forward kernel's re-reads of K/V, one per
-# query head of a group, so a block's keys times the group are what hides that cost: 1x32/8 at
-# 2048 keys (128 keys a split, x4) 0.77-0.90x the forward kernel, at 8192 (512, x4) 1.55-1.68x;
-# no GQA at 512 keys a split 0.66-0.80x, at 2048 1.41-1.48x.
-SPLIT_KV_GROUP_KEYS = 2048
-# Past 8 queries the split kernel's pace drops (no GQA at 8192 keys: 2543 GB/s at 8 queries,
-# 1729 at 16), below the forward kernel's without GQA (0.84-0.99x at 16-64 queries)...
+# H200 at d128 (docs/performance.md, the routing ladder and its boundaries). Where the forward
+# kernel's time is short, the split kernels' second launch and fp32 partials outweigh what they
+# save, so the forward kernel's keys per SM (its waves of tiles times seqlen_k) must pass this:
+# one wave at 4096 keys 0.84-0.96x the forward kernel, at 6144 1.14-1.29x; four waves at 2048
+# keys 1.5-1.7x; one wave at 2048 keys on 4 batches of a group of 4 0.74x.
+SPLIT_KV_FORWARD_KEYS = 5120
+# Past 8 queries the split kernel's pace drops (no GQA at 8192 keys: 2340 GB/s at 8 queries,
+# 1633 at 9), to the forward kernel's without GQA (0.97-1.03x at 9-16 queries, 0.84-0.96x at
+# 32-64)...
 SPLIT_KV_QUERIES = 8
-# ...and with GQA at few keys (16 queries of a group of 4 at 2048 keys 0.86-0.93x), not at many
-# (at 8192 keys 1.58-1.62x): the re-reads saved grow with the keys.
+# ...and with GQA at few keys (16 queries of a group of 4 at 2048 keys 0.87-0.95x), not at many
+# (at 4096 keys 1.22-1.34x, 8192 1.58-1.62x): the re-reads saved grow with the keys.
 SPLIT_KV_MANY_QUERIES_KEYS = 4096
 
 
 def split_kv_serves(
-    batch: int,
-    seqlen_q: int,
-    seqlen_k: int,
-    heads: int,
-    heads_kv: int,
-    keys_per_split: int,
-    rows_per_block: int,
-    sm_count: int,
+    batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, rows_per_block: int, sm_count: int
 ) -> bool:
     """Whether a call runs on the split-KV kernels (`fa_kernel.decode`) rather than the forward
     kernel, causal or not (the mask costs both the same), measured on the H200:
@@ -256,12 +251,13 @@ def split_kv_serves(
     - without GQA, the forward kernel's grid, one tile per (batch, head), fills at most half the
       SMs: no read is saved, but the split kernels spread the keys over every SM (32 tiles:
       1.68x the forward kernel; 128 tiles: the forward kernel 1.15x, 1024: 1.23x);
-    - group_size * keys_per_split (the keys each split's thread block walks, `decode.keys_per_split`)
-      is at least SPLIT_KV_GROUP_KEYS;
+    - the forward kernel's keys per SM, whole waves of its tiles times seqlen_k, reach
+      SPLIT_KV_FORWARD_KEYS;
     - at most SPLIT_KV_QUERIES queries, or with GQA at least SPLIT_KV_MANY_QUERIES_KEYS keys."""
     group_size = heads // heads_kv
     if group_size * seqlen_q > rows_per_block or group_size == 1 and 2 * batch * heads > sm_count:
         return False
-    if group_size * keys_per_split < SPLIT_KV_GROUP_KEYS:
+    forward_waves = math.ceil(tiles_per_sm(batch, heads, seqlen_q, sm_count))
+    if forward_waves * seqlen_k < SPLIT_KV_FORWARD_KEYS:
         return False
     return seqlen_q <= SPLIT_KV_QUERIES or group_size > 1 and seqlen_k >= SPLIT_KV_MANY_QUERIES_KEYS

@@ -263,33 +263,14 @@ def split_plan_for(q: torch.Tensor, k: torch.Tensor, sm_count: int) -> tuple[int
     """split_plan for these inputs: (splits, K/V tiles per split)."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    return split_plan_of(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, sm_count)
-
-
-def split_plan_of(
-    batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, head_dim: int, sm_count: int
-) -> tuple[int, int]:
-    """split_plan for a launch of these sizes: (splits, K/V tiles per split)."""
     row_blocks = ceildiv(heads // heads_kv * seqlen_q, BLOCK_M)
     return split_plan(batch, heads_kv, row_blocks, seqlen_k, head_dim, sm_count)
 
 
-def keys_per_split(
-    batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, head_dim: int, sm_count: int
-) -> int:
-    """The keys each split kernel's thread block walks in a launch of these sizes (split_plan's
-    tiles per split, at most seqlen_k): what configs.split_kv_serves weighs."""
-    _, tiles_per_split = split_plan_of(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, sm_count)
-    return min(seqlen_k, tiles_per_split * DECODE_TILES[head_dim][0])
-
-
-def serves_launch(
-    batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, head_dim: int, sm_count: int
-) -> bool:
-    """configs.split_kv_serves for a launch of these sizes, with these kernels' split plan and
-    row block: whether flash_attn_func runs it here."""
-    split_keys = keys_per_split(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, sm_count)
-    return split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, split_keys, BLOCK_M, sm_count)
+def serves_launch(batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, sm_count: int) -> bool:
+    """configs.split_kv_serves for a launch of these sizes with these kernels' row block: whether
+    flash_attn_func runs it here."""
+    return split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, BLOCK_M, sm_count)
 
 
 def split_kv_into(

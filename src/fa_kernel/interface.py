@@ -157,7 +157,7 @@ def serving_build(
     """(builder, arguments) of the kernels flash_attn_func runs for this case, as
     `fa_kernel.builds` takes them: the split-KV kernels' where they serve the launch, else the
     forward kernel's (None: compiled_forward, kernel_build's arguments)."""
-    if serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, device_target(device)[0]):
+    if serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, device_target(device)[0]):
         return compiled_decode_kernels, split_kv_build(head_dim, causal, _DTYPE_NAMES[dtype], compile_arch(device))
     return None, kernel_build(device, head_dim, causal, dtype, seqlen_k, launch=(batch, heads, seqlen_q))
 
@@ -246,9 +246,9 @@ def _attention(
         return out.zero_(), lse.fill_(-math.inf)
     # The kernels assume dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
-    batch, seqlen_q, heads, head_dim = q.shape
+    batch, seqlen_q, heads, _ = q.shape
     sm_count, arch = device_target(q.device)
-    if serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], head_dim, sm_count):
+    if serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count):
         return split_kv_attention(q, k, v, softmax_scale, causal, sm_count, arch)
     return forward_kernel_attention(q, k, v, softmax_scale, causal)
 
