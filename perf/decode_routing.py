@@ -10,6 +10,8 @@ Each shape runs both launches flash_attn_func chooses between (`bench.forward_ke
 ladder walks the query count of a GQA group of 4 and of 8 and of no GQA up to one row block
 of the split kernels (`decode.BLOCK_M` rows), on grids of one batch to a full GPU, at 2048 and
 8192 keys. `--boundaries` runs shapes either side of each of split_kv_serves' limits instead.
+`--graphs` times each launch as GPU time, replays of a CUDA graph of `host_overhead.GRAPH_CALLS`
+launches, so that the host's path per call (which a step this short can outlast) is out of it.
 GB/s of K/V read (`Shape.kv_bytes`); the split kernels' ratio to the forward kernel's round by
 round. `--compile-only sm_90a` builds every kernel without a GPU.
 """
@@ -32,6 +34,7 @@ from fa_kernel.configs import select_config, tiles_per_sm  # noqa: E402
 from fa_kernel.decode import BLOCK_M, compiled_decode_kernels, serves_launch  # noqa: E402
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward  # noqa: E402
 from perf import ab  # noqa: E402
+from perf.host_overhead import GRAPH_CALLS, graph_us  # noqa: E402
 
 # (batch, query heads, K/V heads): a group of 4 on one batch and on a full GPU, a group of 8,
 # and no GQA on grids of 32 and 96 (batch, head) pairs, either side of half the SMs.
@@ -87,6 +90,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--boundaries", action="store_true", help="shapes either side of split_kv_serves' limits")
+    parser.add_argument("--graphs", action="store_true", help="GPU time: replays of a CUDA graph of the launches")
     parser.add_argument("--compile-only", metavar="ARCH", help="compile every kernel for ARCH (sm_90a), no GPU")
     args = parser.parse_args()
     shapes = boundaries() if args.boundaries else ladder()
@@ -115,7 +119,12 @@ def main() -> int:
     ab.print_header("GB/s of K and V read", ["forward kernel", "split-KV"])
 
     def gb_per_s(call, kv_bytes: int) -> float:
-        return kv_bytes / (cuda_median_ms(call, 10, args.repeats) * 1e-3) / 1e9
+        if not args.graphs:
+            return kv_bytes / (cuda_median_ms(call, 10, args.repeats) * 1e-3) / 1e9
+        us = graph_us(call, GRAPH_CALLS)
+        if us is None:
+            raise RuntimeError("a launch could not be captured in a CUDA graph (printed above)")
+        return kv_bytes / (us * 1e-6) / 1e9
 
     for shape in shapes:
         q, k, v = shape.inputs()
