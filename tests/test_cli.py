@@ -34,8 +34,8 @@ def test_info_lists_a_config_for_every_case(capsys):
     text = " ".join(out.split())
     assert "number at most 64;" in text and f"batch x heads at one query, is at most {sms // 2} on {sms} SMs" in text
     assert (
-        "(waves of its tiles x seqlen_k) reach 5120;" in text
-        and "at most 8 queries, or with GQA from 4096 keys" in text
+        "(waves of its tiles x seqlen_k) reach 4096;" in text
+        and "at most 8 queries, or with GQA from 3072 keys" in text
     )
 
 

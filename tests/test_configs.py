@@ -120,22 +120,22 @@ SPLIT_KV_CASES = [
     (2, 1, MANY, 33, 33, 64, 130, False),  # the SMs are the device's
     (1, 1, MANY, 66, 66, 64, 131, False),  # 132 of 2x the tiles, one past
     # The forward kernel's keys per SM, whole waves of its tiles x seqlen_k, at SPLIT_KV_FORWARD_KEYS.
-    (1, 1, 5120, 32, 8, 64, 132, True),  # one wave
-    (1, 1, 5119, 32, 8, 64, 132, False),
-    (1, 1, 5120, 32, 32, 64, 132, True),  # without GQA too
-    (1, 1, 5119, 32, 32, 64, 132, False),
-    (8, 1, 2560, 32, 8, 64, 132, True),  # two waves (256 tiles): 5120 at 2560 keys, not at 2048
-    (8, 1, 2048, 32, 8, 64, 132, False),
-    (9, 1, 2048, 32, 8, 64, 132, True),  # three (288 tiles)
-    (9, 1, 2048, 32, 8, 64, 288, False),  # one wave of the device's SMs
+    (1, 1, 4096, 32, 8, 64, 132, True),  # one wave
+    (1, 1, 4095, 32, 8, 64, 132, False),
+    (1, 1, 4096, 32, 32, 64, 132, True),  # without GQA too
+    (1, 1, 4095, 32, 32, 64, 132, False),
+    (8, 1, 2048, 32, 8, 64, 132, True),  # two waves (256 tiles): 4096 at 2048 keys, not at 2047
+    (8, 1, 2047, 32, 8, 64, 132, False),
+    (4, 1, 2048, 32, 8, 64, 132, False),  # one (128 tiles)
+    (8, 1, 2048, 32, 8, 64, 256, False),  # one wave of the device's SMs
     # SPLIT_KV_QUERIES: without GQA at any keys, with GQA below SPLIT_KV_MANY_QUERIES_KEYS.
     (1, 8, MANY, 32, 32, 64, 132, True),
     (1, 9, MANY, 32, 32, 64, 132, False),
     (1, 64, MANY, 32, 32, 64, 132, False),  # one row block of queries, many keys
-    (16, 8, 4095, 32, 8, 64, 132, True),
-    (16, 9, 4095, 32, 8, 64, 132, False),
-    (16, 9, 4096, 32, 8, 64, 132, True),
-    (16, 16, 4096, 32, 8, 64, 132, True),
+    (16, 8, 3071, 32, 8, 64, 132, True),
+    (16, 9, 3071, 32, 8, 64, 132, False),
+    (16, 9, 3072, 32, 8, 64, 132, True),
+    (16, 16, 3072, 32, 8, 64, 132, True),
 ]
 
 

@@ -150,12 +150,12 @@ ROUTED = [
     (1, BLOCK_M // 4 + 1, 8192, 32, 8, False, False),
     (1, 2, 8192, 32, 8, True, True),  # the causal mask, as the full one
     (1, BLOCK_M // 4, 8192, 32, 8, True, True),
-    (1, 1, 4096, 32, 8, False, False),  # the forward kernel's keys per SM: 4096 on one wave
-    (1, 1, 6144, 32, 8, True, True),  # 6144
+    (1, 1, 3072, 32, 8, False, False),  # the forward kernel's keys per SM: 3072 on one wave
+    (1, 1, 4096, 32, 8, True, True),  # 4096
     (4, 1, 2048, 32, 8, False, False),  # 2048 on one wave of 4 batches
     (16, 8, 2048, 32, 8, True, True),  # 8 queries of a group at few keys, then 9
     (16, 9, 2048, 32, 8, True, False),
-    (16, 9, 4096, 32, 8, False, True),  # 9 at many keys
+    (16, 9, 3072, 32, 8, False, True),  # 9 at more keys
     (1, 8, 8192, 32, 32, False, True),  # no GQA: 8 queries, then 9
     (1, 9, 8192, 32, 32, False, False),
 ]

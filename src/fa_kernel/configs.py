@@ -224,20 +224,20 @@ def _entries(arch: str, head_dim: int, causal: bool, grid: float | None) -> tupl
     return (*TUNED_SHORT.get(case, ()), (None, TUNED.get(case, FALLBACK)))
 
 
-# Where the split-KV kernels beat the forward kernel on a step of few queries, measured on the
-# H200 at d128 (docs/performance.md, the routing ladder and its boundaries). Where the forward
-# kernel's time is short, the split kernels' second launch and fp32 partials outweigh what they
-# save, so the forward kernel's keys per SM (its waves of tiles times seqlen_k) must pass this:
-# one wave at 4096 keys 0.84-0.96x the forward kernel, at 6144 1.14-1.29x; four waves at 2048
-# keys 1.5-1.7x; one wave at 2048 keys on 4 batches of a group of 4 0.74x.
-SPLIT_KV_FORWARD_KEYS = 5120
-# Past 8 queries the split kernel's pace drops (no GQA at 8192 keys: 2340 GB/s at 8 queries,
-# 1633 at 9), to the forward kernel's without GQA (0.97-1.03x at 9-16 queries, 0.84-0.96x at
+# Where the split-KV kernels beat the forward kernel on a step of few queries: GPU time (CUDA
+# graph replays, the host's path per call out of it) on the H200 at d128 (docs/performance.md,
+# the routing ladder and its boundaries). Where the forward kernel's time is short, the split
+# kernels' second kernel and fp32 partials outweigh what they save, so the forward kernel's keys
+# per SM (its waves of tiles times seqlen_k) must reach this: one wave at 1024 keys 0.66-0.74x
+# the forward kernel, at 2048 0.92-1.02x, at 4096 1.07-1.15x without GQA and 1.97x with it.
+SPLIT_KV_FORWARD_KEYS = 4096
+# Past 8 queries the split kernel's pace drops (no GQA at 8192 keys: 2458 GB/s at 8 queries,
+# 1674 at 9), to the forward kernel's without GQA (0.98-1.02x at 9-16 queries, 0.84-0.96x at
 # 32-64)...
 SPLIT_KV_QUERIES = 8
-# ...and with GQA at few keys (16 queries of a group of 4 at 2048 keys 0.87-0.95x), not at many
-# (at 4096 keys 1.22-1.34x, 8192 1.58-1.62x): the re-reads saved grow with the keys.
-SPLIT_KV_MANY_QUERIES_KEYS = 4096
+# ...and with GQA at few keys (16 queries of a group of 4 at 2048 keys 0.86-0.94x), not at more
+# (at 3072 keys 1.07-1.20x, 4096 1.23-1.35x): the re-reads saved grow with the keys.
+SPLIT_KV_MANY_QUERIES_KEYS = 3072
 
 
 def split_kv_serves(
