@@ -19,7 +19,6 @@ round. `--compile-only sm_90a` builds every kernel without a GPU.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import torch  # noqa: E402
 
 from fa_kernel.bench import Shape, cuda_median_ms, forward_kernel_call, split_kv_call  # noqa: E402
 from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
-from fa_kernel.configs import select_config, tiles_per_sm  # noqa: E402
+from fa_kernel.configs import forward_keys_per_sm, select_config, tiles_per_sm  # noqa: E402
 from fa_kernel.decode import BLOCK_M, compiled_decode_kernels, serves_launch  # noqa: E402
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward  # noqa: E402
 from perf import ab  # noqa: E402
@@ -80,9 +79,9 @@ def ladder() -> list[Shape]:
 
 
 def served(shape: Shape, sm_count: int) -> str:
-    waves = math.ceil(tiles_per_sm(shape.batch, shape.nheads, shape.seqlen_q, sm_count))
+    keys = forward_keys_per_sm(shape.batch, shape.nheads, shape.seqlen_q, shape.keys, sm_count)
     split = serves_launch(shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv, sm_count)
-    return f"forward keys per SM {waves * shape.keys}; serves: {'split-KV' if split else 'forward'}"
+    return f"forward keys per SM {keys}; serves: {'split-KV' if split else 'forward'}"
 
 
 def main() -> int:

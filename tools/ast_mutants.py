@@ -24,7 +24,7 @@ Scope (each mutant costs a GPU run): in kernel.py everything inside `forward_pro
 nested helpers and the `@T.prim_func` included), the bodies of `consumer_registers` and
 `own_output_buffer`, and the module-level constants; in interface.py the bodies of `_attention`
 and `forward_kernel_attention` (the launch); in configs.py the bodies of `select_config`,
-`key_ranges` and `split_kv_serves` (the dispatch). Inside that, nothing is mutated in validation
+`key_ranges`, `split_kv_serves` and `forward_keys_per_sm` (the dispatch). Inside that, nothing is mutated in validation
 (an `if` whose body only raises, its test included; a `raise`; an `assert`), in f-strings, in
 `T.dynamic(...)` or in function signatures (the `T.Tensor(...)` annotations, defaults). Files
 outside that table (tests' synthetic sources) get every top-level function and their
@@ -77,7 +77,7 @@ class Scope:
 SCOPES = {
     "kernel.py": Scope(("forward_program", "consumer_registers", "own_output_buffer"), constants=True),
     "interface.py": Scope(("_attention", "forward_kernel_attention"), constants=False),
-    "configs.py": Scope(("select_config", "key_ranges", "split_kv_serves"), constants=False),
+    "configs.py": Scope(("select_config", "key_ranges", "split_kv_serves", "forward_keys_per_sm"), constants=False),
     "numerics.py": Scope((), constants=True),
     # The gradient and split-KV kernels, for `tools/mutants.py --generated --target backward`
     # (`decode`): judged by their own GPU tests, apart from the forward's campaign.

@@ -695,9 +695,9 @@ def cmd_info(args) -> int:
 
     group_rows = max(group for group in range(2, 4 * SPLIT_KV_ROWS) if serves(heads=group))
     mha_heads = max((h for h in range(1, 2 * sm_count) if serves(heads=h, heads_kv=h)), default=0)
-    forward_keys = min(keys for keys in range(1, 1 << 16) if serves(heads=1, seqlen_k=keys))
+    forward_keys = next(keys for keys in range(1, 1 << 16) if serves(heads=1, seqlen_k=keys))
     queries = max(n for n in range(1, SPLIT_KV_ROWS + 1) if serves(seqlen_q=n, heads=1))
-    many_queries_keys = min(
+    many_queries_keys = next(
         keys for keys in range(1, 1 << 16) if serves(queries + 1, seqlen_k=keys, batch=4 * sm_count)
     )
     console.print(

@@ -240,6 +240,12 @@ SPLIT_KV_QUERIES = 8
 SPLIT_KV_MANY_QUERIES_KEYS = 3072
 
 
+def forward_keys_per_sm(batch: int, heads: int, seqlen_q: int, seqlen_k: int, sm_count: int) -> int:
+    """Keys each SM walks in the forward kernel's launch: whole waves of its work tiles (the last
+    wave counts whole, however few its tiles) times seqlen_k."""
+    return math.ceil(tiles_per_sm(batch, heads, seqlen_q, sm_count)) * seqlen_k
+
+
 def split_kv_serves(
     batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, rows_per_block: int, sm_count: int
 ) -> bool:
@@ -251,13 +257,11 @@ def split_kv_serves(
     - without GQA, the forward kernel's grid, one tile per (batch, head), fills at most half the
       SMs: no read is saved, but the split kernels spread the keys over every SM (32 tiles:
       1.68x the forward kernel; 128 tiles: the forward kernel 1.15x, 1024: 1.23x);
-    - the forward kernel's keys per SM, whole waves of its tiles times seqlen_k, reach
-      SPLIT_KV_FORWARD_KEYS;
+    - the forward kernel's keys per SM (`forward_keys_per_sm`) reach SPLIT_KV_FORWARD_KEYS;
     - at most SPLIT_KV_QUERIES queries, or with GQA at least SPLIT_KV_MANY_QUERIES_KEYS keys."""
     group_size = heads // heads_kv
     if group_size * seqlen_q > rows_per_block or group_size == 1 and 2 * batch * heads > sm_count:
         return False
-    forward_waves = math.ceil(tiles_per_sm(batch, heads, seqlen_q, sm_count))
-    if forward_waves * seqlen_k < SPLIT_KV_FORWARD_KEYS:
+    if forward_keys_per_sm(batch, heads, seqlen_q, seqlen_k, sm_count) < SPLIT_KV_FORWARD_KEYS:
         return False
     return seqlen_q <= SPLIT_KV_QUERIES or group_size > 1 and seqlen_k >= SPLIT_KV_MANY_QUERIES_KEYS
