@@ -99,6 +99,7 @@ BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",
 DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
 DETERMINISTIC_RUNS = ("tests/test_backward_kernel.py::test_deterministic_gradients_are_the_same_bits_in_every_run",)
 DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
+ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels",)
 
 
 def _rows_without_keys() -> tuple[str, ...]:
@@ -450,6 +451,32 @@ KERNEL_MUTANTS = [
         "deterministic=deterministic)",
         "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=False)",
         first=DETERMINISTIC_RUNS,
+    ),
+    # ---- flash_attn_func's route to the split-KV kernels (interface.py): the routing tests
+    Mutant(
+        # A step of several queries sent the other way from the rule: only a test that watches
+        # which kernels ran can tell, both paths being correct.
+        "route_inverted_past_one_query",
+        "interface.py",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count)",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count) is (seqlen_q == 1)",
+        first=ROUTING,
+    ),
+    Mutant(
+        # The rule asked about one query fewer: 9 queries routed as 8.
+        "route_one_query_fewer",
+        "interface.py",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count)",
+        "serves_launch(batch, max(1, seqlen_q - 1), k.shape[1], heads, k.shape[2], sm_count)",
+        first=ROUTING,
+    ),
+    Mutant(
+        # The rule asked about one key fewer: a step at exactly its keys limit stays on the forward.
+        "route_one_key_fewer",
+        "interface.py",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count)",
+        "serves_launch(batch, seqlen_q, k.shape[1] - 1, heads, k.shape[2], sm_count)",
+        first=ROUTING,
     ),
     # ---- the split-KV kernels (decode.py): their GPU tests, split and tile ends next to each other
     Mutant(
