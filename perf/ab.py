@@ -10,10 +10,18 @@ from collections.abc import Callable, Iterable
 from fa_kernel.bench import alternated
 
 
-def arguments(description: str, variants: Iterable[str], repeats: int) -> tuple[argparse.Namespace, list[str]]:
-    """(the parsed command line, the variants to measure: 'shipped' first, always)."""
+def arguments(
+    description: str,
+    variants: Iterable[str],
+    repeats: int,
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> tuple[argparse.Namespace, list[str]]:
+    """(the parsed command line, the variants to measure: 'shipped' first, always); `more` adds a
+    script's own options to the parser."""
     names = list(variants)
     parser = argparse.ArgumentParser(description=description)
+    if more is not None:
+        more(parser)
     parser.add_argument("--variants", nargs="+", default=names, help="shipped is always measured")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=repeats)
