@@ -114,6 +114,9 @@ def options(parser) -> None:
 
 def main() -> int:
     args, variants = ab.arguments(__doc__.splitlines()[0], VARIANTS, repeats=50, more=options)
+    if unknown := sorted(set(args.shapes or ()) - set(range(len(DECODE_SHAPES)))):
+        print(f"--shapes: expected indices 0-{len(DECODE_SHAPES) - 1} of bench.DECODE_SHAPES, got {unknown}")
+        return 2
     if args.list:
         print("\n".join(VARIANTS))
         return 0

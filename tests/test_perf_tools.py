@@ -78,6 +78,17 @@ def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
     assert result.returncode == 2 and "--configs" in result.stderr, result.stderr[-2000:]
 
 
+def test_decode_ab_names_a_shape_index_outside_the_grid_before_anything_runs():
+    result = subprocess.run(
+        [sys.executable, "perf/decode_ab.py", "--graphs", "--cudnn", "--shapes", "0", "99"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "--shapes: expected indices 0-" in result.stdout, result.stderr[-2000:]
+    assert "got [99]" in result.stdout
+
+
 def test_host_overhead_parses_its_command_line_without_a_gpu():
     # Its layers need a GPU; what it imports and how it is called are checked here.
     result = subprocess.run(
