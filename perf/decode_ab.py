@@ -34,6 +34,10 @@ Variants (`--list`):
                    48 KB of shared memory a block at d128, so three blocks an SM, where cuDNN's
                    decode kernel runs two of four warps each (ncu, docs/perf-log.md).
   no_warp_specialization_two_splits, _three_splits  and splits for two or three blocks an SM.
+  small_row_block  cuDNN's decode tile: 16 rows (a group's 4-8 heads, not 64 rows mostly
+                   padding), 128 keys, the four warps splitting the keys of S and the columns
+                   of O, no producer warpgroup; 196 registers and 72 KB at d128: two blocks an
+                   SM. `_two_splits`: and splits for two.
 
 Not a variant: two resident thread blocks an SM (`T.annotate_min_blocks_per_sm(2)` on the split
 kernel, with setmaxnreg 24/232 or without it: 112-128 registers a thread, no spills) passed the
@@ -69,6 +73,22 @@ NO_WARP_SPECIALIZATION = (
     (FAST_MATH, FAST_MATH[:-1] + ", tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}"),
     (TILES, "DECODE_TILES = {64: (128, 1), 128: (64, 1), 256: (64, 1)}"),
 )
+# cuDNN's decode kernel's shape (ncu: `16x128x128_1x4x1`): a 16-row tile, 128 keys a tile, the
+# four warps splitting S's keys and O's columns (mma.sync, P through shared memory between them).
+SMALL_ROW_BLOCK = (
+    NO_WARP_SPECIALIZATION[0],
+    (TILES, "DECODE_TILES = {64: (128, 1), 128: (128, 1), 256: (64, 1)}"),
+    ("BLOCK_M = 64", "BLOCK_M = 16"),
+    (
+        "T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)",
+        "T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)",
+    ),
+    (
+        "T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)",
+        "T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullCol)",
+    ),
+    ("T.alloc_fragment([block_m, block_n], dtype)", "T.alloc_shared([block_m, block_n], dtype)"),
+)
 # split_plan rounds the splits down, to at most one wave of blocks; rounding them up instead
 # asks at least a block for every SM, and 8 K/V heads on 132 SMs then get 18 splits, 144 blocks,
 # 12 SMs a second block's tiles (the plan before 2026-12-03, 1.03-1.50x slower).
@@ -87,6 +107,8 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "no_warp_specialization": NO_WARP_SPECIALIZATION,
     "no_warp_specialization_two_splits": (*NO_WARP_SPECIALIZATION, (BLOCKS, "BLOCKS_PER_SM = 2")),
     "no_warp_specialization_three_splits": (*NO_WARP_SPECIALIZATION, (BLOCKS, "BLOCKS_PER_SM = 3")),
+    "small_row_block": SMALL_ROW_BLOCK,
+    "small_row_block_two_splits": (*SMALL_ROW_BLOCK, (BLOCKS, "BLOCKS_PER_SM = 2")),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
