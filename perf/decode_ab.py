@@ -6,8 +6,8 @@ From the repository root on the GPU machine:
     PYTHONPATH=$PWD/src:$PWD python perf/decode_ab.py [--variants NAME ...] [--rounds 5] [--repeats 50]
         [--graphs] [--cudnn] [--shapes N ...]
 
-Each variant is decode.py with DECODE_TILES or BLOCKS_PER_SM patched (`variants.patched_module`;
-its own kernels and split plan). Every variant is first judged (`reference.judge`) on the decode
+Each variant is decode.py patched: its tiles, its split count, its pass configs or fragments of
+the split kernel (`variants.patched_module`; its own kernels and split plan). Every variant is first judged (`reference.judge`) on the decode
 grid's shapes (`bench.DECODE_SHAPES`) and a partial one, then timed there, alternated over rounds
 in this one process; GB/s of K/V read (`Shape.kv_bytes`), each variant's ratio to the shipped
 kernels taken round by round. By default each figure is the median of `repeats` event-timed
@@ -67,16 +67,14 @@ from perf.variants import patched_module  # noqa: E402
 TILES = "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"
 BLOCKS = "BLOCKS_PER_SM = 1"
 FAST_MATH = "{tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}"
+NO_PRODUCER = (FAST_MATH, FAST_MATH[:-1] + ", tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}")
 # No producer warpgroup (TileLang's pass config), and one stage: TileLang 0.1.15 fails to
 # generate two or more without it, the loop's trip count being dynamic.
-NO_WARP_SPECIALIZATION = (
-    (FAST_MATH, FAST_MATH[:-1] + ", tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}"),
-    (TILES, "DECODE_TILES = {64: (128, 1), 128: (64, 1), 256: (64, 1)}"),
-)
+NO_WARP_SPECIALIZATION = (NO_PRODUCER, (TILES, "DECODE_TILES = {64: (128, 1), 128: (64, 1), 256: (64, 1)}"))
 # cuDNN's decode kernel's shape (ncu: `16x128x128_1x4x1`): a 16-row tile, 128 keys a tile, the
 # four warps splitting S's keys and O's columns (mma.sync, P through shared memory between them).
 SMALL_ROW_BLOCK = (
-    NO_WARP_SPECIALIZATION[0],
+    NO_PRODUCER,
     (TILES, "DECODE_TILES = {64: (128, 1), 128: (128, 1), 256: (64, 1)}"),
     ("BLOCK_M = 64", "BLOCK_M = 16"),
     (
