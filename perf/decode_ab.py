@@ -7,14 +7,15 @@ From the repository root on the GPU machine:
         [--graphs] [--cudnn] [--shapes N ...]
 
 Each variant is decode.py patched: its tiles, its split count, its pass configs or fragments of
-the split kernel (`variants.patched_module`; its own kernels and split plan). Every variant is first judged (`reference.judge`) on the decode
-grid's shapes (`bench.DECODE_SHAPES`) and a partial one, then timed there, alternated over rounds
-in this one process; GB/s of K/V read (`Shape.kv_bytes`), each variant's ratio to the shipped
-kernels taken round by round. By default each figure is the median of `repeats` event-timed
-calls, the host's path included (split_kv_attention allocates its partials); `--graphs` times
-GPU alone, CUDA graph replays of 20 launches (`perf.host_overhead.graph_us`). `--cudnn` adds SDPA's
-cuDNN backend on both layouts as columns (`bench.runners`). `--shapes` picks rows of the grid by
-index (0 and 1: the two anchors). `--compile-only sm_90a` builds them without a GPU.
+the split kernel (`variants.patched_module`; its own kernels and split plan). Every variant is
+first judged (`reference.judge`) on the decode grid's shapes (`bench.DECODE_SHAPES`) and a
+partial one, then timed there, alternated over rounds in this one process; GB/s of K/V read
+(`Shape.kv_bytes`), each variant's ratio to the shipped kernels taken round by round. By default
+each figure is the median of `repeats` event-timed calls, the host's path included
+(split_kv_attention allocates its partials); `--graphs` times GPU alone, CUDA graph replays of
+20 launches (`perf.host_overhead.graph_us`). `--cudnn` adds SDPA's cuDNN backend on both layouts
+as columns (`bench.runners`). `--shapes` picks rows of the grid by index (0 and 1: the two
+anchors). `--compile-only sm_90a` builds them without a GPU.
 
 Variants (`--list`):
 
