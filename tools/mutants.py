@@ -121,7 +121,7 @@ FIRST_BY_FILE = {
         "tests/test_kernel.py::test_empty_inputs",
         "tests/test_kernel.py::test_matches_reference_head_dim_128",
         "tests/test_kernel.py::test_packed_qkv_slices_give_the_same_result",
-        "tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels",
+        *ROUTING,
     ),
 }
 
