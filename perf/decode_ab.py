@@ -17,28 +17,24 @@ each figure is the median of `repeats` event-timed calls, the host's path includ
 as columns (`bench.runners`). `--shapes` picks rows of the grid by index (0 and 1: the two
 anchors). `--compile-only sm_90a` builds them without a GPU.
 
-Variants (`--list`):
+Variants (`--list`): decode.py's tile table (`SPLIT_TILES`) edited, or its source patched.
 
-  shipped          decode.py as it is: d64 128 keys a tile, d128 and d256 64, three stages,
-                   splits rounded down to at most one thread block per SM, the causal limit worked
-                   out once per row.
-  wide_d128        d128 tiles of 128 keys (half the loop trips, twice the registers for S).
-  two_stages       two K/V tiles in flight instead of three.
-  two_blocks_per_sm  splits for two thread blocks per SM (shorter splits, more partials; the
-                   kernel's registers still hold one block an SM, so a second wave).
-  four_blocks_per_sm  splits for four.
+  shipped          decode.py as it is: a group's rows up to 16 on 16-row tiles at d64 and d128
+                   (four warps, 128 keys, one stage, no producer; splits for two blocks an SM at
+                   d64, one at d128), else 64 rows behind a producer warpgroup (d64 128 keys a
+                   tile, d128 and d256 64, three stages, one block an SM).
+  one_row_block    64-row tiles for every step (as shipped before 2026-12-04).
+  small_rows_one_block, small_rows_two_blocks  the 16-row tiles' splits for one block an SM at
+                   d64, two at d128 (the other head dim as shipped).
+  small_rows_64_keys  the 16-row tile at d128 on 64 keys (40 KB: more blocks an SM could fit).
+  wide_d128        64-row d128 tiles of 128 keys (half the loop trips, twice the registers for S).
+  two_stages       64-row tiles with two K/V tiles in flight instead of three.
   a_second_wave    splits rounded up: at least a block for every SM, where a partial second wave
                    of blocks follows (a one-batch decode step: 18 splits of 8 heads on 132 SMs).
-  four_stages      four K/V tiles in flight (144 KB of shared memory a block at d128).
-  no_warp_specialization  no producer warpgroup: the 128 threads load K/V themselves (cp.async,
-                   the next tile issued before this one's math), one stage; 165 registers and
-                   48 KB of shared memory a block at d128, so three blocks an SM, where cuDNN's
-                   decode kernel runs two of four warps each (ncu, docs/perf-log.md).
-  no_warp_specialization_two_splits, _three_splits  and splits for two or three blocks an SM.
-  small_row_block  cuDNN's decode tile: 16 rows (a group's 4-8 heads, not 64 rows mostly
-                   padding), 128 keys, the four warps splitting the keys of S and the columns
-                   of O, no producer warpgroup; 196 registers and 72 KB at d128: two blocks an
-                   SM. `_two_splits`: and splits for two.
+
+Measured and dropped, in git history (perf/decode_ab.py before the 16-row tiles shipped) and
+docs/performance.md: four stages, splits for two or four blocks an SM on the 64-row tile, and
+`no_warp_specialization` (the 64-row tile without a producer, one stage: 0.82-0.95x).
 
 Not a variant: two resident thread blocks an SM (`T.annotate_min_blocks_per_sm(2)` on the split
 kernel, with setmaxnreg 24/232 or without it: 112-128 registers a thread, no spills) passed the
@@ -48,6 +44,7 @@ checks' single launches, then hung the GPU in the timing loops' repeated ones, e
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -65,57 +62,48 @@ from perf import ab  # noqa: E402
 from perf.host_overhead import GRAPH_CALLS, graph_us  # noqa: E402
 from perf.variants import patched_module  # noqa: E402
 
-TILES = "DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}"
-BLOCKS = "BLOCKS_PER_SM = 1"
-FAST_MATH = "{tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}"
-NO_PRODUCER = (FAST_MATH, FAST_MATH[:-1] + ", tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}")
-# No producer warpgroup (TileLang's pass config), and one stage: TileLang 0.1.15 fails to
-# generate two or more without it, the loop's trip count being dynamic.
-NO_WARP_SPECIALIZATION = (NO_PRODUCER, (TILES, "DECODE_TILES = {64: (128, 1), 128: (64, 1), 256: (64, 1)}"))
-# cuDNN's decode kernel's shape (ncu: `16x128x128_1x4x1`): a 16-row tile, 128 keys a tile, the
-# four warps splitting S's keys and O's columns (mma.sync, P through shared memory between them).
-SMALL_ROW_BLOCK = (
-    NO_PRODUCER,
-    (TILES, "DECODE_TILES = {64: (128, 1), 128: (128, 1), 256: (64, 1)}"),
-    ("BLOCK_M = 64", "BLOCK_M = 16"),
-    (
-        "T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)",
-        "T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)",
-    ),
-    (
-        "T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)",
-        "T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullCol)",
-    ),
-    ("T.alloc_fragment([block_m, block_n], dtype)", "T.alloc_shared([block_m, block_n], dtype)"),
-)
 # split_plan rounds the splits down, to at most one wave of blocks; rounding them up instead
 # asks at least a block for every SM, and 8 K/V heads on 132 SMs then get 18 splits, 144 blocks,
 # 12 SMs a second block's tiles (the plan before 2026-12-03, 1.03-1.50x slower).
-AT_MOST_A_WAVE = """wanted = max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))
+AT_MOST_A_WAVE = """wanted = max(1, tile.blocks_per_sm * sm_count // max(1, batch * heads_kv * row_blocks))
 tiles_per_split = ceildiv(tiles, wanted)"""
-AT_LEAST_A_WAVE = """wanted = ceildiv(BLOCKS_PER_SM * sm_count, max(1, batch * heads_kv * row_blocks))
+AT_LEAST_A_WAVE = """wanted = ceildiv(tile.blocks_per_sm * sm_count, max(1, batch * heads_kv * row_blocks))
 tiles_per_split = max(1, tiles // wanted)"""
-VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "shipped": (),
-    "wide_d128": ((TILES, "DECODE_TILES = {64: (128, 3), 128: (128, 3), 256: (64, 3)}"),),
-    "two_stages": ((TILES, "DECODE_TILES = {64: (128, 2), 128: (64, 2), 256: (64, 2)}"),),
-    "two_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 2"),),
-    "four_blocks_per_sm": ((BLOCKS, "BLOCKS_PER_SM = 4"),),
-    "a_second_wave": ((AT_MOST_A_WAVE, AT_LEAST_A_WAVE),),
-    "four_stages": ((TILES, "DECODE_TILES = {64: (128, 4), 128: (64, 4), 256: (64, 3)}"),),
-    "no_warp_specialization": NO_WARP_SPECIALIZATION,
-    "no_warp_specialization_two_splits": (*NO_WARP_SPECIALIZATION, (BLOCKS, "BLOCKS_PER_SM = 2")),
-    "no_warp_specialization_three_splits": (*NO_WARP_SPECIALIZATION, (BLOCKS, "BLOCKS_PER_SM = 3")),
-    "small_row_block": SMALL_ROW_BLOCK,
-    "small_row_block_two_splits": (*SMALL_ROW_BLOCK, (BLOCKS, "BLOCKS_PER_SM = 2")),
+SHIPPED = shipped_decode.SPLIT_TILES
+
+
+def retiled(key: tuple[int, int], **fields):
+    """The shipped (head_dim, block_m) tile with `fields` replaced."""
+    return {key: SHIPPED[key]._replace(**fields)}
+
+
+WIDE = [key for key in SHIPPED if key[1] == shipped_decode.MOST_ROWS]
+# name -> (patches of decode.py's source, SPLIT_TILES entries replaced (None: removed))
+VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
+    "shipped": ((), {}),
+    "one_row_block": ((), {key: None for key in SHIPPED if key[1] < shipped_decode.MOST_ROWS}),
+    "small_rows_one_block": ((), retiled((64, 16), blocks_per_sm=1)),
+    "small_rows_two_blocks": ((), retiled((128, 16), blocks_per_sm=2)),
+    "small_rows_64_keys": ((), retiled((128, 16), block_n=64)),
+    "wide_d128": ((), retiled((128, 64), block_n=128)),
+    "two_stages": ((), {key: value for key in WIDE for value in retiled(key, num_stages=2).values()}),
+    "a_second_wave": (((AT_MOST_A_WAVE, AT_LEAST_A_WAVE),), {}),
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
 
 
+@functools.cache
 def module(name: str):
-    patches = VARIANTS[name]
-    return patched_module(shipped_decode, name, patches) if patches else shipped_decode
+    """decode.py as the variant has it: a module of its own, its tile table edited."""
+    patches, tiles = VARIANTS[name]
+    if not patches and not tiles:
+        return shipped_decode
+    variant = patched_module(shipped_decode, name, patches)
+    variant.SPLIT_TILES = {
+        key: tile for key, tile in {**variant.SPLIT_TILES, **tiles}.items() if tile is not None
+    }
+    return variant
 
 
 def attend(name: str, shape: Shape, seed: int = 0):
@@ -148,8 +136,14 @@ def main() -> int:
         for name in variants:
             for shape in shapes:
                 dtype = str(shape.dtype).removeprefix("torch.")
-                module(name).compiled_decode_kernels(
-                    head_dim=shape.head_dim, causal=shape.causal, dtype=dtype, arch=args.compile_only
+                kernels = module(name)
+                rows = shape.nheads // shape.heads_kv * shape.seqlen_q
+                kernels.compiled_decode_kernels(
+                    head_dim=shape.head_dim,
+                    causal=shape.causal,
+                    dtype=dtype,
+                    arch=args.compile_only,
+                    block_m=kernels.row_block(shape.head_dim, rows),
                 )
             print(f"{name}: compiled for {args.compile_only}", flush=True)
         return 0

@@ -3,8 +3,9 @@ and the kernels on a GPU, each judged against the fp32 reference with the forwar
 
 The cases come from the kernels' own conditions: a key split's end (`tiles_per_split` tiles of
 `block_n` keys) and the last tile's (`key < seqlen_k`), the diagonal (bottom-right causal,
-rows that see no key), and the GQA group's rows in a tile (`row < rows`: group_size *
-seqlen_q next to multiples of BLOCK_M).
+rows that see no key), the GQA group's rows in a tile (`row < rows`: group_size * seqlen_q
+next to multiples of each tile's block_m), and the choice between the tiles (`row_block`: a
+group's rows next to the narrower tile's).
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fa_kernel.configs import SPLIT_KV_FORWARD_KEYS, SPLIT_KV_QUERIES
-from fa_kernel.decode import BLOCK_M, BLOCKS_PER_SM, DECODE_TILES, ceildiv, serves_launch, split_plan
+from fa_kernel.decode import (
+    HEAD_DIMS,
+    MOST_ROWS,
+    SPLIT_TILES,
+    ceildiv,
+    launch_tile,
+    row_block,
+    serves_launch,
+    split_plan,
+)
 from fa_kernel.emulator_split_kv import attention_split_kv
 from fa_kernel.reference import judge, random_qkv
 
@@ -29,22 +39,43 @@ def boundary_key_counts(block_n: int, tiles_per_split: int) -> list[int]:
     return sorted({1, *(end + side for end in ends for side in (-1, 0, 1))})
 
 
-@pytest.mark.parametrize("head_dim", sorted(DECODE_TILES))
+@pytest.mark.parametrize("tile_key", sorted(SPLIT_TILES), ids=lambda key: f"d{key[0]}-{key[1]}rows")
 @pytest.mark.parametrize("sm_count", [1, 4, 132])
 @pytest.mark.parametrize("batch_heads", [(1, 1), (2, 8), (64, 8)])
-def test_split_plan_covers_every_tile_once_and_fills_the_gpu(head_dim, sm_count, batch_heads):
+def test_split_plan_covers_every_tile_once_and_fills_the_gpu(tile_key, sm_count, batch_heads):
     batch, heads_kv = batch_heads
-    block_n, _ = DECODE_TILES[head_dim]
-    for seqlen_k in (1, block_n - 1, block_n, block_n + 1, 1000, 8192, 32768 + 1):
+    tile = SPLIT_TILES[tile_key]
+    for seqlen_k in (1, tile.block_n - 1, tile.block_n, tile.block_n + 1, 1000, 8192, 32768 + 1):
         for row_blocks in (1, 2):
-            splits, tiles_per_split = split_plan(batch, heads_kv, row_blocks, seqlen_k, head_dim, sm_count)
-            tiles = ceildiv(seqlen_k, block_n)
+            splits, tiles_per_split = split_plan(batch, heads_kv, row_blocks, seqlen_k, tile, sm_count)
+            tiles = ceildiv(seqlen_k, tile.block_n)
             # Every tile in one split, and every split with a tile (the kernel's `tiles` >= 1).
             assert (splits - 1) * tiles_per_split < tiles <= splits * tiles_per_split
-            # At most the splits BLOCKS_PER_SM on every SM asks for (no second, partial wave),
+            # At most the splits blocks_per_sm on every SM asks for (no second, partial wave),
             # at most one per tile, at least one, and at least half as many.
-            wanted = max(1, BLOCKS_PER_SM * sm_count // (batch * heads_kv * row_blocks))
+            wanted = max(1, tile.blocks_per_sm * sm_count // (batch * heads_kv * row_blocks))
             assert 1 <= splits <= min(wanted, tiles) <= 2 * splits
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_a_launch_takes_the_narrowest_tile_that_holds_its_groups_rows(head_dim):
+    blocks = sorted(block_m for dim, block_m in SPLIT_TILES if dim == head_dim)
+    assert blocks[-1] == MOST_ROWS
+    for narrower, wider in zip([0, *blocks], blocks, strict=False):
+        for rows in (narrower + 1, wider):  # both ends of the rows each tile takes
+            assert row_block(head_dim, rows) == wider
+    # Past the widest (flash_attn_func routes no such step here; split_kv_into still runs it).
+    assert row_block(head_dim, MOST_ROWS + 1) == MOST_ROWS
+    # launch_tile reads the group's rows off the inputs: 16 queries of a group of 4 is 64 rows.
+    q, k = torch.empty(1, 16, 8, head_dim), torch.empty(1, 5, 2, head_dim)
+    assert launch_tile(q, k) == SPLIT_TILES[head_dim, row_block(head_dim, 64)]
+
+
+def test_one_query_of_a_group_of_up_to_16_heads_runs_on_16_rows_at_d64_and_d128():
+    # cuDNN's decode tile (docs/performance.md: 1.09-1.36x the 64-row tile's GPU time).
+    for head_dim in (64, 128):
+        assert row_block(head_dim, 16) == 16 and row_block(head_dim, 17) == 64
+    assert row_block(256, 1) == 64
 
 
 def emulator_cases():
@@ -91,18 +122,20 @@ def test_emulator_a_nan_reaches_the_rows_that_see_its_key_only():
 def gpu_cases():
     """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, tiles_per_split): the K/V tiles per
     split chosen, so that split ends fall next to the tile counts; None: split_plan's, for an
-    H200's 132 SMs."""
+    H200's 132 SMs. Every tile (SPLIT_TILES) gets its split and key ends, with a group's rows
+    filling its row block, and its row block's end on both sides (which crosses to the wider
+    tile past the narrower one's)."""
     cases = []
-    for head_dim in sorted(DECODE_TILES):
-        block_n, _ = DECODE_TILES[head_dim]
+    for (head_dim, block_m), tile in sorted(SPLIT_TILES.items()):
         for tiles_per_split in (1, 2):
-            for seqlen_k in boundary_key_counts(block_n, tiles_per_split):
-                cases.append((1, 2, 8, 2, seqlen_k, head_dim, tiles_per_split))
-        # The group's rows next to a multiple of BLOCK_M: 4 query heads per K/V head.
-        for rows in (BLOCK_M - 1, BLOCK_M, BLOCK_M + 1, 2 * BLOCK_M + 1):
-            cases.append((2, ceildiv(rows, 4), 8, 2, 3 * block_n + 5, head_dim, None))
+            for seqlen_k in boundary_key_counts(tile.block_n, tiles_per_split):
+                cases.append((1, block_m // 4, 8, 2, seqlen_k, head_dim, tiles_per_split))
+        for rows in (block_m - 1, block_m, block_m + 1, 2 * block_m + 1):
+            # No GQA: seqlen_q is the rows; a group of 4: its query heads split across blocks.
+            cases.append((2, rows, 2, 2, 3 * tile.block_n + 5, head_dim, None))
+            cases.append((2, ceildiv(rows, 4), 8, 2, 3 * tile.block_n + 5, head_dim, None))
         cases += [(3, 1, 32, 8, 8192 + 7, head_dim, None), (1, 9, 4, 4, 5, head_dim, None)]
-    return cases
+    return sorted(set(cases), key=cases.index)
 
 
 # One dtype per head dim, both across the three: the dtype enters the kernels as the element
@@ -113,10 +146,26 @@ GPU_DTYPES = {64: torch.bfloat16, 128: torch.float16, 256: torch.bfloat16}
 def gpu_builds(arch: str) -> list[dict]:
     """compiled_decode_kernels' arguments of every build these tests launch (tools/precompile.py)."""
     return [
-        dict(head_dim=head_dim, causal=causal, dtype=str(dtype).removeprefix("torch."), arch=arch)
-        for head_dim, dtype in GPU_DTYPES.items()
+        dict(
+            head_dim=head_dim,
+            causal=causal,
+            dtype=str(GPU_DTYPES[head_dim]).removeprefix("torch."),
+            arch=arch,
+            block_m=block_m,
+        )
+        for head_dim, block_m in sorted(SPLIT_TILES)
         for causal in (False, True)
     ]
+
+
+def test_every_tile_has_its_key_ends_and_both_sides_of_its_row_block():
+    runs = {}
+    for batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, tiles_per_split in gpu_cases():
+        rows = heads // heads_kv * seqlen_q
+        runs.setdefault((head_dim, row_block(head_dim, rows)), set()).add(rows)
+    for (head_dim, block_m), rows in runs.items():
+        assert block_m in rows and block_m - 1 in rows, (head_dim, block_m, rows)
+    assert set(runs) == set(SPLIT_TILES)
 
 
 @pytest.mark.gpu
@@ -131,7 +180,7 @@ def test_split_kv_kernels_within_the_bound(case, causal):
     if tiles_per_split is None:
         splits, tiles_per_split = split_plan_for(q, k, sm_count=132)
     else:
-        splits = ceildiv(ceildiv(seqlen_k, DECODE_TILES[head_dim][0]), tiles_per_split)
+        splits = ceildiv(ceildiv(seqlen_k, launch_tile(q, k).block_n), tiles_per_split)
     # Every buffer NaN: an element no thread block writes fails, whatever the memory held.
     out = torch.full_like(q, math.nan)
     lse = torch.full((batch, heads, seqlen_q), math.nan, device=q.device)
@@ -146,10 +195,10 @@ def test_split_kv_kernels_within_the_bound(case, causal):
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, causal, served on 132 SMs): flash_attn_func's
 # switch to the split-KV kernels (configs.split_kv_serves at d128), both sides of each condition.
 ROUTED = [
-    (1, BLOCK_M // 4, 8192, 32, 8, False, True),  # a group's rows fill one row block
-    (1, BLOCK_M // 4 + 1, 8192, 32, 8, False, False),
+    (1, MOST_ROWS // 4, 8192, 32, 8, False, True),  # a group's rows fill the widest row block
+    (1, MOST_ROWS // 4 + 1, 8192, 32, 8, False, False),
     (1, 2, 8192, 32, 8, True, True),  # the causal mask, as the full one
-    (1, BLOCK_M // 4, 8192, 32, 8, True, True),
+    (1, MOST_ROWS // 4, 8192, 32, 8, True, True),
     (1, 1, 3072, 32, 8, False, False),  # the forward kernel's keys per SM: 3072 on one wave
     (1, 1, 4096, 32, 8, True, True),  # 4096
     (4, 1, 2048, 32, 8, False, False),  # 2048 on one wave of 4 batches
@@ -225,19 +274,18 @@ def first_served_keys(batch, seqlen_q, heads, heads_kv, sm_count, most=1 << 16) 
 def decode_steps(draw) -> tuple:
     """(batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, causal, dtype, seed): a few queries
     against a KV cache, on both sides of flash_attn_func's switch to the split-KV kernels: the
-    group's rows next to BLOCK_M, seqlen_q next to SPLIT_KV_QUERIES, keys next to the fewest the
-    split kernels take the step at (on 132 SMs), next to the split kernel's tile ends, or
-    anywhere up to a few thousand."""
-    head_dim = draw(st.sampled_from(sorted(DECODE_TILES)))
+    group's rows next to each tile's block_m, seqlen_q next to SPLIT_KV_QUERIES, keys next to
+    the fewest the split kernels take the step at (on 132 SMs), next to the split kernel's tile
+    ends, or anywhere up to a few thousand."""
+    head_dim = draw(st.sampled_from(HEAD_DIMS))
     group_size = draw(st.sampled_from([1, 2, 3, 4, 5, 8]))
     heads_kv = draw(st.sampled_from([1, 2]))
     batch = draw(st.integers(1, 3))
-    fits = BLOCK_M // group_size
-    seqlen_q = draw(
-        st.sampled_from(sorted({1, 2, max(1, fits - 1), fits, fits + 1, SPLIT_KV_QUERIES, SPLIT_KV_QUERIES + 1}))
-    )
+    fits = {block_m // group_size for dim, block_m in SPLIT_TILES if dim == head_dim}
+    near_fits = {max(1, fit + side) for fit in fits for side in (-1, 0, 1)}
+    seqlen_q = draw(st.sampled_from(sorted({1, 2, *near_fits, SPLIT_KV_QUERIES, SPLIT_KV_QUERIES + 1})))
     heads = group_size * heads_kv
-    block_n = DECODE_TILES[head_dim][0]
+    block_n = SPLIT_TILES[head_dim, row_block(head_dim, group_size * seqlen_q)].block_n
     near_tiles = [n * block_n + step for n in (1, 2, 7) for step in (-1, 0, 1)]
     switch = first_served_keys(batch, seqlen_q, heads, heads_kv, 132)
     near_switch = [switch - 1, switch] if switch else near_tiles

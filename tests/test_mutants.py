@@ -409,8 +409,8 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
             decode,
             "split_plan",
             "min_max",
-            "max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))",
-            "min(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))",
+            "max(1, tile.blocks_per_sm * sm_count // max(1, batch * heads_kv * row_blocks))",
+            "min(1, tile.blocks_per_sm * sm_count // max(1, batch * heads_kv * row_blocks))",
         ),
         # A kernel change: left to run.
         find(decode, "flash_decoding_split", "relational", "key < seqlen_k", "key <= seqlen_k"),

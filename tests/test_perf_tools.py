@@ -47,8 +47,9 @@ def test_every_split_kv_variant_applies_once_to_decode_py():
     assert_runs_from_the_root(
         "from perf import decode_ab\n"
         "for name in decode_ab.VARIANTS:\n"
-        "    decode_ab.module(name).split_program(head_dim=128, causal=True, dtype='bfloat16', block_n=64,"
-        " num_stages=2)\n"
+        "    kernels = decode_ab.module(name)\n"
+        "    for (head_dim, _), tile in kernels.SPLIT_TILES.items():\n"
+        "        kernels.split_program(head_dim=head_dim, causal=True, dtype='bfloat16', tile=tile)\n"
     )
 
 

@@ -694,11 +694,11 @@ def program_builds(file: str) -> list[dict]:
             for causal in (False, True)
             for deterministic in (False, True)
         ]
-    from fa_kernel.decode import DECODE_TILES
+    from fa_kernel.decode import SPLIT_TILES
 
     return [
-        dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a")
-        for head_dim in sorted(DECODE_TILES)
+        dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", block_m=block_m)
+        for head_dim, block_m in sorted(SPLIT_TILES)
         for causal in (False, True)
     ]
 
@@ -711,7 +711,8 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
     try:
         with _kernel_module(source) as module:
             configs = repr(module.PASS_CONFIGS)
-            module._compile = lambda program, arch: program.script(show_meta=True) + configs
+            # decode.py's _compile takes whether the kernel has a producer warpgroup too.
+            module._compile = lambda program, arch, *options: program.script(show_meta=True) + configs + repr(options)
             builder = getattr(module, PROGRAM_BUILDERS[file])
             for build in builds:
                 try:

@@ -50,18 +50,23 @@ def shipped_builds(
 
 def split_kv_builds(arch: str, head_dims: Sequence[int] = (64, 128, 256)) -> list[dict]:
     """compiled_decode_kernels' arguments of every split-KV build flash_attn_func runs, causal and
-    not, in both dtypes, for the nvcc `arch` ("sm_90a")."""
+    not, in both dtypes, on each of a head dim's tiles (decode.SPLIT_TILES), for the nvcc `arch`
+    ("sm_90a")."""
+    from fa_kernel.decode import SPLIT_TILES  # here: the kernels' module imports TileLang
+
     return [
-        split_kv_build(head_dim, causal, dtype, arch)
-        for head_dim in head_dims
+        split_kv_build(head_dim, causal, dtype, arch, block_m)
+        for head_dim, block_m in sorted(SPLIT_TILES)
+        if head_dim in head_dims
         for causal in (False, True)
         for dtype in ("float16", "bfloat16")
     ]
 
 
-def split_kv_build(head_dim: int, causal: bool, dtype: str, arch: str) -> dict:
-    """compiled_decode_kernels' arguments of the split-KV build flash_attn_func runs for a call."""
-    return dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+def split_kv_build(head_dim: int, causal: bool, dtype: str, arch: str, block_m: int) -> dict:
+    """compiled_decode_kernels' arguments of the split-KV build flash_attn_func runs for a call
+    whose group's rows take the `block_m` tile (decode.row_block)."""
+    return dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m)
 
 
 def device_target(device=None) -> tuple[int, str]:

@@ -50,8 +50,8 @@ from fa_kernel.configs import (
     select_config,
     split_kv_serves,
 )
-from fa_kernel.decode import BLOCK_M as SPLIT_KV_ROWS
-from fa_kernel.decode import DECODE_TILES, compiled_decode_kernels
+from fa_kernel.decode import MOST_ROWS as SPLIT_KV_ROWS
+from fa_kernel.decode import SPLIT_TILES, compiled_decode_kernels
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func, kernel_build, serving_build
 from fa_kernel.kernel import H100_SM_COUNT
 from fa_kernel.reference import GRADIENTS, judge, judge_backward
@@ -700,9 +700,14 @@ def cmd_info(args) -> int:
     many_queries_keys = next(
         keys for keys in range(1, 1 << 16) if serves(queries + 1, seqlen_k=keys, batch=4 * sm_count)
     )
+    tiles = ", ".join(
+        f"d{head_dim} {tile.block_m} rows x {tile.block_n} keys, {tile.num_stages} stage(s)"
+        f"{' behind a producer warpgroup' if tile.producer else ''}, {tile.blocks_per_sm} block(s)/SM"
+        for (head_dim, _), tile in sorted(SPLIT_TILES.items())
+    )
     console.print(
-        f"decode steps run the split-KV kernels (fa_kernel.decode; key tiles and stages by head_dim "
-        f"{DECODE_TILES}), causal or not: where a group's query rows (group size x seqlen_q) number at most "
+        f"decode steps run the split-KV kernels (fa_kernel.decode; tiles by head_dim and rows: {tiles}), "
+        f"causal or not: where a group's query rows (group size x seqlen_q) number at most "
         f"{group_rows}; without GQA where the forward kernel's grid, batch x heads at one query, is at most "
         f"{mha_heads} on {sm_count} SMs; where the forward kernel's keys per SM (waves of its tiles x "
         f"seqlen_k) reach {forward_keys}; with at most {queries} queries, or with GQA from {many_queries_keys} keys"

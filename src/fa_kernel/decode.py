@@ -8,10 +8,12 @@ With seqlen_q in the tens, the forward kernel's grid has one mostly empty 128-ro
 
 1. `split_program`: one thread block per (key split, row block, K/V head, batch). Its rows are
    the (query, query head) pairs of the K/V head's group, `group_size * seqlen_q` of them in
-   row blocks of `block_m`, so a K/V tile is read once for all of a group's heads. It walks
-   the K/V tiles of its split with the forward's online softmax (exp2, fp32 row state, P cast
-   before P·V, one normalisation) and writes its normalised partial O and its LSE in log2
-   units (−inf for a row that sees none of the split's keys), both fp32.
+   row blocks of `block_m`, so a K/V tile is read once for all of a group's heads: 16 rows
+   where they fit, on four warps splitting the keys, else 64 on one warpgroup behind a
+   producer warpgroup (`SPLIT_TILES`, `row_block`). It walks the K/V tiles of its split with
+   the forward's online softmax (exp2, fp32 row state, P cast before P·V, one normalisation)
+   and writes its normalised partial O and its LSE in log2 units (−inf for a row that sees
+   none of the split's keys), both fp32.
 2. `combine_program`: per (query, head, batch), LSE₂ = log2 Σₛ 2^lseₛ, O = Σₛ 2^(lseₛ − LSE₂)·Oₛ,
    and the natural-log LSE the forward returns; a row that sees no key gets 0 and −inf.
 
@@ -23,6 +25,7 @@ forward kernel (`configs.split_kv_serves`). Its algorithm is `emulator_split_kv.
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
 import functools
+from typing import NamedTuple
 
 import tilelang
 import tilelang.language as T
@@ -39,40 +42,70 @@ PASS_CONFIGS = {
     tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
 }
 
-# (block_n, num_stages) by head dim. One warpgroup of 64 rows: wgmma's smallest M, and a decode
-# step has few rows. Three K/V tiles in flight (96 KB at d128): with one block an SM (below),
-# the SM's only way to more bytes in flight (+4-8% at one batch, level elsewhere); d128 tiles
-# of 128 keys measured no faster (docs/performance.md).
-DECODE_TILES = {64: (128, 3), 128: (64, 3), 256: (64, 3)}
-BLOCK_M = 64
+class SplitTile(NamedTuple):
+    """A split kernel's tile and launch: how its thread blocks are shaped and how many an SM."""
+
+    block_m: int  # rows, (query, query head of the group) pairs, a thread block
+    block_n: int  # keys a K/V tile
+    num_stages: int  # K/V tiles in flight
+    producer: bool  # a producer warpgroup loads K/V by TMA (TileLang's warp specialisation)
+    blocks_per_sm: int  # thread blocks an SM the splits aim for (split_plan)
+
+
+# By (head_dim, block_m); a launch takes the fewest rows that hold its group's (row_block).
+SPLIT_TILES = {
+    # A group's rows up to 16 (one query of a group of at most 16 heads): cuDNN's decode tile
+    # (its kernel's name: 16x128x128_1x4x1). Four warps split S's keys and O's columns (mma.sync,
+    # 16 rows each; P through shared memory, the two GEMMs' fragments being laid out apart); no
+    # producer warpgroup, 196 registers and 72 KB at d128: two blocks an SM. GPU time against the
+    # 64-row tile: 1.09x at 64x32/8x1x8192, 1.36x at 1x32/8x1x32768 (docs/performance.md). One
+    # stage (TileLang 0.1.15's pipeliner cannot unroll more without a producer, the trip count
+    # being dynamic); cp.async still loads each next K and V tile under the current GEMMs.
+    # Splits for two blocks an SM at d64 (1.16x one at 64x8/1x1x8192), one at d128 (0.97x two).
+    (64, 16): SplitTile(16, 128, 1, False, 2),
+    (128, 16): SplitTile(16, 128, 1, False, 1),
+    # Up to 64 rows, and d256: one warpgroup of 64 rows (wgmma's smallest M) behind a producer
+    # warpgroup. Three K/V tiles in flight (96 KB at d128): with one block an SM, the SM's only
+    # way to more bytes in flight (+4-8% at one batch, level elsewhere); d128 tiles of 128 keys
+    # measured no faster (docs/performance.md). One block an SM faster than two on every step
+    # flash_attn_func routes here (longer splits, fewer partials to write and combine).
+    (64, 64): SplitTile(64, 128, 3, True, 1),
+    (128, 64): SplitTile(64, 64, 3, True, 1),
+    (256, 64): SplitTile(64, 64, 3, True, 1),
+}
+HEAD_DIMS = tuple(sorted({head_dim for head_dim, _ in SPLIT_TILES}))
+# The most rows of a group the split kernels take (configs.split_kv_serves): the widest tile's.
+MOST_ROWS = max(block_m for _, block_m in SPLIT_TILES)
 THREADS = 128
-# Thread blocks per SM the splits aim for: K/V tiles are read once, so the split count only has
-# to keep every SM streaming. One measured faster than two on every decode step flash_attn_func
-# routes here (longer splits, fewer partials to write and combine); four slower.
-BLOCKS_PER_SM = 1
 
 
 def ceildiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def row_block(head_dim: int, rows: int) -> int:
+    """The block_m of the tile a launch runs: the fewest of head_dim's tiles that holds a group's
+    `rows` (group_size * seqlen_q), the widest where none does."""
+    blocks = sorted(block_m for dim, block_m in SPLIT_TILES if dim == head_dim)
+    return next((block_m for block_m in blocks if rows <= block_m), blocks[-1])
+
+
 def split_plan(
-    batch: int, heads_kv: int, row_blocks: int, seqlen_k: int, head_dim: int, sm_count: int
+    batch: int, heads_kv: int, row_blocks: int, seqlen_k: int, tile: SplitTile, sm_count: int
 ) -> tuple[int, int]:
-    """(splits, K/V tiles per split) for this launch: at most the splits that give every SM
-    BLOCKS_PER_SM thread blocks, at least one, and no more than there are tiles; every split the
-    same number of tiles but the last, which has at least one. Rounded down, not up: a second,
-    partial wave of blocks costs a whole block's time (1.03-1.50x on the decode grid's split-KV
-    steps, docs/performance.md)."""
-    block_n, _ = DECODE_TILES[head_dim]
-    tiles = max(1, ceildiv(seqlen_k, block_n))
-    wanted = max(1, BLOCKS_PER_SM * sm_count // max(1, batch * heads_kv * row_blocks))
+    """(splits, K/V tiles per split) for this launch: at most the splits that give every SM the
+    tile's blocks_per_sm thread blocks, at least one, and no more than there are tiles; every
+    split the same number of tiles but the last, which has at least one. Rounded down, not up: a
+    second, partial wave of blocks costs a whole block's time (1.03-1.50x on the decode grid's
+    split-KV steps, docs/performance.md)."""
+    tiles = max(1, ceildiv(seqlen_k, tile.block_n))
+    wanted = max(1, tile.blocks_per_sm * sm_count // max(1, batch * heads_kv * row_blocks))
     tiles_per_split = ceildiv(tiles, wanted)
     return ceildiv(tiles, tiles_per_split), tiles_per_split
 
 
-def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_stages: int):
-    """The partial attention of each key split, as a TileLang PrimFunc.
+def split_program(*, head_dim: int, causal: bool, dtype: str, tile: SplitTile):
+    """The partial attention of each key split, as a TileLang PrimFunc, on `tile`'s blocks.
 
     Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], then O_partial
     [B, splits, H, Sq, D] and LSE_partial [B, splits, H, Sq] (fp32, log2 units), then
@@ -82,7 +115,11 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
     dtype = DTYPES[dtype]
     accum = T.float32
     neg_inf = -T.infinity(accum)
-    block_m = BLOCK_M
+    block_m, block_n, num_stages = tile.block_m, tile.block_n, tile.num_stages
+    # One warpgroup's wgmma takes 64 rows whole; fewer, the four warps split S's keys and O's
+    # columns, and P reaches every warp through shared memory.
+    split_rows = block_m >= 64
+    policy = T.GemmWarpPolicy.FullRow if split_rows else T.GemmWarpPolicy.FullCol
 
     @T.prim_func
     def flash_decoding_split(
@@ -102,7 +139,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             acc_s = T.alloc_fragment([block_m, block_n], accum)
-            acc_p = T.alloc_fragment([block_m, block_n], dtype)
+            acc_p = T.alloc_fragment([block_m, block_n], dtype) if split_rows else T.alloc_shared([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
             row_max = T.alloc_fragment([block_m], accum)
             row_max_prev = T.alloc_fragment([block_m], accum)
@@ -135,7 +172,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
                 kv_start = (first_tile + tile) * block_n
                 T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
                 T.clear(acc_s)
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=policy)
                 # The mask is a select, not an addition: a NaN or Inf score of a key the row
                 # cannot see (past seqlen_k, right of its diagonal) never reaches it.
                 for r, j in T.Parallel(block_m, block_n):
@@ -163,7 +200,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, block_n: int, num_
                 for r, d in T.Parallel(block_m, head_dim):
                     acc_o[r, d] = acc_o[r, d] * alpha[r]
                 T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
-                T.gemm(acc_p, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(acc_p, V_shared, acc_o, policy=policy)
             for r, d in T.Parallel(block_m, head_dim):
                 row = first_row + r
                 if row < rows:
@@ -227,20 +264,24 @@ def combine_program(*, head_dim: int, dtype: str):
     return flash_decoding_combine
 
 
-def _compile(program, arch: str | None):
+def _compile(program, arch: str | None, producer: bool = True):
     """`program` compiled for `arch` ("sm_90a": nvcc only, no GPU needed), or for the current
-    CUDA device where None, as the forward and backward kernels compile."""
+    CUDA device where None, as the forward and backward kernels compile; without TileLang's
+    producer warpgroup where not `producer`."""
     target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
-    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+    configs = PASS_CONFIGS if producer else {**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}
+    return tilelang.compile(program, target=target, pass_configs=configs)
 
 
 @functools.cache
-def compiled_decode_kernels(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None) -> tuple:
-    """(split, combine): the two kernels a split-KV launch runs (a module-level builder, for
-    `builds.build_all`)."""
-    block_n, num_stages = DECODE_TILES[head_dim]
-    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, block_n=block_n, num_stages=num_stages)
-    return _compile(split, arch), _compile(combine_program(head_dim=head_dim, dtype=dtype), arch)
+def compiled_decode_kernels(
+    *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, block_m: int = MOST_ROWS
+) -> tuple:
+    """(split, combine): the two kernels a split-KV launch on the (head_dim, block_m) tile runs
+    (a module-level builder, for `builds.build_all`)."""
+    tile = SPLIT_TILES[head_dim, block_m]
+    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, tile=tile)
+    return _compile(split, arch, tile.producer), _compile(combine_program(head_dim=head_dim, dtype=dtype), arch)
 
 
 def split_kv_attention(
@@ -259,18 +300,25 @@ def split_kv_attention(
     return out, lse
 
 
+def launch_tile(q: torch.Tensor, k: torch.Tensor) -> SplitTile:
+    """The tile a split-KV launch on these inputs runs (row_block of its group's rows)."""
+    seqlen_q, heads, head_dim = q.shape[1:]
+    return SPLIT_TILES[head_dim, row_block(head_dim, heads // k.shape[2] * seqlen_q)]
+
+
 def split_plan_for(q: torch.Tensor, k: torch.Tensor, sm_count: int) -> tuple[int, int]:
     """split_plan for these inputs: (splits, K/V tiles per split)."""
-    batch, seqlen_q, heads, head_dim = q.shape
+    batch, seqlen_q, heads, _ = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    row_blocks = ceildiv(heads // heads_kv * seqlen_q, BLOCK_M)
-    return split_plan(batch, heads_kv, row_blocks, seqlen_k, head_dim, sm_count)
+    tile = launch_tile(q, k)
+    row_blocks = ceildiv(heads // heads_kv * seqlen_q, tile.block_m)
+    return split_plan(batch, heads_kv, row_blocks, seqlen_k, tile, sm_count)
 
 
 def serves_launch(batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, sm_count: int) -> bool:
-    """configs.split_kv_serves for a launch of these sizes with these kernels' row block: whether
+    """configs.split_kv_serves for a launch of these sizes with these kernels' most rows: whether
     flash_attn_func runs it here."""
-    return split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, BLOCK_M, sm_count)
+    return split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, MOST_ROWS, sm_count)
 
 
 def split_kv_into(
@@ -280,7 +328,10 @@ def split_kv_into(
     NaN-filled ones, so that an element no thread block writes fails whatever memory held)."""
     head_dim = q.shape[-1]
     dtype = str(q.dtype).removeprefix("torch.")
-    split_kernel, combine_kernel = compiled_decode_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    block_m = launch_tile(q, k).block_m
+    split_kernel, combine_kernel = compiled_decode_kernels(
+        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m
+    )
     with torch.cuda.device(q.device):
         # Every (split, head, query) row of the partials is written by the one block whose rows it is.
         split_kernel(q, k, v, o_partial, lse_partial, softmax_scale * LOG2E, tiles_per_split)

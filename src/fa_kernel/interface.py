@@ -22,7 +22,7 @@ import torch
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
 from fa_kernel.builds import device_facts, device_target, split_kv_build
 from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
-from fa_kernel.decode import compiled_decode_kernels, serves_launch, split_kv_attention
+from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 
@@ -158,7 +158,10 @@ def serving_build(
     `fa_kernel.builds` takes them: the split-KV kernels' where they serve the launch, else the
     forward kernel's (None: compiled_forward, kernel_build's arguments)."""
     if serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, device_target(device)[0]):
-        return compiled_decode_kernels, split_kv_build(head_dim, causal, _DTYPE_NAMES[dtype], compile_arch(device))
+        block_m = row_block(head_dim, heads // heads_kv * seqlen_q)
+        return compiled_decode_kernels, split_kv_build(
+            head_dim, causal, _DTYPE_NAMES[dtype], compile_arch(device), block_m
+        )
     return None, kernel_build(device, head_dim, causal, dtype, seqlen_k, launch=(batch, heads, seqlen_q))
 
 
