@@ -23,18 +23,30 @@ Variants (`--list` prints them):
   three_stages     three Q/dO tiles in flight instead of two.
   dq_from_registers  dQ's tile added to its fp32 accumulator by atomics from registers, not
                    staged in shared memory for a TMA reduce-add.
+  dq_wait_deferred the TMA reduce-add of dQ's tile waits for its read of shared memory just before
+                   the next step writes the tile there, not right after it is issued (TileLang
+                   0.1.15 places the wait there; the generated CUDA is edited, the kernel renamed
+                   so that TileLang's cache keeps it apart): whether the issuing warp's wait, which
+                   holds its warpgroup's next GEMMs, costs time.
+
+Leave-one-out diagnostics, timing only (wrong gradients by design, not judged):
+
+  no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add cost.
+  no_dq_reduce     dQ's tile computed and staged in shared memory, never added to the accumulator.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
 
+import tilelang  # noqa: E402
 import torch  # noqa: E402
 
 from fa_kernel import backward as shipped_backward  # noqa: E402
@@ -63,6 +75,13 @@ T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_t
         "T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], acc_dq)",
     ),
 )
+DEFERRED_KERNEL = "flash_attention_backward_dq_wait_deferred"
+# The PrimFunc renamed: its CUDA is edited after generation (defer_dq_wait), and TileLang's cache
+# keys a kernel by its program, which the edit does not change.
+DQ_WAIT_DEFERRED = (
+    ("return flash_attention_backward", f"return flash_attention_backward.with_attr('global_symbol', {DEFERRED_KERNEL!r})"),
+)
+NO_DQ_REDUCE = (("T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_tma=True)", ""),)
 # name -> (patches of backward.py, compiled_backward's own arguments)
 VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "shipped": ((), {}),
@@ -70,7 +89,38 @@ VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "short_d64": (SHORT_D64, {}),
     "three_stages": (THREE_STAGES, {}),
     "dq_from_registers": (DQ_FROM_REGISTERS, {}),
+    "dq_wait_deferred": (DQ_WAIT_DEFERRED, {}),
+    "no_dq": ((), {"with_dq": False}),
+    "no_dq_reduce": (NO_DQ_REDUCE, {}),
 }
+KNOWN_INCORRECT = frozenset({"no_dq", "no_dq_reduce"})
+
+_ISSUE = re.compile(r"if \(\(\(int\)threadIdx\.x\) == (\d+)\) \{\s*tl::fence_proxy_async\(\);\s*(?:#pragma unroll\s*)?for[^{]*\{[^}]*tl::tma_store_add")
+_IMMEDIATE_WAIT = "tl::tma_store_arrive();\n        tl::tma_store_wait<0, true>();"
+# The sync before dQ's tile is written to shared memory, and the first statement after the walk.
+_STAGING = re.compile(r"(\n\s*tl::__sync_thread_partial\(\d+, \d+\);\s*#pragma unroll\s*for \(int (\w+) = 0; \2 < \d+; \+\+\2\) \{\s*\*\(float2\*\)\(\(\(float\*\)dQ_shared\))")
+_AFTER_WALK = re.compile(r"(\n\s*#pragma unroll\s*for \(int (\w+) = 0; \2 < \d+; \+\+\2\) \{\s*float4 \w+;\s*float4 \w+ = \*\(float4\*\)\(acc_dk)")
+
+
+def defer_dq_wait(code: str, target=None) -> str:
+    """dq_wait_deferred's edit of the generated CUDA (a no-op for every other kernel): the read-wait
+    moved from right after the reduce-add to before the next write of dQ's tile (the sync after
+    it holds the block), and once more after the walk, before the block may exit. Raises where the code is not shaped as TileLang 0.1.15 writes it."""
+    if f"{DEFERRED_KERNEL}_kernel" not in code:
+        return code
+    if _ISSUE.search(code) is None or code.count(_IMMEDIATE_WAIT) != 1:
+        raise ValueError("dq_wait_deferred: the dQ reduce-add and its wait not found in the generated CUDA")
+    # Unguarded: a thread that issued no bulk store returns from the wait at once.
+    wait = "\n      tl::tma_store_wait<0, true>();"
+    code = code.replace(_IMMEDIATE_WAIT, "tl::tma_store_arrive();")
+    for pattern in (_STAGING, _AFTER_WALK):
+        if len(pattern.findall(code)) != 1:
+            raise ValueError(f"dq_wait_deferred: {pattern.pattern!r} not found once in the generated CUDA")
+        code = pattern.sub(lambda match: wait + match.group(1), code)
+    return code
+
+
+tilelang.register_cuda_postproc(defer_dq_wait)
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),
     Shape(8, 32, 4096, 128, True, torch.bfloat16),
@@ -106,7 +156,10 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     delta = torch.empty((batch, heads, padded_rows(seqlen_q)), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
     preprocess(out, dout, lse, delta, lse_log2)
-    dq_accum = torch.zeros((batch, heads, seqlen_q, head_dim), dtype=torch.float32, device=q.device)
+    # A kernel without dQ (`with_dq=False`) takes a one-element placeholder.
+    with_dq = VARIANTS[variant][1].get("with_dq", True)
+    dq_shape = (batch, heads, seqlen_q, head_dim) if with_dq else (1,)
+    dq_accum = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
 
     def call():
@@ -114,7 +167,8 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
         kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale)
 
     def grads():
-        return (dq_accum.transpose(1, 2) * scale).to(dtype), dk, dv
+        dq = (dq_accum.transpose(1, 2) * scale).to(dtype) if with_dq else torch.zeros_like(q)
+        return dq, dk, dv
 
     return call, grads, (q, k, v, dout)
 
@@ -150,7 +204,8 @@ def main() -> int:
                 if not verdict.passed:
                     yield f"d{head_dim} causal={causal} {case}: {verdict}"
 
-    variants = ab.within_the_bound(variants, failures)
+    judged = ab.within_the_bound([name for name in variants if name not in KNOWN_INCORRECT], failures)
+    variants = None if judged is None else [name for name in variants if name in judged or name in KNOWN_INCORRECT]
     if variants is None:
         return 1
     print("within the bound on", CHECKS, ":", ", ".join(variants), flush=True)
