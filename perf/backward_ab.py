@@ -21,37 +21,36 @@ Variants (`--list` prints them):
                    the variant is the shipped kernel.
   short_d64        head_dim 64 on 64-row query tiles (128 shipped); head_dim 128 as shipped.
   three_stages     three Q/dO tiles in flight instead of two.
-  dq_from_registers  dQ's tile added to its fp32 accumulator by atomics from registers, not
-                   staged in shared memory for a TMA reduce-add.
-  dq_wait_deferred the TMA reduce-add of dQ's tile waits for its read of shared memory just before
-                   the next step writes the tile there, not right after it is issued (TileLang
-                   0.1.15 places the wait there; the generated CUDA is edited, the kernel renamed
-                   so that TileLang's cache keeps it apart): whether the issuing warp's wait, which
-                   holds its warpgroup's next GEMMs, costs time.
+  dq_wait_at_once  the bulk reduce-add of dQ's tile waited for right after it is issued, as
+                   TileLang's T.atomic_add(use_tma=True) does (shipped until 2026-12-04; the wait
+                   holds the issuing warp's warpgroup from its next GEMMs).
+
+Measured and dropped (git history of this file, docs/performance.md): dQ added by atomics from
+registers (0.40-0.53x).
 
 Leave-one-out diagnostics, timing only (wrong gradients by design, not judged):
 
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add cost.
   no_dq_reduce     dQ's tile computed and staged in shared memory, never added to the accumulator.
+  (A first measurement of the deferred wait edited the generated CUDA of the kernel before it:
+  1.08-1.09x at d128, 1.13-1.15x at d64; its code is in this file's git history.)
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
 
-import tilelang  # noqa: E402
 import torch  # noqa: E402
 
 from fa_kernel import backward as shipped_backward  # noqa: E402
 from fa_kernel import flash_attn_func  # noqa: E402
-from fa_kernel.backward import compiled_preprocess, padded_rows  # noqa: E402
+from fa_kernel.backward import compiled_preprocess, dq_row, padded_rows  # noqa: E402
 from fa_kernel.bench import BACKWARD_FLOPS, Shape, cuda_median_ms  # noqa: E402
 from fa_kernel.builds import quiet_tilelang  # noqa: E402
 from fa_kernel.interface import compile_arch  # noqa: E402
@@ -65,62 +64,28 @@ TILES = "BACKWARD_TILES = {64: (128, 128, 2), 128: (64, 128, 2)}"
 # as tall (shipped until 128 rows measured 1.17x causal, 0.98x without the mask).
 SHORT_D64 = ((TILES, "BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}"),)
 THREE_STAGES = ((TILES, "BACKWARD_TILES = {64: (128, 128, 3), 128: (64, 128, 3)}"),)
-# dQ's tile added from registers (AtomicAddx2, TileLang guarding the rows past seqlen_q), as
-# FlashAttention-2 does: no shared-memory staging, no two barriers around it, and no wait for the
-# TMA reduce-add's read, which the generated code places right after issuing it.
-DQ_FROM_REGISTERS = (
+# The wait right after the add, where TileLang's T.atomic_add(use_tma=True) places it; the one
+# before the next step's write then finds nothing in flight.
+DQ_WAIT_AT_ONCE = (("T.tma_store_arrive()", "T.tma_store_arrive()\nT.tma_store_wait(0)"),)
+NO_DQ_REDUCE = (
     (
-        """T.copy(acc_dq, dQ_shared)
-T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_tma=True)""",
-        "T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], acc_dq)",
+        """T.fence_proxy_async()
+T.call_extern('handle', 'tl::tma_store_add', T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_start, 0]), block_m * DQ_ROW * 4)
+T.tma_store_arrive()""",
+        "T.fence_proxy_async()",
     ),
 )
-DEFERRED_KERNEL = "flash_attention_backward_dq_wait_deferred"
-# The PrimFunc renamed: its CUDA is edited after generation (defer_dq_wait), and TileLang's cache
-# keys a kernel by its program, which the edit does not change.
-DQ_WAIT_DEFERRED = (
-    ("return flash_attention_backward", f"return flash_attention_backward.with_attr('global_symbol', {DEFERRED_KERNEL!r})"),
-)
-NO_DQ_REDUCE = (("T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_tma=True)", ""),)
 # name -> (patches of backward.py, compiled_backward's own arguments)
 VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "shipped": ((), {}),
     "bottom-up": ((), {"rows_bottom_up": True}),
     "short_d64": (SHORT_D64, {}),
     "three_stages": (THREE_STAGES, {}),
-    "dq_from_registers": (DQ_FROM_REGISTERS, {}),
-    "dq_wait_deferred": (DQ_WAIT_DEFERRED, {}),
+    "dq_wait_at_once": (DQ_WAIT_AT_ONCE, {}),
     "no_dq": ((), {"with_dq": False}),
     "no_dq_reduce": (NO_DQ_REDUCE, {}),
 }
 KNOWN_INCORRECT = frozenset({"no_dq", "no_dq_reduce"})
-
-_ISSUE = re.compile(r"if \(\(\(int\)threadIdx\.x\) == (\d+)\) \{\s*tl::fence_proxy_async\(\);\s*(?:#pragma unroll\s*)?for[^{]*\{[^}]*tl::tma_store_add")
-_IMMEDIATE_WAIT = "tl::tma_store_arrive();\n        tl::tma_store_wait<0, true>();"
-# The sync before dQ's tile is written to shared memory, and the first statement after the walk.
-_STAGING = re.compile(r"(\n\s*tl::__sync_thread_partial\(\d+, \d+\);\s*#pragma unroll\s*for \(int (\w+) = 0; \2 < \d+; \+\+\2\) \{\s*\*\(float2\*\)\(\(\(float\*\)dQ_shared\))")
-_AFTER_WALK = re.compile(r"(\n\s*#pragma unroll\s*for \(int (\w+) = 0; \2 < \d+; \+\+\2\) \{\s*float4 \w+;\s*float4 \w+ = \*\(float4\*\)\(acc_dk)")
-
-
-def defer_dq_wait(code: str, target=None) -> str:
-    """dq_wait_deferred's edit of the generated CUDA (a no-op for every other kernel): the read-wait
-    moved from right after the reduce-add to before the next write of dQ's tile (the sync after
-    it holds the block), and once more after the walk, before the block may exit. Raises where the code is not shaped as TileLang 0.1.15 writes it."""
-    if f"{DEFERRED_KERNEL}_kernel" not in code:
-        return code
-    if _ISSUE.search(code) is None or code.count(_IMMEDIATE_WAIT) != 1:
-        raise ValueError("dq_wait_deferred: the dQ reduce-add and its wait not found in the generated CUDA")
-    # Unguarded: a thread that issued no bulk store returns from the wait at once.
-    wait = "\n      tl::tma_store_wait<0, true>();"
-    code = code.replace(_IMMEDIATE_WAIT, "tl::tma_store_arrive();")
-    for pattern in (_STAGING, _AFTER_WALK):
-        if len(pattern.findall(code)) != 1:
-            raise ValueError(f"dq_wait_deferred: {pattern.pattern!r} not found once in the generated CUDA")
-        code = pattern.sub(lambda match: wait + match.group(1), code)
-    return code
-
-
-tilelang.register_cuda_postproc(defer_dq_wait)
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),
     Shape(8, 32, 4096, 128, True, torch.bfloat16),
@@ -158,7 +123,7 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     preprocess(out, dout, lse, delta, lse_log2)
     # A kernel without dQ (`with_dq=False`) takes a one-element placeholder.
     with_dq = VARIANTS[variant][1].get("with_dq", True)
-    dq_shape = (batch, heads, seqlen_q, head_dim) if with_dq else (1,)
+    dq_shape = (batch, heads, padded_rows(seqlen_q), dq_row(head_dim)) if with_dq else (1,)
     dq_accum = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
 
@@ -167,7 +132,7 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
         kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale)
 
     def grads():
-        dq = (dq_accum.transpose(1, 2) * scale).to(dtype) if with_dq else torch.zeros_like(q)
+        dq = (dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2) * scale).to(dtype) if with_dq else torch.zeros_like(q)
         return dq, dk, dv
 
     return call, grads, (q, k, v, dout)

@@ -419,8 +419,8 @@ KERNEL_MUTANTS = [
     Mutant(
         "backward_dq_without_scale",
         "interface.py",
-        "torch.mul(dq_accum.transpose(1, 2), softmax_scale, out=dq)",
-        "dq.copy_(dq_accum.transpose(1, 2))",
+        "torch.mul(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2), softmax_scale, out=dq)",
+        "dq.copy_(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2))",
         first=BACKWARD_SWEEP,
     ),
     Mutant(

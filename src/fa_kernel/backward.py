@@ -13,7 +13,7 @@ specifies it tile by tile:
    of its GQA group, the query tiles of `block_m` rows that see any of its keys. Per query
    tile it recomputes Sᵀ = K·Qᵀ and P from the saved LSE (no softmax, no row state), forms
    dPᵀ = V·dOᵀ and dSᵀ = Pᵀ∘(dPᵀ − D), adds Pᵀ·dO to dV and dSᵀ·Q to dK, and adds
-   dQ_tile = dS·K into an fp32 dQ accumulator in global memory by TMA reduce-add.
+   dQ_tile = dS·K into an fp32 dQ accumulator in global memory by a bulk reduce-add.
    The transposed tiles (keys as rows) let dV and dK take P and dS straight from registers.
 3. The caller scales dQ's accumulator by softmax_scale and casts it (`interface`).
 
@@ -114,6 +114,14 @@ def tile_needs_mask(kv_start, q_start, block_n: int, block_m: int, seqlen_q, seq
     return T.if_then_else(needs_mask, 1, 0) == 1
 
 
+def dq_row(head_dim: int) -> int:
+    """The length of a row of dQ's fp32 accumulator, [B, H, padded_rows(Sq), dq_row(D)]: head_dim
+    and 4 floats. A query tile's rows of it are one contiguous run, added from shared memory in
+    one bulk copy, so shared memory holds its exact image; with 4 more floats a row, the rows of a
+    wgmma fragment's column fall on different banks (without: 8-way conflicts on its stores)."""
+    return head_dim + 4
+
+
 def gradient_sizes(block_m: int):
     """The sizes the gradient kernels take at launch (T.dynamic), once block_m is checked against
     Delta's padding, whose rows a query tile's TMA box must not leave."""
@@ -147,8 +155,9 @@ def backward_program(
     fails to lower that walk.
 
     Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
-    [B, H, padded_rows(Sq)] (from the preprocess), dQ_accum [B, H, Sq, D] fp32 (zeroed by the caller; BHSD so
-    that a query tile's rows are one box for the TMA reduce-add), dK and dV [B, Sk, Hkv, D],
+    [B, H, padded_rows(Sq)] (from the preprocess), dQ_accum [B, H, padded_rows(Sq), dq_row(D)]
+    fp32 (zeroed by the caller; BHSD, padded, so that a query tile's rows are one contiguous run
+    for the bulk reduce-add), dK and dV [B, Sk, Hkv, D],
     then scale_log2 = softmax_scale·log2(e) and softmax_scale.
     """
     if rows_bottom_up and not causal:
@@ -156,7 +165,8 @@ def backward_program(
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     dtype = DTYPES[dtype]
     accum = T.float32
-    dq_accum_shape = [batch, heads, seqlen_q, head_dim] if with_dq else [1]
+    DQ_ROW = dq_row(head_dim)
+    dq_accum_shape = [batch, heads, seqlen_q_padded, DQ_ROW] if with_dq else [1]
 
     @T.prim_func
     def flash_attention_backward(
@@ -178,7 +188,7 @@ def backward_program(
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq else None
-            dQ_shared = T.alloc_shared([block_m, head_dim], accum) if with_dq else None
+            dQ_shared = T.alloc_shared([block_m, DQ_ROW], accum) if with_dq else None
             lse = T.alloc_shared([block_m], accum)
             delta = T.alloc_shared([block_m], accum)
             acc_s = T.alloc_fragment([block_n, block_m], accum)  # Sᵀ, then Pᵀ
@@ -199,6 +209,12 @@ def backward_program(
             T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
             T.clear(acc_dk)
             T.clear(acc_dv)
+            if with_dq:
+                # dQ_shared's pad columns, which no step writes, are added as zeros. One thread:
+                # 4 floats a row, once a block.
+                if T.get_thread_binding() == 0:
+                    for i, j in T.grid(block_m, DQ_ROW - head_dim):
+                        dQ_shared[i, head_dim + j] = 0
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             for step in T.Pipelined(group_size * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks
@@ -239,8 +255,26 @@ def backward_program(
                     T.copy(ds_cast, dS_shared)
                     T.clear(acc_dq)
                     T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
-                    T.copy(acc_dq, dQ_shared)
-                    T.atomic_add(dQ_accum[b, head, q_start : q_start + block_m, :], dQ_shared, use_tma=True)
+                    # The previous step's reduce-add must have read dQ_shared: waited for here, a
+                    # step after it was issued. T.atomic_add(use_tma=True) waits right after the
+                    # add, holding its warpgroup's next GEMMs (8-15% of the kernel's time,
+                    # perf/backward_ab.py's dq_wait_deferred). Threads with no add in flight pass.
+                    T.tma_store_wait(0)
+                    T.copy(acc_dq, dQ_shared[:, :head_dim])
+                    if T.shuffle_elect(threads):
+                        # dQ_accum's rows are contiguous, so a query tile is one bulk add of
+                        # dQ_shared's image (its pad columns stay 0).
+                        T.fence_proxy_async()
+                        T.call_extern(
+                            "handle",
+                            "tl::tma_store_add",
+                            T.address_of(dQ_shared[0, 0]),
+                            T.address_of(dQ_accum[b, head, q_start, 0]),
+                            block_m * DQ_ROW * 4,
+                        )
+                        T.tma_store_arrive()
+            if with_dq:
+                T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
             for i, j in T.Parallel(block_n, head_dim):
                 acc_dk[i, j] = acc_dk[i, j] * softmax_scale
             T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, padded_rows
+from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, dq_row, padded_rows
 from fa_kernel.builds import device_facts, device_target, split_kv_build
 from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
@@ -333,8 +333,9 @@ def backward_into(
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
         head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic
     )
-    # dQ's fp32 sums for the atomic kernel; a one-element placeholder for the fixed-order dQ's.
-    accum_shape = (batch, nheads, seqlen_q, head_dim) if dq_kernel is None else (1,)
+    # dQ's fp32 sums for the atomic kernel (rows and columns padded: backward.dq_row); a
+    # one-element placeholder for the fixed-order dQ's.
+    accum_shape = (batch, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
     dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)
     with torch.cuda.device(q.device):
         preprocess(out, dout, lse.contiguous(), delta, lse_log2)
@@ -346,7 +347,7 @@ def backward_into(
             dq_kernel(q, k, v, dout, delta, lse_log2, dq, softmax_scale * LOG2E, softmax_scale)
         else:
             # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
-            torch.mul(dq_accum.transpose(1, 2), softmax_scale, out=dq)
+            torch.mul(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2), softmax_scale, out=dq)
 
 
 @_backward.register_fake
