@@ -70,7 +70,13 @@ DQ_WAIT_AT_ONCE = (("T.tma_store_arrive()", "T.tma_store_arrive()\nT.tma_store_w
 NO_DQ_REDUCE = (
     (
         """T.fence_proxy_async()
-T.call_extern('handle', 'tl::tma_store_add', T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_start, 0]), block_m * DQ_ROW * 4)
+T.call_extern(
+    'handle',
+    'tl::tma_store_add',
+    T.address_of(dQ_shared[0, 0]),
+    T.address_of(dQ_accum[b, head, q_start, 0]),
+    block_m * DQ_ROW * 4,
+)
 T.tma_store_arrive()""",
         "T.fence_proxy_async()",
     ),
@@ -132,8 +138,9 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
         kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale)
 
     def grads():
-        dq = (dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2) * scale).to(dtype) if with_dq else torch.zeros_like(q)
-        return dq, dk, dv
+        if not with_dq:
+            return torch.zeros_like(q), dk, dv
+        return (dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2) * scale).to(dtype), dk, dv
 
     return call, grads, (q, k, v, dout)
 

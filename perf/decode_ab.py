@@ -100,9 +100,7 @@ def module(name: str):
     if not patches and not tiles:
         return shipped_decode
     variant = patched_module(shipped_decode, name, patches)
-    variant.SPLIT_TILES = {
-        key: tile for key, tile in {**variant.SPLIT_TILES, **tiles}.items() if tile is not None
-    }
+    variant.SPLIT_TILES = {key: tile for key, tile in {**variant.SPLIT_TILES, **tiles}.items() if tile is not None}
     return variant
 
 

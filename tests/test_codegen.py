@@ -16,7 +16,7 @@ from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward, own_output_buff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from codegen_rules import outstanding_at_exit  # noqa: E402
+from codegen_rules import bulk_source_rewritten_in_flight, outstanding_at_exit  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -62,6 +62,8 @@ def test_nothing_asynchronous_outlives_the_block(head_dim, causal, dtype, seqlen
     # (tools/codegen_rules.py). The mutant runner's triage applies the same rule to each mutant.
     _, source = shipped_source(head_dim, causal, dtype, seqlen_k)
     assert outstanding_at_exit(source) == []
+    # Nor is O's shared tile written again while a TMA store still reads it.
+    assert bulk_source_rewritten_in_flight(source) == []
 
 
 # The other kernels, each head dim once, causal or not in turn (the rule is about their structure).
@@ -74,6 +76,8 @@ def test_nothing_asynchronous_outlives_the_block(head_dim, causal, dtype, seqlen
         ("decode", 64, False),
         ("decode", 128, True),
         ("decode", 256, False),
+        ("decode 16 rows", 64, True),
+        ("decode 16 rows", 128, False),
     ],
 )
 def test_nothing_asynchronous_outlives_the_backward_and_decode_blocks(family, head_dim, causal):
@@ -81,12 +85,29 @@ def test_nothing_asynchronous_outlives_the_backward_and_decode_blocks(family, he
     from fa_kernel.decode import compiled_decode_kernels
 
     arguments = dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch="sm_90a")
-    if family == "decode":
-        kernels = compiled_decode_kernels(**arguments)
+    if family.startswith("decode"):
+        kernels = compiled_decode_kernels(**arguments, block_m=16 if family.endswith("rows") else 64)
     else:
         kernels = compiled_gradient_kernels(**arguments, deterministic=family.startswith("deterministic"))
     for compiled in filter(None, kernels):
         assert outstanding_at_exit(compiled.get_kernel_source()) == []
+        # The backward's dQ tile: added by a bulk store whose read is waited for a step later.
+        assert bulk_source_rewritten_in_flight(compiled.get_kernel_source()) == []
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_rewrite_rule_sees_the_backwards_deferred_wait_dropped(head_dim):
+    # dQ's tile is staged in shared memory and added by a bulk reduce-add, whose read of it is
+    # waited for just before the next step writes it: without that wait the write races the
+    # copy, which no gradient shows (a step's work lies between them).
+    from fa_kernel.backward import compiled_backward
+
+    source = compiled_backward(head_dim=head_dim, causal=False, dtype="bfloat16", arch="sm_90a").get_kernel_source()
+    wait = "tl::tma_store_wait<0, true>();"
+    first = source.index(wait)
+    assert first < source.rindex(wait), "a wait in the walk and one after it"
+    (problem,) = bulk_source_rewritten_in_flight(source[:first] + source[first + len(wait) :])
+    assert "dQ_shared" in problem and "before a wait" in problem
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,7 @@ def gpu_builds(arch: str) -> list[dict]:
 
 def test_every_tile_has_its_key_ends_and_both_sides_of_its_row_block():
     runs = {}
-    for batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, tiles_per_split in gpu_cases():
+    for _, seqlen_q, heads, heads_kv, _, head_dim, _ in gpu_cases():
         rows = heads // heads_kv * seqlen_q
         runs.setdefault((head_dim, row_block(head_dim, rows)), set()).add(rows)
     for (head_dim, block_m), rows in runs.items():

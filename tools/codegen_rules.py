@@ -4,7 +4,8 @@ No test's numbers can see an asynchronous operation left running when a thread b
 block's shared memory is handed to the next block on its SM while a wgmma or a TMA store still
 reads it, and the outputs come out right unless that block writes it first. PTX requires the
 waits (wgmma.wait_group, cp.async.bulk.wait_group.read) before the memory is reused; the block's
-exit is that point for the last operations. So these rules check the code instead:
+exit is that point for the last operations, and a bulk store's source may not be written again
+before its read is waited for. So these rules check the code instead:
 tests/test_codegen.py on every shipped build, and the mutant runner's triage on every build a
 mutant changes (a build that breaks one is a kill, as a build that raises is).
 """
@@ -46,4 +47,60 @@ def outstanding_at_exit(source: str) -> list[str]:
         if starts and not waited_after(source, starts[-1].end(), wait):
             line = source.count("\n", 0, starts[-1].start()) + 1
             problems.append(f"{what} started at line {line} of the generated CUDA is not waited for before the exit")
+    return problems
+
+
+# A bulk (TMA) store from shared memory, and the buffer it reads: `tl::tma_store[_add](` with a
+# tensor map first or not, then the source's address.
+BULK_STORE = re.compile(r"\btl::tma_store(?:_add)?\((?:\w+, )?\(&\(\(\(\w+\*\)(\w+)\)")
+BULK_READ_WAIT = re.compile(r"\btl::tma_store_wait<0\b")
+
+
+def enclosing_loop_body(source: str, position: int) -> tuple[int, int] | None:
+    """(start, end) of the body of the innermost `for` loop around `position`, or None."""
+    for header in reversed([m for m in re.finditer(r"\bfor \(", source) if m.start() < position]):
+        opening = source.index("{", header.end())
+        depth = 0
+        for index in range(opening, len(source)):
+            depth += {"{": 1, "}": -1}.get(source[index], 0)
+            if depth == 0:
+                break
+        if opening < position < index:
+            return opening + 1, index
+    return None
+
+
+def bulk_source_rewritten_in_flight(source: str) -> list[str]:
+    """Writes of a bulk store's shared-memory source that can come while the store still reads
+    it: for a store issued in a loop, a write of its buffer reached from the store, the rest of
+    the iteration then the next one's, with no wait for the stores' reads between (PTX: the
+    source may be reused only after cp.async.bulk.wait_group.read). No output shows the race
+    unless the write overtakes the copy, which a step's length of work between them hides."""
+    problems = []
+    for store in BULK_STORE.finditer(source):
+        body = enclosing_loop_body(source, store.start())
+        if body is None:
+            continue
+        buffer = store.group(1)
+        # A line writing the buffer: it stands left of an assignment, or a stmatrix's target.
+        assigned = rf"^[^=\n]*\b{buffer}\b[^=\n]*[^=!<>]=[^=]"
+        writes = re.compile(rf"{assigned}|ptx_stmatrix\w*\(\(&\(\(\(\w+\*\){buffer}\)", re.M)
+        events = sorted(
+            [(m.start(), "wait") for m in BULK_READ_WAIT.finditer(source, *body)]
+            + [(m.start(), "write") for m in writes.finditer(source, *body)]
+            + [(store.start(), "store")]
+        )
+        pending = False
+        for position, kind in events + events:  # twice: the next iteration follows this one
+            if kind == "store":
+                pending = True
+            elif kind == "wait":
+                pending = False
+            elif pending:
+                line = source.count("\n", 0, position) + 1
+                problems.append(
+                    f"{buffer}, read by a bulk store at line {source.count(chr(10), 0, store.start()) + 1}, "
+                    f"is written at line {line} before a wait for the store's read"
+                )
+                break
     return problems

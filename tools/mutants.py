@@ -58,7 +58,7 @@ PACKAGE = ROOT / "src" / "fa_kernel"
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
 
 from ast_mutants import GeneratedMutant, apply_patch, generate  # noqa: E402
-from codegen_rules import outstanding_at_exit  # noqa: E402
+from codegen_rules import bulk_source_rewritten_in_flight, outstanding_at_exit  # noqa: E402
 from equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING  # noqa: E402
 
 
@@ -838,7 +838,8 @@ def generated_code_digests(
                     artifact = lower(program, target=target)
                 generated = f"{artifact.kernel_source}\n{artifact.host_mod}\n{artifact.params}\n{module.PASS_CONFIGS!r}"
                 digests[index] = hashlib.sha256(generated.encode()).hexdigest()
-                if problems := outstanding_at_exit(artifact.kernel_source):
+                source = artifact.kernel_source
+                if problems := outstanding_at_exit(source) + bulk_source_rewritten_in_flight(source):
                     digests[index] = f"breaks: {problems[0]}"
             except Exception as error:  # a build that lowers in one source and not in the other differs
                 digests[index] = f"error: {type(error).__name__}: {error}"

@@ -209,12 +209,11 @@ def backward_program(
             T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
             T.clear(acc_dk)
             T.clear(acc_dv)
-            if with_dq:
-                # dQ_shared's pad columns, which no step writes, are added as zeros. One thread:
-                # 4 floats a row, once a block.
-                if T.get_thread_binding() == 0:
-                    for i, j in T.grid(block_m, DQ_ROW - head_dim):
-                        dQ_shared[i, head_dim + j] = 0
+            # dQ_shared's pad columns, which no step writes, are added as zeros. One thread: 4
+            # floats a row, once a block.
+            if with_dq and T.get_thread_binding() == 0:
+                for i, j in T.grid(block_m, DQ_ROW - head_dim):
+                    dQ_shared[i, head_dim + j] = 0
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             for step in T.Pipelined(group_size * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks

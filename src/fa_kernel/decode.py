@@ -42,6 +42,7 @@ PASS_CONFIGS = {
     tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
 }
 
+
 class SplitTile(NamedTuple):
     """A split kernel's tile and launch: how its thread blocks are shaped and how many an SM."""
 
@@ -139,7 +140,8 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, tile: SplitTile):
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             acc_s = T.alloc_fragment([block_m, block_n], accum)
-            acc_p = T.alloc_fragment([block_m, block_n], dtype) if split_rows else T.alloc_shared([block_m, block_n], dtype)
+            allocate_p = T.alloc_fragment if split_rows else T.alloc_shared
+            acc_p = allocate_p([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
             row_max = T.alloc_fragment([block_m], accum)
             row_max_prev = T.alloc_fragment([block_m], accum)
