@@ -49,7 +49,7 @@ def test_every_split_kv_variant_applies_once_to_decode_py():
         "for name in decode_ab.VARIANTS:\n"
         "    kernels = decode_ab.module(name)\n"
         "    for (head_dim, _), tile in kernels.SPLIT_TILES.items():\n"
-        "        kernels.split_program(head_dim=head_dim, causal=True, dtype='bfloat16', tile=tile)\n"
+        "        kernels.split_program(head_dim=head_dim, causal=True, dtype='bfloat16', config=tile)\n"
     )
 
 

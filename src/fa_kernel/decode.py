@@ -59,10 +59,10 @@ SPLIT_TILES = {
     # (its kernel's name: 16x128x128_1x4x1). Four warps split S's keys and O's columns (mma.sync,
     # 16 rows each; P through shared memory, the two GEMMs' fragments being laid out apart); no
     # producer warpgroup, 196 registers and 72 KB at d128: two blocks an SM. GPU time against the
-    # 64-row tile: 1.09x at 64x32/8x1x8192, 1.36x at 1x32/8x1x32768 (docs/performance.md). One
+    # 64-row tile: 1.04-1.39x on the decode grid's steps it takes (docs/performance.md). One
     # stage (TileLang 0.1.15's pipeliner cannot unroll more without a producer, the trip count
     # being dynamic); cp.async still loads each next K and V tile under the current GEMMs.
-    # Splits for two blocks an SM at d64 (1.16x one at 64x8/1x1x8192), one at d128 (0.97x two).
+    # Splits for two blocks an SM at d64 (1.16x one at 64x8/1x1x8192), one at d128 (two 0.96-1.03x).
     (64, 16): SplitTile(16, 128, 1, False, 2),
     (128, 16): SplitTile(16, 128, 1, False, 1),
     # Up to 64 rows, and d256: one warpgroup of 64 rows (wgmma's smallest M) behind a producer
@@ -105,8 +105,8 @@ def split_plan(
     return ceildiv(tiles, tiles_per_split), tiles_per_split
 
 
-def split_program(*, head_dim: int, causal: bool, dtype: str, tile: SplitTile):
-    """The partial attention of each key split, as a TileLang PrimFunc, on `tile`'s blocks.
+def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile):
+    """The partial attention of each key split, as a TileLang PrimFunc, on `config`'s blocks.
 
     Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], then O_partial
     [B, splits, H, Sq, D] and LSE_partial [B, splits, H, Sq] (fp32, log2 units), then
@@ -116,7 +116,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, tile: SplitTile):
     dtype = DTYPES[dtype]
     accum = T.float32
     neg_inf = -T.infinity(accum)
-    block_m, block_n, num_stages = tile.block_m, tile.block_n, tile.num_stages
+    block_m, block_n, num_stages = config.block_m, config.block_n, config.num_stages
     # One warpgroup's wgmma takes 64 rows whole; fewer, the four warps split S's keys and O's
     # columns, and P reaches every warp through shared memory.
     split_rows = block_m >= 64
@@ -282,7 +282,7 @@ def compiled_decode_kernels(
     """(split, combine): the two kernels a split-KV launch on the (head_dim, block_m) tile runs
     (a module-level builder, for `builds.build_all`)."""
     tile = SPLIT_TILES[head_dim, block_m]
-    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, tile=tile)
+    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, config=tile)
     return _compile(split, arch, tile.producer), _compile(combine_program(head_dim=head_dim, dtype=dtype), arch)
 
 
