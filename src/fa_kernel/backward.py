@@ -118,7 +118,8 @@ def dq_row(head_dim: int) -> int:
     """The length of a row of dQ's fp32 accumulator, [B, H, padded_rows(Sq), dq_row(D)]: head_dim
     and 4 floats. A query tile's rows of it are one contiguous run, added from shared memory in
     one bulk copy, so shared memory holds its exact image; with 4 more floats a row, the rows of a
-    wgmma fragment's column fall on different banks (without: 8-way conflicts on its stores)."""
+    wgmma fragment's column fall on different banks (ncu: 2-way conflicts on its stores, where
+    unpadded rows would give 8-way; 8 floats measured within noise, perf/backward_ab.py)."""
     return head_dim + 4
 
 
@@ -256,8 +257,8 @@ def backward_program(
                     T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
                     # The previous step's reduce-add must have read dQ_shared: waited for here, a
                     # step after it was issued. T.atomic_add(use_tma=True) waits right after the
-                    # add, holding its warpgroup's next GEMMs (8-15% of the kernel's time,
-                    # perf/backward_ab.py's dq_wait_deferred). Threads with no add in flight pass.
+                    # add, holding its warpgroup's next GEMMs (the kernel 1.13-1.19x faster here,
+                    # perf/backward_ab.py's dq_wait_at_once). Threads with no add in flight pass.
                     T.tma_store_wait(0)
                     T.copy(acc_dq, dQ_shared[:, :head_dim])
                     if T.shuffle_elect(threads):
