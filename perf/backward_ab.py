@@ -26,8 +26,8 @@ Variants (`--list` prints them):
                    holds the issuing warp's warpgroup from its next GEMMs).
   dq_pad_8         dQ's accumulator rows padded by 8 floats, not 4 (conflict-free stores of the
                    tile's image into shared memory, 3% more bytes added).
-  ds_before_dv     dS formed before the dV GEMM: the fp32 Sᵀ and dPᵀ dead while dV and dK run
-                   (at head_dim 64 ptxas serialises every wgmma of the shipped order).
+  dv_before_ds     the dV GEMM before dS is formed (shipped until 2026-12-04): the fp32 Sᵀ and
+                   dPᵀ live across it, and at head_dim 64 ptxas serialises every wgmma (C7512).
 
 Measured and dropped (git history of this file, docs/performance.md): dQ added by atomics from
 registers (0.40-0.53x).
@@ -75,17 +75,17 @@ DQ_WAIT_AT_ONCE = (("T.tma_store_arrive()", "T.tma_store_arrive()\nT.tma_store_w
 # dQ's rows padded by 8 floats, not 4: a row 8 banks on from the last, each half-warp of the
 # fragment's stores into dQ_shared conflict-free (4: two-way, ncu), for 3% more bytes added.
 DQ_PAD_8 = (("head_dim + 4", "head_dim + 8"),)
-# dS formed before the dV GEMM, not after it: Sᵀ's and dPᵀ's fp32 tiles are then dead while dV
-# and dK run, which at head_dim 64 on 128 rows ptxas otherwise serialises every wgmma for
-# (C7512, "insufficient register resources", with spills). Same values, same bits.
-DS_BEFORE_DV = (
+# The dV GEMM before dS is formed: Sᵀ's and dPᵀ's fp32 tiles then live across it, and at
+# head_dim 64 on 128 rows ptxas serialises every wgmma for it (C7512, "insufficient register
+# resources", with spills). Same values, same bits.
+DV_BEFORE_DS = (
     (
-        """T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-for i, j in T.Parallel(block_n, block_m):
-    ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])""",
         """for i, j in T.Parallel(block_n, block_m):
     ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
 T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)""",
+        """T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+for i, j in T.Parallel(block_n, block_m):
+    ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])""",
     ),
 )
 # The elected thread's branch, which issues the add, never taken.
@@ -98,7 +98,7 @@ VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "three_stages": (THREE_STAGES, {}),
     "dq_wait_at_once": (DQ_WAIT_AT_ONCE, {}),
     "dq_pad_8": (DQ_PAD_8, {}),
-    "ds_before_dv": (DS_BEFORE_DV, {}),
+    "dv_before_ds": (DV_BEFORE_DS, {}),
     "no_dq": ((), {"with_dq": False}),
     "no_dq_reduce": (NO_DQ_REDUCE, {}),
 }

@@ -247,9 +247,12 @@ def backward_program(
                 T.copy(acc_s, p_cast)
                 T.wait_wgmma(0)
                 T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
-                T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                # dS before dV's GEMM: the fp32 Sᵀ and dPᵀ are then dead while dV and dK run. In
+                # the other order ptxas serialises every wgmma at head_dim 64 (C7512, with
+                # spills); this one is 1.20x there (perf/backward_ab.py, docs/performance.md).
                 for i, j in T.Parallel(block_n, block_m):
                     ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
+                T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                 if with_dq:
                     T.copy(ds_cast, dS_shared)
