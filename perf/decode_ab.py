@@ -27,8 +27,6 @@ Variants (`--list`): decode.py's tile table (`SPLIT_TILES`) edited, or its sourc
   small_rows_one_block, small_rows_two_blocks  the 16-row tiles' splits for one block an SM at
                    d64, two at d128 (the other head dim as shipped).
   small_rows_64_keys  the 16-row tile at d128 on 64 keys (40 KB: more blocks an SM could fit).
-  small_rows_256_keys  the 16-row tiles on 256 keys (twice the bytes in flight a block: at one
-                   batch one block an SM streams the keys; 140 KB at d128).
   wide_d128        64-row d128 tiles of 128 keys (half the loop trips, twice the registers for S).
   two_stages       64-row tiles with two K/V tiles in flight instead of three.
   a_second_wave    splits rounded up: at least a block for every SM, where a partial second wave
@@ -36,7 +34,9 @@ Variants (`--list`): decode.py's tile table (`SPLIT_TILES`) edited, or its sourc
 
 Measured and dropped, in git history (perf/decode_ab.py before the 16-row tiles shipped) and
 docs/performance.md: four stages, splits for two or four blocks an SM on the 64-row tile, and
-`no_warp_specialization` (the 64-row tile without a producer, one stage: 0.82-0.95x).
+`no_warp_specialization` (the 64-row tile without a producer, one stage: 0.82-0.95x),
+`small_rows_256_keys` (the 16-row tiles on 256 keys, twice the bytes in flight a block:
+0.97-1.01x).
 
 Not a variant: two resident thread blocks an SM (`T.annotate_min_blocks_per_sm(2)` on the split
 kernel, with setmaxnreg 24/232 or without it: 112-128 registers a thread, no spills) passed the
@@ -87,7 +87,6 @@ VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
     "small_rows_one_block": ((), retiled((64, 16), blocks_per_sm=1)),
     "small_rows_two_blocks": ((), retiled((128, 16), blocks_per_sm=2)),
     "small_rows_64_keys": ((), retiled((128, 16), block_n=64)),
-    "small_rows_256_keys": ((), {**retiled((64, 16), block_n=256), **retiled((128, 16), block_n=256)}),
     "wide_d128": ((), retiled((128, 64), block_n=128)),
     "two_stages": ((), {key: value for key in WIDE for value in retiled(key, num_stages=2).values()}),
     "a_second_wave": (((AT_MOST_A_WAVE, AT_LEAST_A_WAVE),), {}),
