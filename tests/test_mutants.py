@@ -81,14 +81,40 @@ def test_a_triaged_mutant_runs_the_smoke_tests_of_the_builds_it_changes_first():
     assert untriaged == [("own tests", ["-x", *mutant.first]), ("smoke", ["-x", *mutants.SMOKE_ARGS])]
 
 
-def test_same_kernels_tells_a_refactor_from_a_change():
+def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
+    import shutil
+
     import same_kernels
 
-    source = (mutants.PACKAGE / "kernel.py").read_text()
-    builds = same_kernels.compared_builds()[:2]
-    assert same_kernels.differing_builds(source, source, builds) == []
-    changed = mutants.KERNEL_MUTANTS[0].mutated_source()  # the rescale dropped
-    assert same_kernels.differing_builds(source, changed, builds) == builds
+    compared = same_kernels.compared_builds()
+    assert {family for family, _ in compared} == set(same_kernels.ENTRIES)
+    builds = [next(build for build in compared if build[0] == family) for family in same_kernels.ENTRIES]
+    package = mutants.ROOT / "src"
+    renamed = shutil.copytree(package, tmp_path / "renamed")
+    decode = renamed / "fa_kernel" / "decode.py"
+    text = decode.read_text()
+    for name in (
+        "for r, j in T.Parallel(block_m, block_n):\n",
+        "last_key[r])",
+        "acc_s[r, j] = T.if_then_else(visible, acc_s[r, j]",
+    ):
+        text = text.replace(name, name.replace("r,", "x,").replace("[r", "[x"), 1)
+    decode.write_text(text)  # a loop variable renamed: the same program but for a name
+    changed = shutil.copytree(package, tmp_path / "changed")
+    backward = changed / "fa_kernel" / "backward.py"
+    backward.write_text(backward.read_text().replace("(acc_dp[i, j] - delta[j])", "(acc_dp[i, j] + delta[j])"))  # a bug
+    before = same_kernels.program_digests(package, builds)
+    assert same_kernels.verdicts(before, same_kernels.program_digests(package, builds)) == ["identical"] * 3
+    assert same_kernels.verdicts(before, same_kernels.program_digests(renamed, builds)) == [
+        "identical",
+        "identical",
+        "names",
+    ]
+    assert same_kernels.verdicts(before, same_kernels.program_digests(changed, builds)) == [
+        "identical",
+        "differs",
+        "identical",
+    ]
 
 
 def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):

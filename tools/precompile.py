@@ -72,23 +72,14 @@ def main() -> int:
     if (args.arch is None) != (args.sm_count is None):
         given = f"--arch {args.arch} --sm-count {args.sm_count}"
         parser.error(f"--arch and --sm-count go together: expected both or neither, got {given}")
-    import test_backward_kernel
-    import test_decode
-    from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
-    from fa_kernel.builds import build_unless_built, device_target, distinct_tasks, split_kv_builds, unique
-    from fa_kernel.decode import compiled_decode_kernels
+    from fa_kernel.builds import build_unless_built, device_target, distinct_tasks
 
     sm_count, arch = device_target() if args.arch is None else (args.sm_count, args.arch)
-    builds = smoke_builds(arch) if args.smoke else suite_builds(sm_count, arch)
-    # One pool for every kind, the builds of several kernels each (gradients, split-KV) first: a
-    # pool per kind would end each on a round of idle cores.
-    gradients = [] if args.smoke else gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
-    # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
-    decodes = [] if args.smoke else unique(test_decode.gpu_builds(arch) + split_kv_builds(arch))
-    everything = gradients + decodes + builds
-    builders = (
-        [compiled_gradient_kernels] * len(gradients) + [compiled_decode_kernels] * len(decodes) + [None] * len(builds)
-    )
+    if args.smoke:
+        everything = smoke_builds(arch)
+        builders: list = [None] * len(everything)
+    else:
+        everything, builders = every_build(sm_count, arch)
     start = time.perf_counter()
     errors = build_unless_built(everything, args.jobs, builder=builders)
     if errors is None:
@@ -101,6 +92,24 @@ def main() -> int:
         print("\n".join(failed))
         return 1
     return 0
+
+
+def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
+    """(builds, builders) of every kernel the GPU suite needs, as build_all takes them: the
+    gradients' and split-KV's first (kernels of several kinds share one pool: a pool per kind
+    would end each on a round of idle cores), then the forward's (builder None)."""
+    import test_backward_kernel
+    import test_decode
+    from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
+    from fa_kernel.builds import split_kv_builds, unique
+    from fa_kernel.decode import compiled_decode_kernels
+
+    gradients = gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
+    # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
+    decodes = unique(test_decode.gpu_builds(arch) + split_kv_builds(arch))
+    forwards = suite_builds(sm_count, arch)
+    builders = [compiled_gradient_kernels] * len(gradients) + [compiled_decode_kernels] * len(decodes)
+    return gradients + decodes + forwards, builders + [None] * len(forwards)
 
 
 def smoke_builds(arch: str) -> list[dict]:
