@@ -1,7 +1,7 @@
 """Whether an edit of the package changes any kernel: every shipped and tested build's programs
 (forward, gradient and split-KV), compared with those of the package at a git ref.
 
-    python -m tools.same_kernels [REF]      # from the repository root; default HEAD; exit 1 naming the builds that differ
+    python -m tools.same_kernels [REF]   # from the repository root; REF default HEAD; exit 1 if any differs
 
 A build is one call of a kernel family's compile entry (`ENTRIES`) with the arguments
 tools/precompile.py builds for a 132-SM GPU at sm_90a, plus mutant triage's forward builds.
