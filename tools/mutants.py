@@ -172,8 +172,7 @@ KERNEL_MUTANTS = [
         # (P~, not S): the recomputation of S forgotten.
         "new_max_from_stale_exponentials",
         "kernel.py",
-        "issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)\n"
-        "T.wait_wgmma(0)",
+        "issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)\nT.wait_wgmma(0)",
         "T.wait_wgmma(0)",
         first=JUMPS,
     ),
@@ -206,31 +205,38 @@ KERNEL_MUTANTS = [
         "T.reduce_max(acc_s, row_max, dim=1, clear=False)\nT.copy(row_max, row_max_prev)",
         first=JUMPS,
     ),
+    # The visibility rule (mask.py), which every kernel applies: its CPU test runs first.
     Mutant(
+        # The forward's additive mask hides no key past seqlen_k (without causal).
         "no_boundary_mask",
-        "kernel.py",
-        "acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)",
-        "acc_s[i, j] = 0",
+        "mask.py",
+        "return key >= self.seqlen_k",
+        "return key < 0",
+        within="hides",
     ),
+    Mutant("causal_off_by_one", "mask.py", "key > self.last_key(row)", "key >= self.last_key(row)", within="hides"),
     Mutant(
-        "causal_off_by_one",
-        "kernel.py",
-        "kv_start + j > q_start + i + diagonal_offset",
-        "kv_start + j >= q_start + i + diagonal_offset",
-    ),
-    Mutant(
-        # The diagonal tiles lose their mask: only tiles past seqlen_k get one.
+        # The diagonal tiles lose their mask: only tiles past seqlen_k (or the last row) get one.
         "mask_only_past_the_end",
-        "kernel.py",
-        "return T.Or(past_the_end, kv_start + block_n - 1 > q_start + diagonal_offset)",
-        "return past_the_end",
+        "mask.py",
+        "needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > self.last_key(q_start))",
+        "needs_mask = needs_mask",
     ),
-    Mutant("causal_top_left", "kernel.py", "diagonal_offset = seqlen_k - seqlen_q", "diagonal_offset = 0"),
+    Mutant(
+        "causal_top_left",
+        "mask.py",
+        "return row + (self.seqlen_k - self.seqlen_q)",
+        "return row",
+        more=(
+            ("return row_end + (self.seqlen_k - self.seqlen_q)", "return row_end"),
+            ("return key - (self.seqlen_k - self.seqlen_q)", "return key"),
+        ),
+    ),
     Mutant(
         "causal_loop_one_short",
         "kernel.py",
-        "last_visible = q_start + block_m + diagonal_offset",
-        "last_visible = q_start + diagonal_offset",
+        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
+        "T.ceildiv(visibility.keys_before(q_start), block_n)",
     ),
     Mutant(
         # Every warpgroup stops a K/V tile short of its rows' last (the block's last tile, too).
@@ -245,8 +251,8 @@ KERNEL_MUTANTS = [
         # where its rows straddle a K/V tile boundary).
         "warpgroup_stops_at_its_first_row",
         "kernel.py",
-        "last_visible = T.min(first_row + rows_per_warpgroup, seqlen_q) + diagonal_offset",
-        "last_visible = T.min(first_row, seqlen_q) + diagonal_offset",
+        "last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)",
+        "last_rows_end = T.min(first_row, seqlen_q)",
         first=WARPGROUP_TILES,
     ),
     Mutant(
@@ -287,8 +293,8 @@ KERNEL_MUTANTS = [
         # causal: test_kernel's schedules build one.
         "next_tile_masked_as_current",
         "kernel.py",
-        "write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)",
-        "q_start = tile.q_start\nwrite_mask(acc_s, 0, q_start, diagonal_offset, seqlen_k)",
+        "write_mask(acc_s, 0, next_q_start)",
+        "q_start = tile.q_start\nwrite_mask(acc_s, 0, q_start)",
         first=PERSISTENT,
     ),
     Mutant(
@@ -358,11 +364,8 @@ KERNEL_MUTANTS = [
         "q_start + i <= seqlen_q",
         more=(
             (
-                "PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True, "
-                "tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}",
-                "PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True, "
-                "tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True, "
-                "tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
+                "PASS_CONFIGS = OWN_SYNCS",
+                "PASS_CONFIGS = {**OWN_SYNCS, __import__('tilelang').PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
             ),
         ),
         first=GUARD_REGIONS,
@@ -376,20 +379,21 @@ KERNEL_MUTANTS = [
     ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(
+        # The select's causal part dropped (the gradient kernels and the split-KV kernel).
         "backward_causal_mask_dropped",
-        "backward.py",
-        "visible = T.And(visible, key <= row + (seqlen_k - seqlen_q))",
+        "mask.py",
+        "visible = T.And(visible, key <= (self.last_key(row) if last_key is None else last_key))",
         "visible = visible",
-        within="sees",  # both gradient kernels' mask
+        within="sees",
         first=BACKWARD_SWEEP,
     ),
     Mutant(
         # A tile whose last key is one right of its first row's diagonal taken for a tile every
         # row sees whole: that row sees one key too many (both gradient kernels).
         "backward_diagonal_tile_unmasked",
-        "backward.py",
-        "kv_start + block_n - 1 > q_start + (seqlen_k - seqlen_q)",
-        "kv_start + block_n - 1 > q_start + (seqlen_k - seqlen_q) + 1",
+        "mask.py",
+        "kv_start + block_n - 1 > self.last_key(q_start)",
+        "kv_start + block_n - 1 > self.last_key(q_start) + 1",
         within="tile_needs_mask",
         first=BACKWARD_SWEEP,
     ),
@@ -397,8 +401,8 @@ KERNEL_MUTANTS = [
         # The causal walk starts one query tile after the first that sees the K/V tile.
         "backward_first_query_tile_late",
         "backward.py",
-        "T.max(kv_start - diagonal_offset, 0) // block_m",
-        "T.max(kv_start - diagonal_offset, 0) // block_m + 1",
+        "T.max(visibility.first_row(kv_start), 0) // block_m",
+        "T.max(visibility.first_row(kv_start), 0) // block_m + 1",
         first=BACKWARD_SWEEP,
     ),
     Mutant(
@@ -437,8 +441,8 @@ KERNEL_MUTANTS = [
         # The walk stops one K/V tile before the last its rows see.
         "deterministic_dq_last_tile_dropped",
         "backward.py",
-        "T.ceildiv(q_start + block_m + diagonal_offset, block_n)",
-        "T.ceildiv(q_start + block_m + diagonal_offset, block_n) - 1",
+        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
+        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n) - 1",
         within="dq_program",
         first=DETERMINISTIC_SWEEP,
     ),
@@ -497,16 +501,16 @@ KERNEL_MUTANTS = [
     Mutant(
         # The key one past seqlen_k (loaded as zeros) counted as seen.
         "decode_mask_one_key_wide",
-        "decode.py",
-        "key < seqlen_k",
-        "key <= seqlen_k",
+        "mask.py",
+        "visible = key < self.seqlen_k",
+        "visible = key <= self.seqlen_k",
         first=DECODE,
     ),
     Mutant(
         "decode_causal_off_by_one",
         "decode.py",
-        "key <= last_key[r]",
-        "key < last_key[r]",
+        "last_key[r] = visibility.last_key((first_row + r) // group_size)",
+        "last_key[r] = visibility.last_key((first_row + r) // group_size) - 1",
         first=DECODE,
     ),
     Mutant(
@@ -638,7 +642,7 @@ GUARD_TEST = "tests/test_guard_regions.py::test_sweep_builds_write_only_out_and_
 CPU_TESTS = ("tests/test_configs.py", "tests/test_api.py")
 # CPU tests of a kernel file's pure conditions, run before any GPU tier of its mutants: a
 # mutant of one of them dies in seconds, without a compile.
-CPU_BY_FILE = {"backward.py": ("tests/test_backward_tiles.py",)}
+CPU_BY_FILE = {"backward.py": ("tests/test_backward_tiles.py",), "mask.py": ("tests/test_mask.py",)}
 
 
 def cpu_args(file: str) -> list[str]:
@@ -706,13 +710,16 @@ def program_builds(file: str) -> list[dict]:
 def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
     """sha256 of the PrimFunc scripts and pass configs (TileLang's cache key) of the kernels each
     build's builder compiles, with `file`'s text replaced by `source`, read by standing in for the
-    module's `_compile`; 'error: ...' where building a program raises."""
+    module's `compile_program`; 'error: ...' where building a program raises."""
     digests = []
     try:
         with _kernel_module(source) as module:
-            configs = repr(module.PASS_CONFIGS)
-            # decode.py's _compile takes whether the kernel has a producer warpgroup too.
-            module._compile = lambda program, arch, *options: program.script(show_meta=True) + configs + repr(options)
+            # The kernels' one compile call (fa_kernel.toolchain), as the module imported it.
+            from fa_kernel.toolchain import FAST_MATH
+
+            module.compile_program = lambda program, arch, pass_configs=FAST_MATH: (
+                program.script(show_meta=True) + repr(pass_configs)
+            )
             builder = getattr(module, PROGRAM_BUILDERS[file])
             for build in builds:
                 try:

@@ -55,35 +55,71 @@ def compared_builds(sm_count: int = 132, arch: str = "sm_90a") -> list[tuple[str
     return compared
 
 
-def program_digests(src: Path, builds: list[tuple[str, dict]]) -> list[list[list[str]]]:
+def program_digests(src: Path, builds: list[tuple[str, dict]], lowered: bool = False) -> list[list[list[str]]]:
     """For each build, [script digest, structure digest, pass configs and target] of each program
-    it compiles, with the package imported from `src` (a checkout's src/), in a process of its own."""
+    it compiles, with the package imported from `src` (a checkout's src/), in a process of its own;
+    `lowered`: [digest of the generated code] instead (TileLang's lowering, no nvcc: seconds a
+    program)."""
+    return _collect(_start(src, builds, lowered))
+
+
+def _start(src: Path, builds: list[tuple[str, dict]], lowered: bool) -> subprocess.Popen:
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
-    command = [sys.executable, "-m", "tools.same_kernels", "--record"]
-    done = subprocess.run(
-        command, input=json.dumps(builds), env=environment, cwd=ROOT, capture_output=True, text=True, check=False
+    command = [sys.executable, "-m", "tools.same_kernels", "--lowered" if lowered else "--record"]
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+        cwd=ROOT,
+        text=True,
     )
-    if done.returncode:
-        raise RuntimeError(f"recording the programs of {src} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    process.stdin.write(json.dumps(builds))  # small: the pipe holds it, so both workers run at once
+    process.stdin.close()
+    return process
 
 
-def record(builds: list[tuple[str, dict]]) -> list[list[list[str]]]:
+def _collect(process: subprocess.Popen) -> list[list[list[str]]]:
+    out, err = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"recording the programs failed:\n{err[-4000:]}")
+    return json.loads(out.splitlines()[-1])
+
+
+def both_digests(before: Path, after: Path, builds: list[tuple[str, dict]], lowered: bool = False) -> list[str]:
+    """verdicts of the builds between two src/ folders, both recorded at once (a process each)."""
+    started = [_start(src, builds, lowered) for src in (before, after)]
+    return verdicts(*(_collect(each) for each in started))
+
+
+def record(builds: list[tuple[str, dict]], lowered: bool = False) -> list[list[list[str]]]:
     """program_digests' worker: each build's compile calls, recorded instead of compiled."""
     import importlib
 
     import tilelang
     import tvm
+    from tilelang.engine.lower import lower
 
     from fa_kernel.configs import TileConfig
 
+    tilelang.set_log_level("WARNING")
     calls: list[list[str]] = []
 
     def recorder(program, target=None, pass_configs=None, **options):
-        script = program.script(show_meta=True)
         configs = sorted((str(key), repr(value)) for key, value in (pass_configs or {}).items())
+        setting = repr((configs, target, sorted(options.items())))
+        if lowered:
+            # What nvcc and the runtime wrapper are given: the CUDA source, the host module
+            # (launch, TMA descriptors, argument checks) and the kernel's parameters.
+            target = tvm.target.Target(target)
+            with tvm.transform.PassContext(opt_level=3, config=pass_configs or {}), target:
+                artifact = lower(program, target=target)
+            calls.append([_sha(f"{artifact.kernel_source}\n{artifact.host_mod}\n{artifact.params}\n{setting}")])
+            return None
+        script = program.script(show_meta=True)
         structure = str(tvm.ir.structural_hash(program))
-        calls.append([_sha(script), _sha(structure), repr((configs, target, sorted(options.items())))])
+        calls.append([_sha(script), _sha(structure), setting])
         return None
 
     tilelang.compile = recorder
@@ -104,7 +140,8 @@ def _sha(text: str) -> str:
 
 
 def verdicts(before: list, after: list) -> list[str]:
-    """Per build: 'identical', 'names' (structurally equal programs) or 'differs'."""
+    """Per build: 'identical', 'names' (structurally equal programs) or 'differs' (the lowered
+    code's digests: 'identical' or 'differs')."""
     out = []
     for old, new in zip(before, after, strict=True):
         if old == new:
@@ -114,6 +151,10 @@ def verdicts(before: list, after: list) -> list[str]:
         else:
             out.append("differs")
     return out
+
+
+def _lowered(verdict: str) -> str:
+    return "same code" if verdict == "identical" else "differs"
 
 
 def checkout_src(ref: str, into: Path) -> Path:
@@ -129,16 +170,25 @@ def checkout_src(ref: str, into: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ref", nargs="?", default="HEAD", help="git ref of the package to compare with")
+    parser.add_argument("--programs-only", action="store_true", help="compare the programs, lower none")
+    parser.add_argument("--src", type=Path, default=ROOT / "src", help="the src/ folder compared with REF's")
     parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)  # the worker's side
+    parser.add_argument("--lowered", action="store_true", help=argparse.SUPPRESS)  # the worker's side
     args = parser.parse_args()
-    if args.record:
-        print(json.dumps(record(json.loads(sys.stdin.read()))))
+    if args.record or args.lowered:
+        print(json.dumps(record(json.loads(sys.stdin.read()), lowered=args.lowered)))
         return 0
     builds = compared_builds()
     with tempfile.TemporaryDirectory() as folder:
-        before = program_digests(checkout_src(args.ref, Path(folder)), builds)
-    after = program_digests(ROOT / "src", builds)
-    found = verdicts(before, after)
+        before = checkout_src(args.ref, Path(folder))
+        found = both_digests(before, args.src, builds)
+        # Programs that differ may still lower to the same code (an expression regrouped that the
+        # simplifier folds): lowered on both sides, the generated code decides.
+        differing = [build for build, verdict in zip(builds, found, strict=True) if verdict == "differs"]
+        if differing and not args.programs_only:
+            print(f"{len(differing)} builds' programs differ; lowering them on both sides")
+            settled = iter(both_digests(before, args.src, differing, lowered=True))
+            found = [(verdict if verdict != "differs" else _lowered(next(settled))) for verdict in found]
     counts = {family: [0, 0] for family in ENTRIES}
     for (family, _), verdict in zip(builds, found, strict=True):
         counts[family][0] += verdict != "differs"

@@ -27,18 +27,12 @@ dK and dV are written once per K/V tile (deterministic); dQ's reduce-adds arrive
 # against this module's closure, which string annotations would hide.
 import functools
 
-import tilelang
 import tilelang.language as T
 
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
+from fa_kernel.mask import Visibility
 from fa_kernel.numerics import LOG2E
-
-DTYPES = {"float16": T.float16, "bfloat16": T.bfloat16}
-
-PASS_CONFIGS = {
-    # exp2 goes to the MUFU unit's ex2.approx (relative error 2^-22), far below the rounding of
-    # P and dS to fp16/bf16 before their GEMMs.
-    tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
-}
+from fa_kernel.toolchain import DTYPES, compile_program
 
 # Query rows per thread block of the preprocess: one row per thread. Delta and LSE₂ are written
 # for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
@@ -91,24 +85,11 @@ def preprocess_program(*, head_dim: int, dtype: str):
     return flash_attention_backward_preprocess
 
 
-def sees(key, row, seqlen_q, seqlen_k, causal: bool):
-    """Whether query `row` sees `key` (both in range; causal, bottom-right: key <= row + seqlen_k -
-    seqlen_q): the gradient kernels give P = 0 by a select elsewhere, so that a NaN or Inf score
-    of a key a row cannot see never reaches its gradients."""
-    visible = T.And(key < seqlen_k, row < seqlen_q)
-    if causal:
-        visible = T.And(visible, key <= row + (seqlen_k - seqlen_q))
-    return visible
-
-
-def tile_needs_mask(kv_start, q_start, block_n: int, block_m: int, seqlen_q, seqlen_k, causal: bool):
-    """Whether the tile of keys from kv_start and rows from q_start holds a pair `sees` hides: a
-    key past seqlen_k, a row past seqlen_q or, causal, its last key right of its first row's
-    diagonal. Every other tile takes P = exp2(...) without the select (the select at every
-    element of every tile cost the causal gradient a third of its time: docs/performance.md)."""
-    needs_mask = T.Or(kv_start + block_n > seqlen_k, q_start + block_m > seqlen_q)
-    if causal:
-        needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > q_start + (seqlen_k - seqlen_q))
+def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, block_m: int):
+    """Whether the tile holds a (key, row) pair the rule hides, rows past seqlen_q included: every
+    other tile takes P = exp2(...) without the select (the select at every element of every tile
+    cost the causal gradient a third of its time: docs/performance.md)."""
+    needs_mask = visibility.tile_needs_mask(kv_start, block_n, q_start, block_m)
     # As an int: on the bool, TileLang 0.1.15's thread sync fails to lower some non-causal
     # builds (head_dim 64 on 128-row tiles: "a shared-memory sync inside a divergent region").
     return T.if_then_else(needs_mask, 1, 0) == 1
@@ -164,6 +145,7 @@ def backward_program(
     if rows_bottom_up and not causal:
         raise ValueError("rows_bottom_up: expected only with causal=True (a causal walk's order), got causal=False")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
+    visibility = Visibility(seqlen_q, seqlen_k, causal)
     dtype = DTYPES[dtype]
     accum = T.float32
     DQ_ROW = dq_row(head_dim)
@@ -202,9 +184,8 @@ def backward_program(
 
             group_size = heads // heads_kv
             kv_start = kv_block * block_n
-            diagonal_offset = seqlen_k - seqlen_q
             # Causal: rows before the first that sees this tile's first key add nothing.
-            first_q_block = T.max(kv_start - diagonal_offset, 0) // block_m if causal else 0
+            first_q_block = T.max(visibility.first_row(kv_start), 0) // block_m if causal else 0
             q_blocks = T.ceildiv(seqlen_q, block_m) - first_q_block
             T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
             T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
@@ -237,9 +218,9 @@ def backward_program(
                 )
                 T.wait_wgmma(1)
                 T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
-                if tile_needs_mask(kv_start, q_start, block_n, block_m, seqlen_q, seqlen_k, causal):
+                if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
                     for i, j in T.Parallel(block_n, block_m):
-                        visible = sees(kv_start + i, q_start + j, seqlen_q, seqlen_k, causal)
+                        visible = visibility.sees(kv_start + i, q_start + j, rows_checked=True)
                         acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
                 else:
                     for i, j in T.Parallel(block_n, block_m):
@@ -297,6 +278,7 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
     scale_log2 and softmax_scale.
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
+    visibility = Visibility(seqlen_q, seqlen_k, causal)
     dtype = DTYPES[dtype]
     accum = T.float32
 
@@ -326,12 +308,13 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
 
             kv_head = head // (heads // heads_kv)
             q_start = q_block * block_m
-            diagonal_offset = seqlen_k - seqlen_q
             num_kv_blocks = T.ceildiv(seqlen_k, block_n)
             if causal:
                 # Tiles right of the block's last row's diagonal add nothing: none is loaded (a
                 # block whose rows see no key walks none, and its dQ is 0).
-                num_kv_blocks = T.max(0, T.min(num_kv_blocks, T.ceildiv(q_start + block_m + diagonal_offset, block_n)))
+                num_kv_blocks = T.max(
+                    0, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
+                )
             T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
             T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
             T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
@@ -347,9 +330,9 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
                 T.gemm(dO_shared, V_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 # The keys a row cannot see get P = 0 by a select, where the tile holds any, as in
                 # the dK/dV kernel.
-                if tile_needs_mask(kv_start, q_start, block_n, block_m, seqlen_q, seqlen_k, causal):
+                if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
                     for i, j in T.Parallel(block_m, block_n):
-                        visible = sees(kv_start + j, q_start + i, seqlen_q, seqlen_k, causal)
+                        visible = visibility.sees(kv_start + j, q_start + i, rows_checked=True)
                         p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
                         ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
                 else:
@@ -363,30 +346,10 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
     return flash_attention_backward_dq
 
 
-# Tiles by head dim: (block_m, block_n, num_stages), FlashAttention-3's. head_dim 64 on 128 query
-# rows (half the loop's steps, each GEMM twice as tall; measured 1.17x causal, 0.98x without the
-# mask at 8x32x4096, perf/backward_ab.py); head_dim 128 on 64, where Sᵀ and dPᵀ of 128 rows would
-# take 128 fp32 registers a thread beside dK and dV's 128. head_dim 256 has none yet: dK and dV
-# of 128 keys take 256 fp32 registers a thread on two warpgroups, and 64 keys on two
-# warpgroups give wgmma no row split (layout conflict).
-BACKWARD_TILES = {64: (128, 128, 2), 128: (64, 128, 2)}
-# The fixed-order dQ kernel's tiles: 64 query rows at both. At head_dim 64 on 128 rows the
-# deterministic gradient measured 0.71x (204 TFLOP/s against 288 at 8x32x4096, 175 against 243
-# causal): its S, dP and dQ of 128 rows weigh on registers as the dK/dV kernel's do not.
-DQ_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
-
-
-def _compile(program, arch: str | None):
-    """`program` compiled for `arch` ("sm_90a": nvcc only, no GPU needed), or for the current
-    CUDA device where None, as kernel.compiled_forward compiles the forward."""
-    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
-    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
-
-
 @functools.cache
 def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None):
     """The compiled preprocess, cached in this process (TileLang's disk cache spans processes)."""
-    return _compile(preprocess_program(head_dim=head_dim, dtype=dtype), arch)
+    return compile_program(preprocess_program(head_dim=head_dim, dtype=dtype), arch)
 
 
 @functools.cache
@@ -411,7 +374,7 @@ def compiled_backward(
         rows_bottom_up=rows_bottom_up,
         with_dq=with_dq,
     )
-    return _compile(program, arch)
+    return compile_program(program, arch)
 
 
 @functools.cache
@@ -421,7 +384,7 @@ def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = N
     program = dq_program(
         head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages
     )
-    return _compile(program, arch)
+    return compile_program(program, arch)
 
 
 def compiled_gradient_kernels(

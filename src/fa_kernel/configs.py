@@ -1,13 +1,15 @@
-"""Tile configurations: which block sizes, pipeline depth and thread count each case runs.
+"""Tile configurations: which block sizes, pipeline depth and thread count each kernel runs, and
+which kernel serves a call (the forward kernel or the split-KV kernels), one line of reason per
+entry; the measurements behind them: docs/tile-configs.md and docs/performance.md.
 
-The table is keyed by (GPU architecture, head_dim, causal) and was filled by measurement
-(`fa-kernel tune` regenerates it; docs/perf-log.md keeps the numbers behind each entry). Attention
-over few keys has a second table, TUNED_SHORT: per case, configs each up to a number of keys
-(seqlen_k); past the last, TUNED's. Launches whose grid gives the SMs few work tiles have a
-third, TUNED_GRIDS: bands of tiles per SM, each with key entries of its own (`fa-kernel tune
---heads` measures a ladder per grid). The kernel is written for Hopper (TMA, wgmma, setmaxnreg),
-so the tables have sm_90 rows only; a case not in them gets the smallest configuration, which
-is correct and slow.
+The gradient kernels' tiles (BACKWARD_TILES, DQ_TILES) and the split-KV kernels' (SPLIT_TILES)
+are keyed by head_dim. The forward's table is keyed by (GPU architecture, head_dim, causal) and
+was filled by measurement (`fa-kernel tune` regenerates it). Attention over few keys has a
+second table, TUNED_SHORT: per case, configs each up to a number of keys (seqlen_k); past the
+last, TUNED's. Launches whose grid gives the SMs few work tiles have a third, TUNED_GRIDS: bands
+of tiles per SM, each with key entries of its own (`fa-kernel tune --heads` measures a ladder
+per grid). The kernel is written for Hopper (TMA, wgmma, setmaxnreg), so the tables have sm_90
+rows only; a case not in them gets the smallest configuration, which is correct and slow.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,49 @@ def _entries(arch: str, head_dim: int, causal: bool, grid: float | None) -> tupl
                 return entries
     return (*TUNED_SHORT.get(case, ()), (None, TUNED.get(case, FALLBACK)))
 
+
+# ---- the gradient kernels (backward.py): (block_m, block_n, num_stages) by head_dim ----
+
+BACKWARD_TILES = {
+    # FlashAttention-3's: 128 query rows halve the walk's steps and double each GEMM's height
+    64: (128, 128, 2),
+    # 64 rows: Sᵀ and dPᵀ of 128 rows would take 128 fp32 registers a thread beside dK's and dV's
+    128: (64, 128, 2),
+}  # head_dim 256 has none yet: dK and dV of 128 keys take 256 fp32 registers a thread
+# The fixed-order dQ kernel (deterministic=True): 64 rows at both; its S, dP and dQ of 128 rows
+# weigh on registers as the dK/dV kernel's do not (0.71x at head_dim 64).
+DQ_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+
+
+# ---- the split-KV kernels (decode.py) ----
+
+
+class SplitTile(NamedTuple):
+    """A split kernel's tile and launch: how its thread blocks are shaped and how many an SM."""
+
+    block_m: int  # rows, (query, query head of the group) pairs, a thread block
+    block_n: int  # keys a K/V tile
+    num_stages: int  # K/V tiles in flight
+    producer: bool  # a producer warpgroup loads K/V by TMA (TileLang's warp specialisation)
+    blocks_per_sm: int  # thread blocks an SM the splits aim for (decode.split_plan)
+
+
+# By (head_dim, block_m); a launch takes the fewest rows that hold its group's (decode.row_block).
+SPLIT_TILES = {
+    # a group's rows up to 16: cuDNN's decode tile, four warps splitting the keys (mma.sync, P through
+    # shared memory), no producer, one stage (TileLang's pipeliner cannot unroll more without one)
+    # two blocks an SM at d64, one at d128 (72 KB, 196 registers)
+    (64, 16): SplitTile(16, 128, 1, False, 2),
+    (128, 16): SplitTile(16, 128, 1, False, 1),
+    # up to 64 rows, and d256: one warpgroup (wgmma's smallest M) behind a TMA producer; three
+    # stages, the only way to more bytes in flight with one block an SM
+    (64, 64): SplitTile(64, 128, 3, True, 1),
+    (128, 64): SplitTile(64, 64, 3, True, 1),
+    (256, 64): SplitTile(64, 64, 3, True, 1),
+}
+
+
+# ---- which kernel serves a call ----
 
 # Where the split-KV kernels beat the forward kernel on a step of few queries: GPU time (CUDA
 # graph replays, the host's path per call out of it) on the H200 at d128 (docs/performance.md,

@@ -25,55 +25,16 @@ forward kernel (`configs.split_kv_serves`). Its algorithm is `emulator_split_kv.
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
 import functools
-from typing import NamedTuple
 
-import tilelang
 import tilelang.language as T
 import torch
 
-from fa_kernel.configs import split_kv_serves
+from fa_kernel.configs import SPLIT_TILES, SplitTile, split_kv_serves
+from fa_kernel.mask import Visibility
 from fa_kernel.numerics import LN2, LOG2E
+from fa_kernel.softmax import RowState, online_softmax
+from fa_kernel.toolchain import DTYPES, NO_PRODUCER, compile_program
 
-DTYPES = {"float16": T.float16, "bfloat16": T.bfloat16}
-
-PASS_CONFIGS = {
-    # exp2 goes to the MUFU unit's ex2.approx (relative error 2^-22), far below P's rounding to
-    # fp16/bf16 before P·V, as in the forward.
-    tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
-}
-
-
-class SplitTile(NamedTuple):
-    """A split kernel's tile and launch: how its thread blocks are shaped and how many an SM."""
-
-    block_m: int  # rows, (query, query head of the group) pairs, a thread block
-    block_n: int  # keys a K/V tile
-    num_stages: int  # K/V tiles in flight
-    producer: bool  # a producer warpgroup loads K/V by TMA (TileLang's warp specialisation)
-    blocks_per_sm: int  # thread blocks an SM the splits aim for (split_plan)
-
-
-# By (head_dim, block_m); a launch takes the fewest rows that hold its group's (row_block).
-SPLIT_TILES = {
-    # A group's rows up to 16 (one query of a group of at most 16 heads): cuDNN's decode tile
-    # (its kernel's name: 16x128x128_1x4x1). Four warps split S's keys and O's columns (mma.sync,
-    # 16 rows each; P through shared memory, the two GEMMs' fragments being laid out apart); no
-    # producer warpgroup, 196 registers and 72 KB at d128: two blocks an SM. GPU time against the
-    # 64-row tile: 1.04-1.39x on the decode grid's steps it takes (docs/performance.md). One
-    # stage (TileLang 0.1.15's pipeliner cannot unroll more without a producer, the trip count
-    # being dynamic); cp.async still loads each next K and V tile under the current GEMMs.
-    # Splits for two blocks an SM at d64 (1.16x one at 64x8/1x1x8192), one at d128 (two 0.96-1.03x).
-    (64, 16): SplitTile(16, 128, 1, False, 2),
-    (128, 16): SplitTile(16, 128, 1, False, 1),
-    # Up to 64 rows, and d256: one warpgroup of 64 rows (wgmma's smallest M) behind a producer
-    # warpgroup. Three K/V tiles in flight (96 KB at d128): with one block an SM, the SM's only
-    # way to more bytes in flight (+4-8% at one batch, level elsewhere); d128 tiles of 128 keys
-    # measured no faster (docs/performance.md). One block an SM faster than two on every step
-    # flash_attn_func routes here (longer splits, fewer partials to write and combine).
-    (64, 64): SplitTile(64, 128, 3, True, 1),
-    (128, 64): SplitTile(64, 64, 3, True, 1),
-    (256, 64): SplitTile(64, 64, 3, True, 1),
-}
 HEAD_DIMS = tuple(sorted({head_dim for head_dim, _ in SPLIT_TILES}))
 # The most rows of a group the split kernels take (configs.split_kv_serves): the widest tile's.
 MOST_ROWS = max(block_m for _, block_m in SPLIT_TILES)
@@ -113,6 +74,8 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
     scale_log2 = softmax_scale·log2(e) and tiles_per_split (K/V tiles per split).
     """
     batch, seqlen_q, seqlen_k, heads, heads_kv, splits = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv, splits")
+    visibility = Visibility(seqlen_q, seqlen_k, causal)
+    softmax = online_softmax(config.block_m, config.block_n, head_dim)
     dtype = DTYPES[dtype]
     accum = T.float32
     neg_inf = -T.infinity(accum)
@@ -150,6 +113,7 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
             tile_sum = T.alloc_fragment([block_m], accum)
             row_sum = T.alloc_fragment([block_m], accum)
             last_key = T.alloc_fragment([block_m], T.int32)  # causal: each row's last visible key
+            row_state = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
 
             kv_head = row_block_head % heads_kv
             first_row = (row_block_head // heads_kv) * block_m
@@ -161,13 +125,12 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
                     first_row + r < rows, Q[b, row // group_size, kv_head * group_size + row % group_size, d], 0
                 )
             T.fill(acc_o, 0)
-            T.fill(row_sum, 0)
-            T.fill(row_max, neg_inf)
+            softmax.start_rows(row_state)
             if causal:
-                # Bottom-right: query i sees key j <= i + seqlen_k - seqlen_q; worked out once
-                # per row here, not at every score (a division by the group size).
+                # Each row's last key, worked out once per row here, not at every score (a
+                # division by the group size).
                 for r in T.Parallel(block_m):
-                    last_key[r] = (first_row + r) // group_size + seqlen_k - seqlen_q
+                    last_key[r] = visibility.last_key((first_row + r) // group_size)
             first_tile = split * tiles_per_split
             tiles = T.max(0, T.min(tiles_per_split, T.ceildiv(seqlen_k, block_n) - first_tile))
             for tile in T.Pipelined(tiles, num_stages=num_stages):
@@ -179,41 +142,24 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
                 # cannot see (past seqlen_k, right of its diagonal) never reaches it.
                 for r, j in T.Parallel(block_m, block_n):
                     key = kv_start + j
-                    visible = key < seqlen_k
-                    if causal:
-                        visible = T.And(visible, key <= last_key[r])
+                    visible = visibility.sees(key, None, last_key=last_key[r])
                     acc_s[r, j] = T.if_then_else(visible, acc_s[r, j], neg_inf)
-                T.copy(row_max, row_max_prev)
-                T.reduce_max(acc_s, row_max, dim=1, clear=False)
-                for r in T.Parallel(block_m):
-                    # 0 stands in for the max of a row that has seen only masked keys, so that
-                    # exp2 sees -inf - 0 (weight 0), not -inf + inf.
-                    row_max_scaled[r] = T.if_then_else(row_max[r] == neg_inf, 0, row_max[r] * scale_log2)
-                    alpha[r] = T.if_then_else(
-                        row_max[r] == row_max_prev[r], 1, T.exp2(row_max_prev[r] * scale_log2 - row_max_scaled[r])
-                    )
-                for r, j in T.Parallel(block_m, block_n):
-                    acc_s[r, j] = T.exp2(acc_s[r, j] * scale_log2 - row_max_scaled[r])
-                T.reduce_sum(acc_s, tile_sum, dim=1)
-                for r in T.Parallel(block_m):
-                    row_sum[r] = row_sum[r] * alpha[r] + tile_sum[r]
+                softmax.fold_tile(acc_s, row_state, scale_log2)
                 T.copy(acc_s, acc_p)
-                # The rescale before P·V, which adds into acc_o.
-                for r, d in T.Parallel(block_m, head_dim):
-                    acc_o[r, d] = acc_o[r, d] * alpha[r]
+                softmax.rescale_output(acc_o, alpha)  # before P·V, which adds into acc_o
                 T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
                 T.gemm(acc_p, V_shared, acc_o, policy=policy)
             for r, d in T.Parallel(block_m, head_dim):
                 row = first_row + r
                 if row < rows:
-                    O_partial[b, split, kv_head * group_size + row % group_size, row // group_size, d] = T.if_then_else(
-                        row_sum[r] == 0, 0, acc_o[r, d] / row_sum[r]
+                    O_partial[b, split, kv_head * group_size + row % group_size, row // group_size, d] = (
+                        softmax.normalised(acc_o, row_sum, r, d)
                     )
             for r in T.Parallel(block_m):
                 row = first_row + r
                 if row < rows:
                     LSE_partial[b, split, kv_head * group_size + row % group_size, row // group_size] = T.if_then_else(
-                        row_sum[r] == 0, neg_inf, row_max_scaled[r] + T.log2(row_sum[r])
+                        row_sum[r] == 0, neg_inf, softmax.log2_sum(row_state, r)
                     )
 
     return flash_decoding_split
@@ -266,15 +212,6 @@ def combine_program(*, head_dim: int, dtype: str):
     return flash_decoding_combine
 
 
-def _compile(program, arch: str | None, producer: bool = True):
-    """`program` compiled for `arch` ("sm_90a": nvcc only, no GPU needed), or for the current
-    CUDA device where None, as the forward and backward kernels compile; without TileLang's
-    producer warpgroup where not `producer`."""
-    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
-    configs = PASS_CONFIGS if producer else {**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True}
-    return tilelang.compile(program, target=target, pass_configs=configs)
-
-
 @functools.cache
 def compiled_decode_kernels(
     *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, block_m: int = MOST_ROWS
@@ -283,7 +220,8 @@ def compiled_decode_kernels(
     (a module-level builder, for `builds.build_all`)."""
     tile = SPLIT_TILES[head_dim, block_m]
     split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, config=tile)
-    return _compile(split, arch, tile.producer), _compile(combine_program(head_dim=head_dim, dtype=dtype), arch)
+    split_kernel = compile_program(split, arch) if tile.producer else compile_program(split, arch, NO_PRODUCER)
+    return split_kernel, compile_program(combine_program(head_dim=head_dim, dtype=dtype), arch)
 
 
 def split_kv_attention(

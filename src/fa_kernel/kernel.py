@@ -71,24 +71,19 @@ head_dim, so a compile happens once per (dtype, head_dim, causal, tile config, t
 import functools
 from dataclasses import dataclass
 
-import tilelang
 import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
+from fa_kernel.mask import Visibility
 from fa_kernel.numerics import LN2, STALE_SUM_LIMIT
+from fa_kernel.softmax import RowState, online_softmax
+from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 
-DTYPES = {"float16": T.float16, "bfloat16": T.bfloat16}
-
-PASS_CONFIGS = {
-    # exp2 goes to the MUFU unit's ex2.approx; its relative error (2^-22) is far below the
-    # fp16/bf16 rounding of P, the only down-cast in the algorithm.
-    tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True,
-    # The kernel places its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer
-    # warpgroup wait for the others at the end of each work tile, where only the V ring needs it.
-    # The mbarriers order everything else; TileLang inserted no other sync (the generated
-    # code of every config the tests build was compared with and without this key).
-    tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
-}
+# The kernel places its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer
+# warpgroup wait for the others at the end of each work tile, where only the V ring needs it.
+# The mbarriers order everything else; TileLang inserted no other sync (the generated code of
+# every config the tests build was compared with and without the key).
+PASS_CONFIGS = OWN_SYNCS
 
 PRODUCER_THREADS = 128  # one warpgroup; it needs few registers, the consumers get the rest
 PRODUCER_REGISTERS = 24
@@ -142,20 +137,6 @@ class Pipeline:
     k_empty: object
     v_full: object
     v_empty: object
-
-
-@dataclass(frozen=True)
-class RowState:
-    """The online softmax's fp32 state of each query row (fragments): the running max, the max
-    before the tile, the max times scale_log2 (0 for a row that has seen only masked keys),
-    the rescale factor for acc_o, the tile's row sums and the running sum."""
-
-    row_max: object
-    row_max_prev: object
-    row_max_scaled: object
-    alpha: object
-    tile_sum: object
-    row_sum: object
 
 
 @dataclass(frozen=True)
@@ -247,71 +228,31 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
-    # ---- the mask: written into the score accumulator, only where a tile needs one ----
+    # ---- the mask: the visibility rule (mask.py), written into the score accumulator ----
 
-    def needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):
-        """Whether the K tile at kv_start holds a key past seqlen_k or, causal, a key right of
-        the diagonal for the block's first row (later rows see more). Uniform over the block,
-        so the test costs no divergence."""
-        past_the_end = kv_start + block_n > seqlen_k
-        if causal:
-            return T.Or(past_the_end, kv_start + block_n - 1 > q_start + diagonal_offset)
-        return past_the_end
+    visibility = Visibility(seqlen_q, seqlen_k, causal)
 
     @T.macro
-    def write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k):
+    def write_mask(acc_s, kv_start, q_start):
         """-inf where a key is hidden, 0 elsewhere, into the score accumulator: the GEMM then
         adds Q.K^T to it."""
         for i, j in T.Parallel(block_m, block_n):
-            if causal:
-                acc_s[i, j] = T.if_then_else(
-                    T.Or(kv_start + j > q_start + i + diagonal_offset, kv_start + j >= seqlen_k), neg_inf, 0
-                )
-            else:
-                acc_s[i, j] = T.if_then_else(kv_start + j >= seqlen_k, neg_inf, 0)
+            acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, 0)
 
     @T.macro
-    def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, diagonal_offset, seqlen_k, mask_written=False):
+    def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
         """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
-        `mask_written`) or onto zero."""
-        if needs_mask(kv_start, q_start, diagonal_offset, seqlen_k):
+        `mask_written`) where the tile needs one, else onto zero."""
+        if visibility.tile_needs_mask(kv_start, block_n, q_start):
             if not mask_written:
-                write_mask(acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
+                write_mask(acc_s, kv_start, q_start)
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
         else:
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
 
-    # ---- the online softmax (fp32 row state; exp2 with the scale folded in) ----
+    # ---- the online softmax (softmax.py): fp32 row state, exp2 with the scale folded in ----
 
-    @T.macro
-    def exponentials(acc_s, row_max_scaled, tile_sum, scale_log2):
-        """P~ = 2^(S * scale_log2 - the row's reference max), in place, and its row sums."""
-        for i, j in T.Parallel(block_m, block_n):
-            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])
-        T.reduce_sum(acc_s, tile_sum, dim=1)
-
-    @T.macro
-    def online_softmax(acc_s, rows, scale_log2, stale_sum=None):
-        """Fold tile S into the row state; leaves P~ (fp32) in acc_s and alpha for acc_o. With
-        `stale_sum` (the row sums of P~ against the max before the tile), a row whose sum is
-        within STALE_SUM_LIMIT keeps that max, and gets bitwise what that pass gave it."""
-        row_max, row_max_prev, row_max_scaled = rows.row_max, rows.row_max_prev, rows.row_max_scaled
-        alpha, tile_sum, row_sum = rows.alpha, rows.tile_sum, rows.row_sum
-        T.copy(row_max, row_max_prev)
-        T.reduce_max(acc_s, row_max, dim=1, clear=False)
-        for i in T.Parallel(block_m):
-            if stale_sum is not None:
-                row_max[i] = T.if_then_else(stale_sum[i] > STALE_SUM_LIMIT, row_max[i], row_max_prev[i])
-            # A row that has seen only masked keys keeps max = -inf; 0 stands in so that
-            # exp2 below sees -inf - 0 = -inf (weight 0) instead of -inf + inf = NaN.
-            row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)
-            # Exactly 1 where the max stayed (the subtraction, fused into an FMA, need not give 0).
-            alpha[i] = T.if_then_else(
-                row_max[i] == row_max_prev[i], 1, T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])
-            )
-        exponentials(acc_s, row_max_scaled, tile_sum, scale_log2)
-        for i in T.Parallel(block_m):
-            row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]
+    softmax = online_softmax(block_m, block_n, head_dim)
 
     # ---- the pipeline: taking turns on the tensor cores, the K/V ring, O's way out ----
 
@@ -363,20 +304,7 @@ def forward_program(
                 leader_scope_threads=storing_threads,
             )
 
-    def normalised(acc_o, row_sum, i, d):
-        """O[i, d] after the one normalisation; a row that saw no key (causal, Sq > Sk) is 0.
-        A NaN row sum is not 0: the NaN reaches O (docs/nonfinite.md)."""
-        return T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])
-
-    @T.macro
-    def rescale_output(acc_o, alpha):
-        for i, d in T.Parallel(block_m, head_dim):
-            acc_o[i, d] *= alpha[i]
-
     # ---- the tile scheduler: which work tiles a thread block runs, and which K/V tiles ----
-
-    # Bottom-right causal alignment (flash-attn >= 2.1): query i sees key j <= i + offset.
-    diagonal_offset = seqlen_k - seqlen_q
 
     # A work tile is one block of query rows of one (batch, head). The per-tile grid is
     # (query block, head, batch); the persistent grid numbers the tiles in that order, query
@@ -413,8 +341,9 @@ def forward_program(
             # is: every TMA load issued must be waited for before the block exits (a load in
             # flight would land in the next block's shared memory), and the consumers' loop is
             # written for one tile or more. The mask zeroes that tile.
-            last_visible = q_start + block_m + diagonal_offset
-            num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(last_visible, block_n)))
+            num_kv_blocks = T.max(
+                1, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
+            )
         return b, head, kv_head, q_start, num_kv_blocks
 
     def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup):
@@ -431,8 +360,8 @@ def forward_program(
         first_row = q_start + warpgroup * rows_per_warpgroup
         visible = num_kv_blocks
         if causal:
-            last_visible = T.min(first_row + rows_per_warpgroup, seqlen_q) + diagonal_offset
-            visible = T.min(num_kv_blocks, T.ceildiv(last_visible, block_n))
+            last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)
+            visible = T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(last_rows_end), block_n))
         return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)
 
     # ---- the producer warpgroup ----
@@ -466,7 +395,7 @@ def forward_program(
         b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
         T.mbarrier_wait_parity(pipe.q_full, 0)
         T.mbarrier_wait_parity(pipe.k_full[0], 0)
-        issue_scores(pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, 0, q_start, diagonal_offset, seqlen_k)
+        issue_scores(pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, 0, q_start)
 
     @T.macro
     def start_work_tile(pipe, regs, tile, block, thread, tile_round):
@@ -477,8 +406,7 @@ def forward_program(
             b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
             T.fill(regs.acc_o, 0)
         own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128)  # noqa: F841 (a register store)
-        T.fill(regs.rows.row_sum, 0)
-        T.fill(regs.rows.row_max, neg_inf)
+        softmax.start_rows(regs.rows)
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.q_full, tile_round & 1)
         if take_turns:  # noqa: SIM102 - a Python (compile-time) test around a runtime one
@@ -500,7 +428,7 @@ def forward_program(
         first_stage = ring_slot(kv_before)[0]
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.k_full[first_stage], ring_slot(kv_before)[1])
-            issue_scores(pipe.Q, ring_stage(pipe.K, first_stage), acc_s, 0, q_start, diagonal_offset, seqlen_k)
+            issue_scores(pipe.Q, ring_stage(pipe.K, first_stage), acc_s, 0, q_start)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
         if overlap_epilogue:
@@ -510,7 +438,7 @@ def forward_program(
         T.mbarrier_arrive(pipe.k_empty[first_stage])
         if own_kv_blocks == 1:
             T.mbarrier_arrive(pipe.q_empty)  # (as in kv_step)
-        online_softmax(acc_s, regs.rows, scale_log2)
+        softmax.fold_tile(acc_s, regs.rows, scale_log2)
         T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
     @T.macro
@@ -526,7 +454,7 @@ def forward_program(
         T.mbarrier_wait_parity(pipe.k_full[stage], phase)
         if take_turns:
             wait_turn(thread)
-        issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
+        issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
         T.mbarrier_wait_parity(pipe.v_full[prev_stage], prev_phase)
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
         if take_turns:
@@ -534,7 +462,7 @@ def forward_program(
         T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
         # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
-        exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
+        softmax.exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
         row_over = 0
         for i in T.Parallel(block_m):
             if rows.tile_sum[i] > STALE_SUM_LIMIT:
@@ -548,11 +476,11 @@ def forward_program(
             # same wgmma gives the same S), the online softmax for the rows over the limit,
             # and acc_o rescaled to their new max (P~_{j-1}.V_{j-1}, the last to add to it at
             # the old one, is done).
-            issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start, diagonal_offset, seqlen_k)
+            issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-            online_softmax(acc_s, rows, scale_log2, stale_sum=rows.tile_sum)
-            rescale_output(acc_o, rows.alpha)
+            softmax.fold_tile(acc_s, rows, scale_log2, stale_sum=rows.tile_sum)
+            softmax.rescale_output(acc_o, rows.alpha)
         else:
             for i in T.Parallel(block_m):
                 rows.row_sum[i] += rows.tile_sum[i]
@@ -577,8 +505,8 @@ def forward_program(
             # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
             # nothing but its GEMM may write acc_s once that is in flight.
             next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(block, tile_round + 1)
-            if needs_mask(0, next_q_start, diagonal_offset, seqlen_k):
-                write_mask(acc_s, 0, next_q_start, diagonal_offset, seqlen_k)
+            if visibility.tile_needs_mask(0, block_n, next_q_start):
+                write_mask(acc_s, 0, next_q_start)
         T.mbarrier_wait_parity(pipe.v_full[last_stage], ring_slot(last)[1])
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
         if overlap_epilogue:
@@ -595,8 +523,6 @@ def forward_program(
                 acc_s,
                 0,
                 next_q_start,
-                diagonal_offset,
-                seqlen_k,
                 mask_written=True,
             )
             T.wait_wgmma(1)
@@ -629,15 +555,15 @@ def forward_program(
         on O's way into shared memory, except for the V ring without the overlapped epilogue,
         where it runs in place before the sync (while the other warpgroups finish). Under the
         overlapped epilogue S_0 is in flight, and nothing but wgmma may write an accumulator."""
-        acc_o, row_sum, row_max_scaled = regs.acc_o, regs.rows.row_sum, regs.rows.row_max_scaled
+        acc_o, row_sum = regs.acc_o, regs.rows.row_sum
         b, head, q_start = tile.b, tile.head, tile.q_start
         if not (overlap_epilogue or o_buffer):
             for i, d in T.Parallel(block_m, head_dim):
-                acc_o[i, d] = normalised(acc_o, row_sum, i, d)
+                acc_o[i, d] = softmax.normalised(acc_o, row_sum, i, d)
         for i in T.Parallel(block_m):
             if q_start + i < seqlen_q:
                 LSE[b, head, q_start + i] = T.if_then_else(
-                    row_sum[i] == 0, neg_inf, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2
+                    row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
                 )
         # The TMA store reads by the async proxy what the threads wrote by the generic one:
         # each thread fences its writes before the sync that lets the store go.
@@ -648,7 +574,7 @@ def forward_program(
             T.tma_store_wait(0)
             T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
             for i, d in T.Parallel(block_m, head_dim):
-                pipe.O[i, d] = normalised(acc_o, row_sum, i, d)
+                pipe.O[i, d] = softmax.normalised(acc_o, row_sum, i, d)
             T.fence_proxy_async()
             T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
             store_output(pipe.O, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
@@ -657,7 +583,7 @@ def forward_program(
             T.sync_threads(OUTPUT_BARRIERS[0], consumers)
             if overlap_epilogue:
                 for i, d in T.Parallel(block_m, head_dim):
-                    pipe.V[i, d] = normalised(acc_o, row_sum, i, d)
+                    pipe.V[i, d] = softmax.normalised(acc_o, row_sum, i, d)
             else:
                 T.copy(acc_o, pipe.V[0:block_m, :])
             T.fence_proxy_async()
@@ -803,6 +729,5 @@ def compiled_forward(
     `arch` None compiles for the current CUDA device; a name such as "sm_90a" compiles for
     that architecture without needing a GPU (nvcc only).
     """
-    target = "auto" if arch is None else {"kind": "cuda", "arch": arch}
     program = forward_program(head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count)
-    return tilelang.compile(program, target=target, pass_configs=PASS_CONFIGS)
+    return compile_program(program, arch, PASS_CONFIGS)
