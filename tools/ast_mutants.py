@@ -22,7 +22,8 @@ Operators (the names are what `--operator` takes and what ids and keys carry):
 
 Scope (each mutant costs a GPU run): in kernel.py everything inside `forward_program` (its
 nested helpers and the `@T.prim_func` included), the bodies of `consumer_registers` and
-`own_output_buffer`, and the module-level constants; in interface.py the bodies of `_attention`
+`own_output_buffer`, and the module-level constants; in mask.py the methods of `Visibility`, in
+softmax.py everything inside `online_softmax` (the parts every kernel shares); in interface.py the bodies of `_attention`
 and `forward_kernel_attention` (the launch); in configs.py the bodies of `select_config`,
 `key_ranges`, `split_kv_serves` and `forward_keys_per_sm` (the dispatch). Inside that, nothing is mutated in validation
 (an `if` whose body only raises, its test included; a `raise`; an `assert`), in f-strings, in
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "fa_kernel"
-FILES = ("kernel.py", "numerics.py", "interface.py", "configs.py")
+FILES = ("kernel.py", "mask.py", "softmax.py", "numerics.py", "interface.py", "configs.py")
 OPERATORS = ("relational", "off_by_one", "min_max", "or_and", "guard_always", "guard_never", "constant")
 
 
@@ -76,13 +77,16 @@ class Scope:
 
 SCOPES = {
     "kernel.py": Scope(("forward_program", "consumer_registers", "own_output_buffer"), constants=True),
+    # The kernels' shared parts: the visibility rule (a class: its methods) and the online softmax.
+    "mask.py": Scope(("Visibility",), constants=False),
+    "softmax.py": Scope(("online_softmax",), constants=False),
     "interface.py": Scope(("_attention", "forward_kernel_attention"), constants=False),
     "configs.py": Scope(("select_config", "key_ranges", "split_kv_serves", "forward_keys_per_sm"), constants=False),
     "numerics.py": Scope((), constants=True),
     # The gradient and split-KV kernels, for `tools/mutants.py --generated --target backward`
     # (`decode`): judged by their own GPU tests, apart from the forward's campaign.
     "backward.py": Scope(
-        ("preprocess_program", "sees", "tile_needs_mask", "gradient_sizes", "backward_program", "dq_program"),
+        ("preprocess_program", "tile_needs_mask", "gradient_sizes", "backward_program", "dq_program"),
         constants=True,
     ),
     "decode.py": Scope(("split_plan", "split_program", "combine_program"), constants=True),
@@ -418,7 +422,7 @@ class _Collector(ast.NodeVisitor):
     def collect(self, module: ast.Module) -> None:
         self.slice_functions = _slice_functions(module)
         for statement in module.body:
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if self.scope.functions is None or statement.name in self.scope.functions:
                     self.visit(statement)
             elif self.scope.constants:

@@ -40,11 +40,19 @@ def compile_program(program, arch: str | None, pass_configs: dict = FAST_MATH):
 
 @contextlib.contextmanager
 def _tilelang_logs():
-    """TileLang's logger at ERROR for the block (INFO with FA_KERNEL_VERBOSE=1), then as it was."""
+    """TileLang's log handlers at ERROR for the block (INFO with FA_KERNEL_VERBOSE=1), then as
+    they were. Its modules' loggers set levels of their own and pass their records up to the
+    `tilelang` logger's handlers, so the handlers are where a threshold holds for all of them."""
+    verbose = os.environ.get("FA_KERNEL_VERBOSE") == "1"
     logger = logging.getLogger("tilelang")
-    level = logger.level
-    logger.setLevel(logging.INFO if os.environ.get("FA_KERNEL_VERBOSE") == "1" else logging.ERROR)
+    saved = logger.level, [(handler, handler.level) for handler in logger.handlers]
+    if verbose:
+        logger.setLevel(logging.INFO)
+    for handler, _ in saved[1]:
+        handler.setLevel(logging.INFO if verbose else logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.setLevel(saved[0])
+        for handler, level in saved[1]:
+            handler.setLevel(level)
