@@ -77,6 +77,7 @@ def _start(src: Path, builds: list[tuple[str, dict]], lowered: bool) -> subproce
     )
     process.stdin.write(json.dumps(builds))  # small: the pipe holds it, so both workers run at once
     process.stdin.close()
+    process.stdin = None  # written: communicate() only reads
     return process
 
 

@@ -101,10 +101,10 @@ def unique(builds: Sequence[dict]) -> list[dict]:
 
 
 def quiet_tilelang(verbose: bool = False) -> None:
-    """TileLang logs at INFO only when asked (it writes a few lines per build otherwise)."""
-    import tilelang
-
-    tilelang.set_log_level("INFO" if verbose else "WARNING")
+    """TileLang's log lines of each build shown only when asked: `verbose` sets FA_KERNEL_VERBOSE
+    for this process and the workers it starts (fa_kernel.toolchain reads it at each compile)."""
+    if verbose:
+        os.environ["FA_KERNEL_VERBOSE"] = "1"
 
 
 Builder = Callable[..., object]
