@@ -72,7 +72,9 @@ SMOKE_WORKERS_PER_GPU = 4
 def tests(session: nox.Session) -> None:
     """The test suite: CPU tests everywhere, GPU tests too where a CUDA device exists."""
     install(session, "test", "bench")  # bench: `asv check` is part of the suite
-    session.run("pytest", *session.posargs)
+    # A worker per core (pytest-xdist): most of the CPU suite's time is nvcc and the emulator's
+    # sweeps, each test on one core. `-- -n 0` runs it in one process.
+    session.run("pytest", "-n", "auto", "--dist", "worksteal", *session.posargs)
 
 
 def require_nvidia_driver(session: nox.Session) -> None:

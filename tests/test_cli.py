@@ -443,7 +443,7 @@ def test_builds_that_all_built_once_skip_the_pool_after(monkeypatch, tmp_path):
         pools.append(len(builds))
         errors = [RuntimeError("nvcc") if fail else None for _ in builds]
         for build, error in zip(builds, errors, strict=True):
-            on_done(build, None, error)
+            on_done(build, None if error else 1.0, error)
         return errors
 
     builds = shipped_builds("sm_90", (64,))
@@ -453,6 +453,8 @@ def test_builds_that_all_built_once_skip_the_pool_after(monkeypatch, tmp_path):
     monkeypatch.setattr(builds_module, "build_all", fake_build_all)
     assert cli._build_all(console, builds, 2, False) and cli._build_all(console, builds, 2, False)
     assert pools == [len(builds), len(builds)]
+    # A console that is no terminal (a CI log) gets a line per kernel built, as no bar shows there.
+    assert f"built {len(builds)}/{len(builds)}: " in console.file.getvalue()
     assert cli._build_all(console, builds[:1], 2, False) and pools[-1] == 1  # other builds, another stamp
 
 

@@ -327,6 +327,10 @@ def _build_all(
             progress.advance(task)
             if error is not None:
                 failures.append(f"  {_build_label(build)}: {type(error).__name__}: {error}")
+            elif not (quiet or console.is_terminal):
+                # A log (CI, a pipe) shows no progress bar: a line per kernel instead.
+                finished = int(progress.tasks[0].completed)
+                console.print(f"built {finished}/{count}: {_build_label(build)} in {seconds:.0f} s")
 
         start = time.perf_counter()
         errors = build_unless_built(builds, jobs, done, verbose, builder)
