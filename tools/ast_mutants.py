@@ -21,15 +21,16 @@ Operators (the names are what `--operator` takes and what ids and keys carry):
   halved (`//` for ints), plus 1 and minus 1. Tuples and computed values are left alone.
 
 Scope (each mutant costs a GPU run): in kernel.py everything inside `forward_program` (its
-nested helpers and the `@T.prim_func` included), the bodies of `consumer_registers` and
-`own_output_buffer`, and the module-level constants; in mask.py the methods of `Visibility`, in
-softmax.py everything inside `online_softmax` (the parts every kernel shares); in interface.py the bodies of `_attention`
-and `forward_kernel_attention` (the launch); in configs.py the bodies of `select_config`,
-`key_ranges`, `split_kv_serves` and `forward_keys_per_sm` (the dispatch). Inside that, nothing is mutated in validation
-(an `if` whose body only raises, its test included; a `raise`; an `assert`), in f-strings, in
+nested helpers and the `@T.prim_func` included) and the module-level constants; in pipeline.py
+the bodies of `consumer_registers` and `own_output_buffer`, and its constants; in mask.py the
+methods of `Visibility`, in softmax.py everything inside `online_softmax` (the parts every
+kernel shares); in interface.py the bodies of `_attention` and `forward_kernel_attention` (the
+launch); in configs.py the bodies of `select_config`, `key_ranges`, `split_kv_serves` and
+`forward_keys_per_sm` (the dispatch). Inside that, nothing is mutated in validation (an `if`
+whose body only raises, its test included; a `raise`; an `assert`), in f-strings, in
 `T.dynamic(...)` or in function signatures (the `T.Tensor(...)` annotations, defaults). Files
-outside that table (tests' synthetic sources) get every top-level function and their
-module-level constants.
+outside that table (tests' synthetic sources) get every top-level function and their module-
+level constants.
 
 A mutant replaces the exact source span of one node (found from the stdlib `ast` positions)
 with that node's text changed in one place: the rest of the file stays byte-for-byte what it
@@ -63,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "fa_kernel"
-FILES = ("kernel.py", "mask.py", "softmax.py", "numerics.py", "interface.py", "configs.py")
+FILES = ("kernel.py", "pipeline.py", "mask.py", "softmax.py", "numerics.py", "interface.py", "configs.py")
 OPERATORS = ("relational", "off_by_one", "min_max", "or_and", "guard_always", "guard_never", "constant")
 
 
@@ -76,7 +77,8 @@ class Scope:
 
 
 SCOPES = {
-    "kernel.py": Scope(("forward_program", "consumer_registers", "own_output_buffer"), constants=True),
+    "kernel.py": Scope(("forward_program",), constants=True),
+    "pipeline.py": Scope(("consumer_registers", "own_output_buffer"), constants=True),
     # The kernels' shared parts: the visibility rule (a class: its methods) and the online softmax.
     "mask.py": Scope(("Visibility",), constants=False),
     "softmax.py": Scope(("online_softmax",), constants=False),

@@ -229,6 +229,12 @@ ROW_COMPUTED_TWICE = Reason(
 # The stale-max vote as the mutants' keys spell it.
 VOTE = "T.call_extern('int32', 'warpgroup_any', VOTE_BARRIERS[0] + thread // 128, row_over)"
 
+# The forward's walk bounds (keys a block's or a warpgroup's rows see, in tiles) moved out by one.
+KEY_BOUND_MUTATIONS = (
+    "min_max:T.min(num_kv_blocks, T.ceildiv(BOUND, block_n))->T.max(num_kv_blocks, T.ceildiv(BOUND, block_n))",
+    "off_by_one:T.ceildiv(BOUND, block_n)->T.ceildiv(BOUND + 1, block_n)",
+    "off_by_one:T.ceildiv(BOUND, block_n)->T.ceildiv(BOUND, block_n - 1)",
+)
 EQUIVALENT: dict[str, Reason] = {
     # ---- the numbers (numerics.py) and the launch (interface.py)
     **{
@@ -286,25 +292,9 @@ EQUIVALENT: dict[str, Reason] = {
     "kv_start + block_n - 1 > q_start + diagonal_offset - 1": EMULATOR_MASKS_MORE_TILES,
     # ---- the kernel
     # past the end: tiles ending one key earlier (or at seqlen_k) get the mask too
-    "kernel.py:needs_mask:off_by_one:kv_start + block_n > seqlen_k->kv_start + block_n + 1 > seqlen_k": (
-        MASKS_MORE_TILES
-    ),
-    "kernel.py:needs_mask:relational:kv_start + block_n > seqlen_k->kv_start + block_n >= seqlen_k": (MASKS_MORE_TILES),
-    "kernel.py:needs_mask:off_by_one:kv_start + block_n > seqlen_k->kv_start + block_n > seqlen_k - 1": (
-        MASKS_MORE_TILES
-    ),
     # non-causal launches test the diagonal too, and write_mask writes only the seqlen_k mask
-    "kernel.py:needs_mask:guard_always:causal->True": MASKS_MORE_TILES,
     # the diagonal: tiles whose last key is the first row's last visible one get the mask too
-    "kernel.py:needs_mask:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset->"
-    "kv_start + block_n - 1 + 1 > q_start + diagonal_offset": MASKS_MORE_TILES,
-    "kernel.py:needs_mask:relational:kv_start + block_n - 1 > q_start + diagonal_offset->"
-    "kv_start + block_n - 1 >= q_start + diagonal_offset": MASKS_MORE_TILES,
-    "kernel.py:needs_mask:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset->"
-    "kv_start + block_n - 1 > q_start + diagonal_offset - 1": MASKS_MORE_TILES,
     # the causal mask's past-the-end term: one key past seqlen_k left to the diagonal
-    "kernel.py:write_mask:off_by_one:kv_start + j >= seqlen_k->kv_start + j - 1 >= seqlen_k": DIAGONAL_HIDES_THE_END,
-    "kernel.py:write_mask:relational:kv_start + j >= seqlen_k->kv_start + j > seqlen_k": DIAGONAL_HIDES_THE_END,
     "kernel.py:issue_scores:guard_always:not mask_written->True": MASK_WRITTEN_AGAIN,
     # taking turns: on where the config asks for it with one warpgroup, or for every config; off
     # for two warpgroups
@@ -318,10 +308,10 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:forward_program:off_by_one:warpgroups > 1->warpgroups > 0": SCHEDULE_ONLY,
     # the budgets: half the shared memory stages O in the V ring; a producer of 127 threads, or
     # with 48 registers (the consumers get fewer)
-    "kernel.py:<module>:constant:BLOCK_SHARED_BYTES = 232448->BLOCK_SHARED_BYTES = 116224": SCHEDULE_ONLY,
-    "kernel.py:<module>:constant:SM_SHARED_BYTES = 233472->SM_SHARED_BYTES = 116736": SCHEDULE_ONLY,
-    "kernel.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 127": SCHEDULE_ONLY,
-    "kernel.py:<module>:constant:PRODUCER_REGISTERS = 24->PRODUCER_REGISTERS = 48": SCHEDULE_ONLY,
+    "pipeline.py:<module>:constant:BLOCK_SHARED_BYTES = 232448->BLOCK_SHARED_BYTES = 116224": SCHEDULE_ONLY,
+    "pipeline.py:<module>:constant:SM_SHARED_BYTES = 233472->SM_SHARED_BYTES = 116736": SCHEDULE_ONLY,
+    "pipeline.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 127": SCHEDULE_ONLY,
+    "pipeline.py:<module>:constant:PRODUCER_REGISTERS = 24->PRODUCER_REGISTERS = 48": SCHEDULE_ONLY,
     # the tile scheduler: the order of work tiles, the thread blocks a round has
     "kernel.py:work_tile:guard_never:causal->False": SCHEDULE_ONLY,  # causal query blocks in order
     "kernel.py:work_tile:guard_always:causal->True": SCHEDULE_ONLY,  # non-causal ones in reverse
@@ -345,18 +335,16 @@ EQUIVALENT: dict[str, Reason] = {
             "kernel.py:work_tile:guard_never:causal->False#2",
             "kernel.py:work_tile:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k + 1, block_n)",
             "kernel.py:work_tile:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k, block_n - 1)",
-            "kernel.py:work_tile:min_max:T.min(num_kv_blocks, T.ceildiv(last_visible, block_n))->"
-            "T.max(num_kv_blocks, T.ceildiv(last_visible, block_n))",
-            "kernel.py:work_tile:off_by_one:T.ceildiv(last_visible, block_n)->T.ceildiv(last_visible + 1, block_n)",
-            "kernel.py:work_tile:off_by_one:T.ceildiv(last_visible, block_n)->T.ceildiv(last_visible, block_n - 1)",
+            *(
+                f"kernel.py:work_tile:{mutation.replace('BOUND', 'visibility.keys_before(q_start + block_m)')}"
+                for mutation in KEY_BOUND_MUTATIONS
+            ),
             "kernel.py:warpgroup_kv_blocks:min_max:T.min(first_row + rows_per_warpgroup, seqlen_q)->"
             "T.max(first_row + rows_per_warpgroup, seqlen_q)",
-            "kernel.py:warpgroup_kv_blocks:min_max:T.min(num_kv_blocks, T.ceildiv(last_visible, block_n))->"
-            "T.max(num_kv_blocks, T.ceildiv(last_visible, block_n))",
-            "kernel.py:warpgroup_kv_blocks:off_by_one:T.ceildiv(last_visible, block_n)->"
-            "T.ceildiv(last_visible + 1, block_n)",
-            "kernel.py:warpgroup_kv_blocks:off_by_one:T.ceildiv(last_visible, block_n)->"
-            "T.ceildiv(last_visible, block_n - 1)",
+            *(
+                f"kernel.py:warpgroup_kv_blocks:{mutation.replace('BOUND', 'visibility.keys_before(last_rows_end)')}"
+                for mutation in KEY_BOUND_MUTATIONS
+            ),
             "kernel.py:warpgroup_kv_blocks:guard_never:causal->False",
             "kernel.py:warpgroup_kv_blocks:guard_always:overlap_epilogue->True",
         )
@@ -389,9 +377,6 @@ EQUIVALENT: dict[str, Reason] = {
         WARP_ARRIVES_AS_ONE
     ),
     "kernel.py:last_kv_tile:guard_always:overlap_epilogue->True": OVERLAP_STEPS_AGAIN,  # next mask, overwritten
-    "kernel.py:last_kv_tile:guard_always:needs_mask(0, next_q_start, diagonal_offset, seqlen_k)->True": (
-        MASKS_MORE_TILES
-    ),
     "kernel.py:flash_attention_forward:guard_always:overlap_epilogue->True": OVERLAP_STEPS_AGAIN,  # S_0 twice
     "kernel.py:flash_attention_forward:guard_always:overlap_epilogue->True#2": OVERLAP_STEPS_AGAIN,  # advance
     "kernel.py:flash_attention_forward:guard_always:overlap_epilogue->True#3": NOTHING_TO_WAIT_FOR,
@@ -422,36 +407,11 @@ EQUIVALENT: dict[str, Reason] = {
         )
     },
     # the LSE of a row that sees no key: log2(0) = -inf gives the select's -inf
-    "kernel.py:epilogue:guard_never:T.if_then_else(row_sum[i] == 0, neg_inf, (row_max_scaled[i] + "
-    "T.log2(row_sum[i])) * LN2)->(row_max_scaled[i] + T.log2(row_sum[i])) * LN2": LOG2_OF_ZERO,
     "kernel.py:epilogue:off_by_one:row_sum[i] == 0->row_sum[i] + 1 == 0": LOG2_OF_ZERO,
     "kernel.py:epilogue:off_by_one:row_sum[i] == 0->row_sum[i] == -1": LOG2_OF_ZERO,
     # the causal mask's past-the-end term
-    "kernel.py:write_mask:off_by_one:kv_start + j >= seqlen_k->kv_start + j >= seqlen_k + 1": DIAGONAL_HIDES_THE_END,
     # the online softmax: a row with no visible key yet, at -inf
-    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] + 1 == neg_inf": MINUS_INFINITY_PLUS_ONE,
-    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] - 1 == neg_inf": MINUS_INFINITY_PLUS_ONE,
-    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] == neg_inf + 1": MINUS_INFINITY_PLUS_ONE,
-    "kernel.py:online_softmax:off_by_one:row_max[i] == neg_inf->row_max[i] == neg_inf - 1": MINUS_INFINITY_PLUS_ONE,
     # the rows that keep their stale max: every row takes the new one, or the limit moved by one
-    "kernel.py:online_softmax:guard_never:stale_sum is not None->False": REFERENCE_MAX_IS_FREE,
-    "kernel.py:online_softmax:guard_always:T.if_then_else(stale_sum[i] > STALE_SUM_LIMIT, row_max[i], "
-    "row_max_prev[i])->row_max[i]": REFERENCE_MAX_IS_FREE,
-    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] + 1 > STALE_SUM_LIMIT": (
-        REFERENCE_MAX_IS_FREE
-    ),
-    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] - 1 > STALE_SUM_LIMIT": (
-        REFERENCE_MAX_IS_FREE
-    ),
-    "kernel.py:online_softmax:relational:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] >= STALE_SUM_LIMIT": (
-        REFERENCE_MAX_IS_FREE
-    ),
-    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] > STALE_SUM_LIMIT + 1": (
-        REFERENCE_MAX_IS_FREE
-    ),
-    "kernel.py:online_softmax:off_by_one:stale_sum[i] > STALE_SUM_LIMIT->stale_sum[i] > STALE_SUM_LIMIT - 1": (
-        REFERENCE_MAX_IS_FREE
-    ),
     # the vote that issues S again, taken by every warpgroup (the vote is 0 or 1)
     **{
         f"kernel.py:kv_step:{rewrite}": VOTE_TAKEN_ALWAYS
@@ -474,13 +434,4 @@ EQUIVALENT: dict[str, Reason] = {
     },
     # alpha's select: never taken, or taken only where the max stayed (the row max is never below
     # the one before; a max past 2^24 absorbs the 1)
-    "kernel.py:online_softmax:guard_never:T.if_then_else(row_max[i] == row_max_prev[i], 1, "
-    "T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i]))->T.exp2(row_max_prev[i] * scale_log2 - "
-    "row_max_scaled[i])": ALPHA_IS_ONE,
-    "kernel.py:online_softmax:off_by_one:row_max[i] == row_max_prev[i]->row_max[i] + 1 == row_max_prev[i]": (
-        ALPHA_IS_ONE
-    ),
-    "kernel.py:online_softmax:off_by_one:row_max[i] == row_max_prev[i]->row_max[i] == row_max_prev[i] - 1": (
-        ALPHA_IS_ONE
-    ),
 }

@@ -131,7 +131,7 @@ KERNEL_MUTANTS = [
         # The tile that replaced its max leaves acc_o at the old one.
         "new_max_without_rescale",
         "kernel.py",
-        "rescale_output(acc_o, rows.alpha)",
+        "softmax.rescale_output(acc_o, rows.alpha)",
         "",
         first=JUMPS,
     ),
@@ -140,12 +140,12 @@ KERNEL_MUTANTS = [
         # (and, on tiles that kept their max, by the alpha of the last tile that did not).
         "rescale_after_gemm",
         "kernel.py",
-        "rescale_output(acc_o, rows.alpha)",
+        "softmax.rescale_output(acc_o, rows.alpha)",
         "",
         more=(
             (
                 "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nT.mbarrier_arrive(pipe.v_empty[prev_stage])",
-                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nrescale_output(acc_o, rows.alpha)\n"
+                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nsoftmax.rescale_output(acc_o, rows.alpha)\n"
                 "T.mbarrier_arrive(pipe.v_empty[prev_stage])",
             ),
         ),
@@ -186,21 +186,21 @@ KERNEL_MUTANTS = [
     Mutant(
         # A tile that replaced its max divides by its own sum only.
         "last_tile_sum",
-        "kernel.py",
+        "softmax.py",
         "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]",
         "row_sum[i] = tile_sum[i]",
         first=JUMPS,
     ),
     Mutant(
         "alpha_from_new_max",
-        "kernel.py",
+        "softmax.py",
         "T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])",
         "T.exp2(row_max[i] * scale_log2 - row_max_scaled[i])",
         first=JUMPS,
     ),
     Mutant(
         "max_order_swapped",
-        "kernel.py",
+        "softmax.py",
         "T.copy(row_max, row_max_prev)\nT.reduce_max(acc_s, row_max, dim=1, clear=False)",
         "T.reduce_max(acc_s, row_max, dim=1, clear=False)\nT.copy(row_max, row_max_prev)",
         first=JUMPS,
@@ -329,14 +329,14 @@ KERNEL_MUTANTS = [
     ),
     Mutant(
         "no_max_subtraction",
-        "kernel.py",
+        "softmax.py",
         "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])",
         "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2)",
     ),
     Mutant(
         # (both normalisation paths, with and without overlap_epilogue)
         "nan_for_rows_without_keys",
-        "kernel.py",
+        "softmax.py",
         "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
         "acc_o[i, d] / row_sum[i]",
         first=ROWS_WITHOUT_KEYS,
@@ -344,15 +344,9 @@ KERNEL_MUTANTS = [
     Mutant(
         # A NaN row sum read as "no key": a corrupted input becomes a plausible 0 (docs/nonfinite.md).
         "nan_row_made_finite",
-        "kernel.py",
+        "softmax.py",
         "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
         "T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
-        more=(
-            (
-                "T.if_then_else(row_sum[i] == 0, neg_inf, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2)",
-                "T.if_then_else(row_sum[i] > 0, (row_max_scaled[i] + T.log2(row_sum[i])) * LN2, neg_inf)",
-            ),
-        ),
         first=NONFINITE,
     ),
     Mutant(
@@ -365,7 +359,8 @@ KERNEL_MUTANTS = [
         more=(
             (
                 "PASS_CONFIGS = OWN_SYNCS",
-                "PASS_CONFIGS = {**OWN_SYNCS, __import__('tilelang').PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
+                "PASS_CONFIGS = {**OWN_SYNCS, "
+                "__import__('tilelang').PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
             ),
         ),
         first=GUARD_REGIONS,
@@ -374,8 +369,8 @@ KERNEL_MUTANTS = [
     Mutant(
         "lse_in_log2",
         "kernel.py",
-        "(row_max_scaled[i] + T.log2(row_sum[i])) * LN2",
-        "(row_max_scaled[i] + T.log2(row_sum[i]))",
+        "softmax.log2_sum(regs.rows, i) * LN2",
+        "softmax.log2_sum(regs.rows, i)",
     ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(
@@ -494,8 +489,8 @@ KERNEL_MUTANTS = [
     Mutant(
         "decode_rescale_dropped",
         "decode.py",
-        "acc_o[r, d] = acc_o[r, d] * alpha[r]",
-        "acc_o[r, d] = acc_o[r, d]",
+        "softmax.rescale_output(acc_o, alpha)",
+        "",
         first=DECODE,
     ),
     Mutant(

@@ -2,193 +2,59 @@
 # (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types.)
 """The TileLang FlashAttention forward kernel for Hopper, and its compile cache.
 
-The math is FlashAttention-2's Algorithm 1. One thread block owns `block_m` query rows of
-one (batch, head); it keeps that Q tile in shared memory, walks the K/V sequence in tiles
-of `block_n` rows and keeps, per query row, the running maximum score `row_max`, the
-running softmax denominator `row_sum` and the unnormalised output `acc_o`, all in fp32.
-`emulator.py` is the same loop in plain torch.
+FlashAttention-2's math (Algorithm 1): a thread block owns `block_m` query rows of one (batch,
+head), keeps its Q tile in shared memory and walks the K/V tiles, with the online softmax of
+softmax.py (fp32 row state, exp2, P the only down-cast, one normalisation) and the mask of
+mask.py written into the score accumulator only in tiles that hold a hidden key. One departure,
+exact in what it keeps: after the first tile a row keeps its max from before the tile while the
+tile's row sum stays within STALE_SUM_LIMIT, and a warpgroup with a row over it issues S_j again.
 
-After the first K/V tile, a tile's exponentials start from the running max as it stood before
-the tile: P~ = 2^(S * scale_log2 - old max). A row keeps that max while the tile's row sum,
-which bounds every P~ of the row, stays within STALE_SUM_LIMIT; then the tile needs no row-max
-reduction and acc_o no rescale (FlashAttention-4 keeps a stale max too, but reduces each tile's
-max to decide). Where a row's sum is over the limit, its warpgroup issues S_j again and folds
-it in with the row's new max, as FlashAttention-2 does. With random scores that almost never
-happens after the first tile; the max reduction it saves was the softmax's longest chain
-(docs/perf-log.md).
+FlashAttention-3's schedule: a TMA producer warpgroup fills a ring of K/V stages under mbarriers;
+consumer warpgroups issue S_j = Q.K_j^T, then P_{j-1}.V_{j-1}, and run tile j's softmax under
+that GEMM; two or three of them take turns on the tensor cores (`take_turns`); each visits only
+the K/V tiles its rows see; causal blocks run heaviest first; a persistent grid walks the work
+tiles in snake order, and can issue the next tile's first Q.K^T under this tile's epilogue
+(`overlap_epilogue`); O leaves by TMA store from a buffer of its own where one fits, else from
+the V ring. docs/design.md tells the whole argument and the measurements behind each choice.
 
-The schedule is FlashAttention-3's (Hopper: TMA, wgmma, warp specialisation):
-- a producer warpgroup only issues TMA loads of Q and of each K/V tile into a ring of
-  `num_stages` buffers, synchronised with the consumers by mbarriers (full / empty);
-- the consumer warpgroups (`config.threads` threads) issue S_j = Q.K_j^T, then
-  O += P_{j-1}.V_{j-1}, and start the softmax of tile j while that P.V GEMM is still on the
-  tensor cores (wgmma is asynchronous: `wait_wgmma(1)` waits for S_j only). How much of the
-  softmax runs before `wait_wgmma(0)` is ptxas's choice: it moves that wait above all but
-  1-14 of a thread's 64-88 exponentials (the SASS, docs/perf-log.md), and forcing them under
-  the P.V GEMM measured slower (docs/perf-log.md);
-- with two or three consumer warpgroups and `config.take_turns`, they issue their GEMMs in
-  a fixed order (ping-pong for two, a ring for three; named barriers), so one warpgroup's
-  softmax runs under the others' GEMMs instead of all of them meeting on the exp unit
-  after each K tile lands (d64, three warpgroups: +10%; causal d64 measured faster without);
-- the mask is written only into tiles that hold a key some row may not see; every other
-  tile's Q.K^T starts from a zeroed accumulator;
-- each consumer warpgroup visits only the K/V tiles its own rows see (`warpgroup_kv_blocks`:
-  causal, its rows see fewer than the block's last ones; rows past seqlen_q see none) and
-  releases the block's other tiles unread, passing its turn on;
-- causal launches the query blocks with the most keys first;
-- with `config.blocks_per_sm = 2` registers are budgeted for two resident thread blocks per
-  SM, one consumer warpgroup each (a tested configuration; no table entry runs it now);
-- with `config.persistent`, one thread block per SM walks the work tiles (query block,
-  head, batch) in rounds, snake order, instead of one thread block per tile: the producer
-  loads the next tile's Q (once the current tile's last Q.K^T is done) and K/V while the
-  consumers finish the current one, and the ring of K/V stages, its mbarrier phases and the
-  turn order carry over from tile to tile. With `config.overlap_epilogue` the next tile's
-  first Q.K^T is issued before this tile's epilogue, which runs under it (FlashAttention-3's
-  inter-tile overlap);
-- O leaves by TMA store from shared memory, never from Q's buffer (the next tile's Q need
-  not wait for it): from a buffer of its own where one fits (`own_output_buffer`), each
-  consumer warpgroup storing its own rows with syncs of its own, so no warpgroup waits for
-  another at the end of a work tile; else from the V ring, once every consumer's last P.V
-  has read it.
-
-`forward_program` reads top to bottom in named parts: the mask, the online softmax, the
-pipeline's helpers (turns, the K/V ring with `ring_slot` for each stage and phase, O's TMA
-store), the tile scheduler (`work_tile`, `place_in_round`, `warpgroup_kv_blocks`), the
-`producer`, then the consumer's steps in the loop's order (`start_work_tile`, `first_kv_tile`,
-`kv_step`, `last_kv_tile`, `release_unread_tiles`, `epilogue`), and the kernel, which
-allocates and calls them. The kernel's T.alloc_var registers reach the macros as buffers
-(`WorkTile`, `ConsumerRegisters`) or `T.Ref` parameters, so that a macro's assignment to one
-is a store, as it is in the kernel's own body; the parts leave every build's PrimFunc as it
-was when the kernel was one function (docs/design.md).
-
-Batch, both sequence lengths and both head counts are symbolic (`T.dynamic`), and the
-softmax scale is a runtime argument: one compiled kernel serves every shape with the same
-head_dim, so a compile happens once per (dtype, head_dim, causal, tile config, target).
+`forward_program` reads top to bottom in named parts: the mask, the softmax, the pipeline's
+helpers (turns, the K/V ring, O's store), the tile scheduler, the producer, the consumer's steps
+in the loop's order, and the kernel, which allocates and calls them. Its T.alloc_var registers
+reach the macros as buffers (`WorkTile`, `ConsumerRegisters`), so that a macro's assignment is a
+store. Batch, lengths, head counts and the softmax scale are runtime arguments: a compile
+happens once per (dtype, head_dim, causal, tile config, target).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
 import functools
-from dataclasses import dataclass
 
 import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
 from fa_kernel.mask import Visibility
 from fa_kernel.numerics import LN2, STALE_SUM_LIMIT
+from fa_kernel.pipeline import (
+    H100_SM_COUNT,
+    OUTPUT_BARRIERS,
+    PRODUCER_REGISTERS,
+    PRODUCER_THREADS,
+    TMA_PANEL,
+    TURN_BARRIERS,
+    VOTE_BARRIERS,
+    WARPGROUP_ANY,
+    ConsumerRegisters,
+    Pipeline,
+    WorkTile,
+    consumer_registers,
+    own_output_buffer,
+)
 from fa_kernel.softmax import RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 
-# The kernel places its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer
-# warpgroup wait for the others at the end of each work tile, where only the V ring needs it.
-# The mbarriers order everything else; TileLang inserted no other sync (the generated code of
-# every config the tests build was compared with and without the key).
+# Its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer warpgroup wait for the
+# others at each work tile's end, where only the V ring needs it; mbarriers order the rest.
 PASS_CONFIGS = OWN_SYNCS
-
-PRODUCER_THREADS = 128  # one warpgroup; it needs few registers, the consumers get the rest
-PRODUCER_REGISTERS = 24
-# Named barriers for taking turns: TURN_BARRIERS[w] = "consumer warpgroup w may issue its
-# GEMMs". TileLang allocates its own named barriers from 3 upwards.
-TURN_BARRIERS = (13, 14, 15)
-# TMA copies move one panel of 64 columns (128 bytes, the width of the shared-memory swizzle) at
-# a time: the K/V rings keep each panel of all their rows together, and TileLang lowers a copy
-# to TMA only where its shared-memory box is contiguous.
-TMA_PANEL = 64
-# Named barriers for the stale-max decision (numerics.STALE_SUM_LIMIT), one per consumer
-# warpgroup (bar.red.or: does any of its 128 threads have a row over the limit).
-VOTE_BARRIERS = (10, 11, 12)
-# The vote, in PTX: TileLang 0.1.15 has warp votes and block-wide __syncthreads_or, but no
-# reduction over a named barrier's threads.
-WARPGROUP_ANY = r"""
-__device__ __forceinline__ int warpgroup_any(int barrier_id, int predicate) {
-  int result;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.s32 p, %2, 0;\nbar.red.or.pred q, %1, 128, p;\nselp.s32 %0, 1, 0, q;\n}\n"
-      : "=r"(result) : "r"(barrier_id), "r"(predicate) : "memory");
-  return result;
-}
-"""
-# Named barriers for O's way out: with a buffer of its own, consumer warpgroup w syncs on
-# OUTPUT_BARRIERS[w]; staged in the V ring, every consumer thread on OUTPUT_BARRIERS[0].
-OUTPUT_BARRIERS = (7, 8, 9)
-# Shared memory one thread block of an H100/H200 may use (227 KB), and what an SM has (228 KB,
-# 1 KB of it reserved per resident block): O gets a buffer of its own where it fits.
-BLOCK_SHARED_BYTES = 232448
-SM_SHARED_BYTES = 233472
-# Streaming multiprocessors of an H100/H200 SXM: the persistent grid's size when compiling
-# without a GPU (`fa_kernel.interface` passes the device's own count).
-H100_SM_COUNT = 132
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """Shared memory and its mbarriers: Q's tile, the rings of `num_stages` K and V tiles, O's
-    own buffer (None: O leaves through the V ring), and the barriers that hand each over
-    between the producer and the consumers (forward_program's allocations say which does what)."""
-
-    Q: object
-    K: object
-    V: object
-    O: object
-    q_full: object
-    q_empty: object
-    o_stored: object
-    k_full: object
-    k_empty: object
-    v_full: object
-    v_empty: object
-
-
-@dataclass(frozen=True)
-class WorkTile:
-    """A work tile, in T.alloc_var registers: its batch, query head, K/V head, first query row
-    and the K/V tiles its block visits."""
-
-    b: object
-    head: object
-    kv_head: object
-    q_start: object
-    num_kv_blocks: object
-
-    def registers(self) -> tuple:
-        """(b, head, kv_head, q_start, num_kv_blocks): a macro binds its names to these buffers,
-        so that reading a name loads the register and assigning to it stores."""
-        return self.b, self.head, self.kv_head, self.q_start, self.num_kv_blocks
-
-
-@dataclass(frozen=True)
-class ConsumerRegisters:
-    """A consumer thread's share of the tile: the score, P~ and output accumulators, the row
-    state, the stale-max vote (a row of this thread over STALE_SUM_LIMIT) and the K/V tiles its
-    warpgroup's rows see."""
-
-    acc_s: object
-    acc_p: object
-    acc_o: object
-    rows: RowState
-    row_over: object
-    own_kv_blocks: object
-
-
-def consumer_registers(consumer_threads: int, blocks_per_sm: int = 1) -> int:
-    """Registers per consumer thread (setmaxnreg) such that `blocks_per_sm` blocks fit the
-    SM's 64K."""
-    total_threads = consumer_threads + PRODUCER_THREADS
-    # what ptxas gets from the launch bounds
-    per_thread = min(255, 65536 // blocks_per_sm // total_threads) // 8 * 8
-    warpgroups = consumer_threads // 128
-    return min(240, (per_thread * (warpgroups + 1) - PRODUCER_REGISTERS) // warpgroups // 8 * 8)
-
-
-def own_output_buffer(head_dim: int, config: TileConfig) -> bool:
-    """Whether O leaves through a shared buffer of its own, each consumer warpgroup storing its
-    rows as soon as it is done; otherwise O is staged in the V ring, once every consumer's last
-    P.V has read it. Its own where Q, the K/V rings and O fit the shared memory of
-    `config.blocks_per_sm` blocks, unless the epilogue is overlapped (measured slower with its
-    own buffer, docs/perf-log.md)."""
-    block_bytes = (2 * config.block_m + 2 * config.num_stages * config.block_n) * head_dim * 2  # fp16/bf16
-    fits = block_bytes <= BLOCK_SHARED_BYTES and config.blocks_per_sm * (block_bytes + 1024) <= SM_SHARED_BYTES
-    return fits and not config.overlap_epilogue
 
 
 def forward_program(
