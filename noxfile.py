@@ -110,7 +110,7 @@ def gpu(session: nox.Session) -> None:
     if "--smoke" in args:
         args.remove("--smoke")
         marker, per_gpu = "gpu and smoke", SMOKE_WORKERS_PER_GPU
-    session.run("python", "tools/precompile.py")
+    session.run("python", "-m", "tools.precompile")
     workers = gpus * max(1, min(per_gpu, (os.cpu_count() or 1) // gpus))
     # Each worker's share of the cores for torch's CPU ops (drawing inputs, copies back): by
     # default every worker starts a thread per core, workers x cores threads on the cores.
@@ -368,7 +368,7 @@ def mutants(session: nox.Session) -> None:
     `-- --target emulator` runs the hand-written bugs against the CPU tile emulator.
     """
     install(session, "test")
-    session.run("python", "tools/mutants.py", *session.posargs)
+    session.run("python", "-m", "tools.mutants", *session.posargs)
 
 
 SANITIZERS = ("memcheck", "racecheck", "synccheck")

@@ -7,13 +7,13 @@ where there is no CUDA device. docs/benchmarking.md says how to run them.
 """
 
 import os
-import sys
+import site
 
-# asv >= 0.6.5 hands ASV_PYTHONPATH to a benchmark process as its PYTHONPATH, yet asv
-# 0.6.6's own benchmark.py then removes those entries from sys.path before importing this
-# suite. asv.offline.conf.json needs them (torch and TileLang come from the runner's
-# Python), so they go back here: after the environment's own site-packages, so that the
-# fa_kernel installed for the commit under test wins over any other copy.
+# asv >= 0.6.5 hands ASV_PYTHONPATH to a benchmark process as its PYTHONPATH, yet asv 0.6.6's own
+# benchmark.py then drops those entries before importing this suite. asv.offline.conf.json needs
+# them (torch and TileLang come from the runner's Python: its site-packages), so they are added
+# back as site directories, after the environment's own, so that the fa_kernel installed for the
+# commit under test wins over any other copy.
 for _entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    if _entry and _entry not in sys.path:
-        sys.path.append(_entry)
+    if _entry:
+        site.addsitedir(_entry)

@@ -4,8 +4,17 @@ variants timed alternated in one process against the shipped kernel, round by ro
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
+import importlib.util
+import os
+import re
 import statistics
+import tempfile
 from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tools.ast_mutants import apply_patch
 
 from fa_kernel.bench import alternated
 
@@ -66,3 +75,29 @@ def print_row(label: str, timers: dict[str, Callable[[], float]], rounds: int) -
             each = [ours / base for ours, base in zip(figures, samples[base_name], strict=True)]
             ratios.append(f"{statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
     print(f"| {label} | {medians} | {' | '.join(ratios)} |", flush=True)
+
+
+@functools.cache
+def patched_module(module, name: str, patches: tuple[tuple[str, str], ...]):
+    """`module` (one of fa_kernel's) with `patches` ((old, new) fragments, found by their AST)
+    applied, imported from a file of its own: TileLang reads a kernel's source from there."""
+    stem = Path(module.__file__).stem
+    source = Path(module.__file__).read_text()
+    for old, new in patches:
+        try:
+            source = apply_patch(source, old, new)
+        except ValueError as error:
+            raise ValueError(f"variant {name}: {error} in {stem}.py") from error
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    slug = re.sub(r"\W", "_", name)  # a variant's name may hold spaces and dashes; a module's may not
+    path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"{stem}_{slug}_{digest}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside and renamed: two processes may build the same variant at once, and TileLang
+    # re-reads the file; a half-written one fails with "could not get source code".
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(source)
+    os.replace(partial, path)
+    spec = importlib.util.spec_from_file_location(f"fa_kernel_{stem}_variant_{slug}", path)
+    variant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variant)
+    return variant

@@ -2,7 +2,7 @@
 
 From the repository root on the GPU machine:
 
-    PYTHONPATH=$PWD/src:$PWD python perf/backward_ab.py [--variants NAME ...] [--rounds 5] [--repeats 20]
+    python -m perf.backward_ab.py [--variants NAME ...] [--rounds 5] [--repeats 20]
 
 Every variant's kernel is first judged on odd shapes against `reference.judge_backward`; then
 the main kernel alone (dQ's accumulator zeroed before each call, as the launch does; the
@@ -46,29 +46,24 @@ import functools
 import itertools
 import math
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
+import torch
 
-import torch  # noqa: E402
+from fa_kernel import backward as shipped_backward
+from fa_kernel import flash_attn_func
+from fa_kernel.backward import compiled_preprocess, padded_rows
+from fa_kernel.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
+from fa_kernel.builds import quiet_tilelang
+from fa_kernel.interface import compile_arch
+from fa_kernel.numerics import LOG2E
+from fa_kernel.reference import judge_backward, random_qkv
+from perf import ab
 
-from fa_kernel import backward as shipped_backward  # noqa: E402
-from fa_kernel import flash_attn_func  # noqa: E402
-from fa_kernel.backward import compiled_preprocess, padded_rows  # noqa: E402
-from fa_kernel.bench import BACKWARD_FLOPS, Shape, cuda_median_ms  # noqa: E402
-from fa_kernel.builds import quiet_tilelang  # noqa: E402
-from fa_kernel.interface import compile_arch  # noqa: E402
-from fa_kernel.numerics import LOG2E  # noqa: E402
-from fa_kernel.reference import judge_backward, random_qkv  # noqa: E402
-from perf import ab  # noqa: E402
-from perf.variants import patched_module  # noqa: E402
-
-TILES = "BACKWARD_TILES = {64: (128, 128, 2), 128: (64, 128, 2)}"
+TILES = "block_m, block_n, num_stages = BACKWARD_TILES[head_dim]"
 # head_dim 64 on 64 query rows a tile, as head_dim 128 runs: twice the iterations, each GEMM half
 # as tall (shipped until 128 rows measured 1.17x causal, 0.98x without the mask).
-SHORT_D64 = ((TILES, "BACKWARD_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}"),)
-THREE_STAGES = ((TILES, "BACKWARD_TILES = {64: (128, 128, 3), 128: (64, 128, 3)}"),)
+SHORT_D64 = ((TILES, "block_m, block_n, num_stages = {64: (64, 128, 2), 128: (64, 128, 2)}[head_dim]"),)
+THREE_STAGES = ((TILES, "block_m, block_n, num_stages = {64: (128, 128, 3), 128: (64, 128, 3)}[head_dim]"),)
 # The wait right after the add, where TileLang's T.atomic_add(use_tma=True) places it; the one
 # before the next step's write then finds nothing in flight.
 DQ_WAIT_AT_ONCE = (("T.tma_store_arrive()", "T.tma_store_arrive()\nT.tma_store_wait(0)"),)
@@ -118,7 +113,7 @@ CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
 def module(name: str):
     """backward.py as the variant patches it."""
     patches, _ = VARIANTS[name]
-    return patched_module(shipped_backward, name, patches) if patches else shipped_backward
+    return ab.patched_module(shipped_backward, name, patches) if patches else shipped_backward
 
 
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):

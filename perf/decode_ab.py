@@ -3,7 +3,7 @@ in one process.
 
 From the repository root on the GPU machine:
 
-    PYTHONPATH=$PWD/src:$PWD python perf/decode_ab.py [--variants NAME ...] [--rounds 5] [--repeats 50]
+    python -m perf.decode_ab.py [--variants NAME ...] [--rounds 5] [--repeats 50]
         [--graphs] [--cudnn] [--shapes N ...]
 
 Each variant is decode.py patched: its tiles, its split count, its pass configs or fragments of
@@ -49,20 +49,15 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
+import torch
 
-import torch  # noqa: E402
-
-from fa_kernel import decode as shipped_decode  # noqa: E402
-from fa_kernel.bench import CUDNN_LAYOUTS, DECODE_SHAPES, Shape, cuda_median_ms, runners  # noqa: E402
-from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
-from fa_kernel.reference import judge  # noqa: E402
-from perf import ab  # noqa: E402
-from perf.host_overhead import GRAPH_CALLS, graph_us  # noqa: E402
-from perf.variants import patched_module  # noqa: E402
+from fa_kernel import decode as shipped_decode
+from fa_kernel.bench import CUDNN_LAYOUTS, DECODE_SHAPES, Shape, cuda_median_ms, runners
+from fa_kernel.builds import device_target, quiet_tilelang
+from fa_kernel.reference import judge
+from perf import ab
+from perf.host_overhead import GRAPH_CALLS, graph_us
 
 # split_plan rounds the splits down, to at most one wave of blocks; rounding them up instead
 # asks at least a block for every SM, and 8 K/V heads on 132 SMs then get 18 splits, 144 blocks,
@@ -101,7 +96,7 @@ def module(name: str):
     patches, tiles = VARIANTS[name]
     if not patches and not tiles:
         return shipped_decode
-    variant = patched_module(shipped_decode, name, patches)
+    variant = ab.patched_module(shipped_decode, name, patches)
     variant.SPLIT_TILES = {key: tile for key, tile in {**variant.SPLIT_TILES, **tiles}.items() if tile is not None}
     return variant
 

@@ -2,7 +2,7 @@
 
 From the repository root on the GPU machine:
 
-    PYTHONPATH=$PWD/src:$PWD python perf/host_overhead.py [--calls 300] [--profile]
+    python -m perf.host_overhead.py [--calls 300] [--profile]
 
 A launch whose kernels take less GPU time than the host spends issuing it is timed at the
 host's pace: the bench's small shapes (a decode step, 512 tokens of 12 heads) may measure
@@ -27,20 +27,16 @@ import cProfile
 import math
 import pstats
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(path) for path in (ROOT, ROOT / "src") if str(path) not in sys.path]
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-
-from fa_kernel import decode, flash_attn_func, interface  # noqa: E402
-from fa_kernel.bench import Shape, host_us_per_call  # noqa: E402
-from fa_kernel.builds import device_target, quiet_tilelang  # noqa: E402
-from fa_kernel.kernel import compiled_forward  # noqa: E402
-from fa_kernel.numerics import LOG2E  # noqa: E402
+from fa_kernel import decode, flash_attn_func, interface
+from fa_kernel.bench import Shape, host_us_per_call
+from fa_kernel.builds import device_target, quiet_tilelang
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.numerics import LOG2E
 
 SHAPES = [
     Shape(1, 32, 1, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=32768),  # a decode step

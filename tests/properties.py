@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from fa_kernel.reference import judge
-from strategies import Case
+from tests.strategies import Case
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
 

@@ -75,7 +75,7 @@ def run(case: Case) -> bool:
     from fa_kernel.bench import split_kv_call
     from fa_kernel.interface import tile_config_for
     from fa_kernel.reference import judge, judge_backward, random_qkv
-    from launch import run_config
+    from tests.launch import run_config
 
     batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = case.shape
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, case.dtype, seed=seqlen_q)

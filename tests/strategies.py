@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from boundaries import (
+from fa_kernel.configs import FALLBACK, TileConfig, select_config, tiles_per_sm
+from fa_kernel.kernel import H100_SM_COUNT
+from tests.boundaries import (
     FALLBACK_ENTRIES,
     SIDE,
     SWEEP_HEADS,
@@ -28,8 +30,6 @@ from boundaries import (
     sweep_seqlens_q,
     tile_counts_near_grid,
 )
-from fa_kernel.configs import FALLBACK, TileConfig, select_config, tiles_per_sm
-from fa_kernel.kernel import H100_SM_COUNT
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import ast
 import difflib
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from ast_mutants import FILES, OPERATORS, ROOT, generate, main  # noqa: E402
+from tools.ast_mutants import FILES, OPERATORS, ROOT, generate, main  # noqa: E402
 
 
 @pytest.fixture(scope="module")

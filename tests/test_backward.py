@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fa_kernel.emulator import attention_backward_tiled, attention_tiled
 from fa_kernel.reference import attention_backward_ref, attention_ref, judge_backward, random_qkv
-from strategies import cases
+from tests.strategies import cases
 
 SCALE = 0.3
 

@@ -18,7 +18,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.backward import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import backward_into
 from fa_kernel.reference import judge_backward, random_qkv
-from strategies import cases
+from tests.strategies import cases
 
 pytestmark = pytest.mark.gpu
 

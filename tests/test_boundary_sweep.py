@@ -17,7 +17,10 @@ import math
 import pytest
 import torch
 
-from boundaries import (
+from fa_kernel.emulator import attention_tiled
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.reference import judge, random_qkv
+from tests.boundaries import (
     SWEEP_HEADS,
     SWEEP_HEADS_KV,
     boundary_offsets,
@@ -29,11 +32,8 @@ from boundaries import (
     sweep_seqlens_q,
     sweep_shapes,
 )
-from fa_kernel.emulator import attention_tiled
-from fa_kernel.kernel import compiled_forward
-from fa_kernel.reference import judge, random_qkv
-from launch import device_arch, run_config
-from strategies import HARD_SCORES, hard_score_cases
+from tests.launch import device_arch, run_config
+from tests.strategies import HARD_SCORES, hard_score_cases
 
 BUILDS = sweep_builds()
 

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import itertools
 import re
-import sys
-from pathlib import Path
 
 import pytest
+from tools.codegen_rules import bulk_source_rewritten_in_flight, outstanding_at_exit  # noqa: E402
 
 from fa_kernel.configs import TileConfig, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
 from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward, own_output_buffer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from codegen_rules import bulk_source_rewritten_in_flight, outstanding_at_exit  # noqa: E402
 
 pytestmark = pytest.mark.compile
 

@@ -4,21 +4,18 @@ generates, and each reason's check holds (CPU)."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tools.ast_mutants import apply_patch, generate  # noqa: E402
+from tools.equivalent_mutants import EMULATOR_ROUNDING_CHECK, EQUIVALENT  # noqa: E402
+from tools.mutants import PACKAGE  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from ast_mutants import apply_patch, generate  # noqa: E402
-from equivalent_mutants import EMULATOR_ROUNDING_CHECK, EQUIVALENT  # noqa: E402
-from mutants import PACKAGE  # noqa: E402
-
-from boundaries import boundary_offsets, shipped_entries, sweep_limit, sweep_seqlens_q  # noqa: E402
 from fa_kernel.emulator import attention_tiled  # noqa: E402
 from fa_kernel.reference import random_qkv, rounding_apart  # noqa: E402
-from strategies import HARD_SCORES, Case  # noqa: E402
+from tests.boundaries import boundary_offsets, shipped_entries, sweep_limit, sweep_seqlens_q  # noqa: E402
+from tests.strategies import HARD_SCORES, Case  # noqa: E402
 
 
 def test_every_recorded_equivalent_is_a_generated_mutant():
@@ -163,9 +160,9 @@ def test_contiguous_is_the_tensor_itself_where_it_already_is():
 def test_the_rounding_check_sees_a_mutant_that_computes_other_attention(tmp_path):
     # tools/bitwise_sweep.py's `close`, the check of the ROUNDING equivalents, against a real bug:
     # alpha = 1 where the row max rose by exactly one, on the integer maxima that show it.
-    import bitwise_sweep
+    from tools import bitwise_sweep
 
-    from boundaries import sweep_builds
+    from tests.boundaries import sweep_builds
 
     mutant = next(m for m in generate() if m.id == "kernel-online_softmax-off_by_one-10")
     path = tmp_path / "kernel.py"
@@ -178,7 +175,7 @@ def test_the_rounding_check_sees_a_mutant_that_computes_other_attention(tmp_path
 def test_no_recorded_equivalent_has_been_killed():
     # A reason is wrong where the record holds a kill of the same mutant (tools/records: every
     # GPU verdict so far): the two lists must agree.
-    import mutants
+    from tools import mutants
 
     record = mutants.ROOT / "tools" / "records" / "generated_smoke.jsonl"
     recorded = [m for m in generate() if m.key in EQUIVALENT]
@@ -189,7 +186,7 @@ def test_no_mutant_triage_finds_equivalent_has_been_killed():
     # Identical PrimFuncs, or identical generated code, mean the unmutated kernel: a recorded
     # kill of such a mutant would make triage unsound (or a test flaky). From the committed
     # triage cache alone (a kernel.py edit since leaves its mutants to a triage run).
-    import mutants
+    from tools import mutants
 
     cache = mutants.ROOT / "tools" / "records" / "triage.json"
     kernel_mutants = [m for m in generate() if m.file == "kernel.py"]

@@ -17,13 +17,13 @@ import itertools
 import pytest
 import torch
 
-from boundaries import build_id, sweep_builds
 from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge, random_qkv
-from launch import device_arch, kernel_for
+from tests.boundaries import build_id, sweep_builds
+from tests.launch import device_arch, kernel_for
 
 pytestmark = pytest.mark.gpu
 

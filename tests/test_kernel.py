@@ -17,8 +17,8 @@ from fa_kernel.configs import FALLBACK, TileConfig, grid_bands, key_ranges, tile
 from fa_kernel.interface import serving_build, tile_config_for
 from fa_kernel.kernel import H100_SM_COUNT, compiled_forward
 from fa_kernel.reference import judge, random_qkv
-from launch import device_arch, run_config
-from strategies import Case
+from tests.launch import device_arch, run_config
+from tests.strategies import Case
 
 pytestmark = pytest.mark.gpu
 

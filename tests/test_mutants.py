@@ -10,13 +10,10 @@ from __future__ import annotations
 import ast
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import mutants  # noqa: E402
-from ast_mutants import apply_patch  # noqa: E402
+from tools import mutants  # noqa: E402
+from tools.ast_mutants import apply_patch  # noqa: E402
 
 
 @pytest.mark.parametrize("mutant", mutants.KERNEL_MUTANTS + mutants.EMULATOR_MUTANTS, ids=lambda m: m.name)
@@ -84,7 +81,7 @@ def test_a_triaged_mutant_runs_the_smoke_tests_of_the_builds_it_changes_first():
 def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
     import shutil
 
-    import same_kernels
+    from tools import same_kernels
 
     compared = same_kernels.compared_builds()
     assert {family for family, _ in compared} == set(same_kernels.ENTRIES)
@@ -133,8 +130,8 @@ def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):
 
 
 def test_an_equivalence_settled_by_its_check_outlives_a_change_of_the_tests_after_it(tmp_path):
-    from ast_mutants import generate
-    from equivalent_mutants import BITWISE, EQUIVALENT
+    from tools.ast_mutants import generate
+    from tools.equivalent_mutants import BITWISE, EQUIVALENT
 
     checked = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
     check = ("bitwise", [BITWISE, "some-build"])
@@ -157,15 +154,15 @@ def test_a_record_depends_on_the_files_its_tiers_run_only():
     suite = [("suite", ["-x", *mutants.PYTEST_ARGS["kernel"]])]
     assert {"test_backward_kernel.py", "properties.py"} <= {path.name for path in mutants._tier_files(suite)}
     # A check runs its tool, not pytest: the tool and what it imports, not conftest.py.
-    from equivalent_mutants import BITWISE
+    from tools.equivalent_mutants import BITWISE
 
     check = {path.name for path in mutants._tier_files([("bitwise", [BITWISE, "some-build"])])}
     assert check == {"bitwise_sweep.py", "boundaries.py", "launch.py", "strategies.py"}
 
 
 def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():
-    from ast_mutants import generate
-    from equivalent_mutants import BITWISE, EQUIVALENT
+    from tools.ast_mutants import generate
+    from tools.equivalent_mutants import BITWISE, EQUIVALENT
 
     generated = generate()
     schedule = next(m for m in generated if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
@@ -181,8 +178,8 @@ def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():
 
 
 def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
-    from ast_mutants import generate
-    from equivalent_mutants import BITWISE, EQUIVALENT, ROUNDING
+    from tools.ast_mutants import generate
+    from tools.equivalent_mutants import BITWISE, EQUIVALENT, ROUNDING
 
     rounding = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == ROUNDING)
     nodes = mutants.smoke_nodes_by_build()
@@ -194,8 +191,8 @@ def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
 
 
 def test_a_mutant_recorded_as_storing_past_the_end_runs_the_guard_regions_then_bitwise():
-    from ast_mutants import generate
-    from equivalent_mutants import BITWISE, EQUIVALENT, GUARDED
+    from tools.ast_mutants import generate
+    from tools.equivalent_mutants import BITWISE, EQUIVALENT, GUARDED
 
     guarded = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == GUARDED)
     nodes = mutants.smoke_nodes_by_build()
@@ -233,8 +230,8 @@ def test_a_recorded_kill_outlives_a_change_of_tests_and_a_survival_does_not(tmp_
 
 
 def test_first_build_only_keeps_one_compile_and_leaves_checked_equivalents_for_a_whole_run():
-    from ast_mutants import generate
-    from equivalent_mutants import BITWISE, EQUIVALENT
+    from tools.ast_mutants import generate
+    from tools.equivalent_mutants import BITWISE, EQUIVALENT
 
     nodes = mutants.smoke_nodes_by_build()
     first, second = list(nodes)[:2]
@@ -349,9 +346,9 @@ def test_a_bitwise_seed_is_reused_whole_and_a_half_written_one_goes(tmp_path):
 
 
 def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
-    from ast_mutants import generate
+    from tools.ast_mutants import generate
 
-    from boundaries import build_id, sweep_builds
+    from tests.boundaries import build_id, sweep_builds
 
     source = (mutants.PACKAGE / "kernel.py").read_text()
     build = next(b for b in sweep_builds() if build_id(b) == "d128-causal-128x176/2st/256thr")
@@ -366,9 +363,9 @@ def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
 
 
 def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
-    from ast_mutants import generate
+    from tools.ast_mutants import generate
 
-    from boundaries import build_id, sweep_builds
+    from tests.boundaries import build_id, sweep_builds
 
     source = (mutants.PACKAGE / "kernel.py").read_text()
     # The overlapped epilogue's build: its last wgmma wait ends the S_0 of a tile after the last.
@@ -390,7 +387,7 @@ def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
 
 
 def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
-    from ast_mutants import generate
+    from tools.ast_mutants import generate
 
     forward = generate()
     assert {m.file for m in forward}.isdisjoint({"backward.py", "decode.py"})  # the forward's campaign as it was
@@ -415,7 +412,7 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
 
 
 def test_program_triage_settles_only_what_the_primfuncs_decide():
-    from ast_mutants import generate
+    from tools.ast_mutants import generate
 
     def find(generated, function, operator, before, after):
         (found,) = [
@@ -457,7 +454,8 @@ def test_prebuild_compiles_each_mutants_changed_builds_for_a_gpu_host(tmp_path):
     mutant = "kernel-release_unread_tiles-guard_always-1"
     command = [
         sys.executable,
-        "tools/mutants.py",
+        "-m",
+        "tools.mutants",
         "--generated",
         "--only",
         mutant,

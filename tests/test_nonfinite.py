@@ -26,8 +26,8 @@ from fa_kernel.configs import TileConfig, select_config
 from fa_kernel.emulator import attention_tiled
 from fa_kernel.interface import tile_config_for
 from fa_kernel.reference import judge, visible_keys
-from properties import assert_same
-from shards import shard_examples, shard_params
+from tests.properties import assert_same
+from tests.shards import shard_examples, shard_params
 
 # Neither a multiple of any block size the kernel runs with (64, 128, 176, 192) nor, paired,
 # equal: partial query blocks, partial K/V tiles and causal diagonals off the tile grid.

@@ -1,8 +1,8 @@
-"""perf/'s patched builds of the kernel still apply to kernel.py (no GPU needed).
+"""perf/'s A/B tools still apply to the kernels and parse their command lines (no GPU needed).
 
-perf/variants.py builds its leave-one-out diagnostics and levers by replacing statements of
-kernel.py's text; an edit of kernel.py that moves one of those statements must fail here, not
-on the GPU machine in the middle of a sweep.
+perf/backward_ab.py and perf/decode_ab.py build their variants by replacing statements of
+backward.py's and decode.py's text; an edit that moves one of those statements must fail here,
+not on the GPU machine in the middle of a measurement.
 """
 
 from __future__ import annotations
@@ -24,20 +24,13 @@ def assert_runs_from_the_root(code: str) -> None:
 
 
 @pytest.mark.compile
-def test_every_patched_variant_applies_once_to_kernel_py():
-    assert_runs_from_the_root(
-        "from perf import variants\nfor name in variants.PATCHES:\n    variants._patched_kernel_module(name)\n"
-    )
-
-
-@pytest.mark.compile
 def test_every_backward_variant_applies_once_to_backward_py():
     assert_runs_from_the_root(
-        "from perf import backward_ab, variants\n"
+        "from perf import ab, backward_ab\n"
         "from fa_kernel import backward\n"
         "for name, (patches, _) in backward_ab.VARIANTS.items():\n"
         "    if patches:\n"
-        "        variants.patched_module(backward, name, patches).backward_program(head_dim=64, causal=True,"
+        "        ab.patched_module(backward, name, patches).backward_program(head_dim=64, causal=True,"
         " dtype='float16', block_m=64, block_n=128)\n"
     )
 
@@ -68,20 +61,9 @@ def test_the_ab_tables_drop_failing_variants_and_take_ratios_round_by_round():
     )
 
 
-def test_sweep_takes_configs_as_they_print_and_names_an_unknown_variant():
-    # No GPU needed: the arguments are checked before anything is built.
-    sweep = [sys.executable, "perf/sweep.py", "--configs", "128x176/2st/256thr/persistent/overlap", "--variants"]
-    result = subprocess.run([*sweep, "shipped", "nope"], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 2 and "unknown variants ['nope']" in result.stderr, result.stderr[-2000:]
-    result = subprocess.run(
-        [*sweep[:3], "128x176/2/256", "--variants", "shipped"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert result.returncode == 2 and "--configs" in result.stderr, result.stderr[-2000:]
-
-
 def test_decode_ab_names_a_shape_index_outside_the_grid_before_anything_runs():
     result = subprocess.run(
-        [sys.executable, "perf/decode_ab.py", "--graphs", "--cudnn", "--shapes", "0", "99"],
+        [sys.executable, "-m", "perf.decode_ab", "--graphs", "--cudnn", "--shapes", "0", "99"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -93,6 +75,6 @@ def test_decode_ab_names_a_shape_index_outside_the_grid_before_anything_runs():
 def test_host_overhead_parses_its_command_line_without_a_gpu():
     # Its layers need a GPU; what it imports and how it is called are checked here.
     result = subprocess.run(
-        [sys.executable, "perf/host_overhead.py", "--help"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "perf.host_overhead", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0 and "--profile" in result.stdout, result.stderr[-2000:]

@@ -8,12 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tools import precompile  # noqa: E402
 
 import fa_kernel
 from fa_kernel.builds import built_stamp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import precompile  # noqa: E402
 
 
 def test_the_stamp_names_the_builds_and_the_package_source(tmp_path, monkeypatch):
@@ -31,8 +29,8 @@ def test_the_stamp_names_the_builds_and_the_package_source(tmp_path, monkeypatch
 
 
 def test_the_smoke_builds_are_the_smoke_tiers_and_part_of_the_suites():
-    import test_boundary_sweep
     from fa_kernel.builds import unique
+    from tests import test_boundary_sweep
 
     smoke = precompile.smoke_builds("sm_90a")
     assert smoke == [dict(build, arch="sm_90a") for build in test_boundary_sweep.BUILDS]

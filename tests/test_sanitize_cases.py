@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import sanitize_cases
+from tests import sanitize_cases
 
 
 def test_the_shards_hold_every_case_once():

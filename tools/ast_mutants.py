@@ -1,8 +1,8 @@
 """Generate the kernel's mutants from its source: small rewrites, each of one spot, that a
 test suite worth its GPU time should notice.
 
-    python tools/ast_mutants.py --list                       # every mutant, then a count
-    python tools/ast_mutants.py --list --file kernel.py --operator relational
+    python -m tools.ast_mutants --list                       # every mutant, then a count
+    python -m tools.ast_mutants --list --file kernel.py --operator relational
 
 Operators (the names are what `--operator` takes and what ids and keys carry):
 

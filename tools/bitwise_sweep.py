@@ -2,9 +2,9 @@
 of the generated mutants recorded as equivalent for a reason no CPU test can check
 (tools/equivalent_mutants.py).
 
-    python tools/bitwise_sweep.py record DIR [BUILD_ID ...]    # the unmutated package
-    python tools/bitwise_sweep.py compare DIR [BUILD_ID ...]   # a mutant's copy; exit 1 if any bit differs
-    python tools/bitwise_sweep.py close KERNEL_PY [BUILD_ID ...]
+    python -m tools.bitwise_sweep record DIR [BUILD_ID ...]    # the unmutated package
+    python -m tools.bitwise_sweep compare DIR [BUILD_ID ...]   # a mutant's copy; exit 1 if any bit differs
+    python -m tools.bitwise_sweep close KERNEL_PY [BUILD_ID ...]
         # a mutant's copy against the unmutated kernel.py, run beside it; exit 1 past the rounding allowed
 
 Each build (tests/boundaries.py's sweep builds, all of them where none is named) runs every
@@ -35,18 +35,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-if importlib.util.find_spec("fa_kernel") is None:  # not installed, nor on PYTHONPATH (a mutant's copy)
-    sys.path.insert(1, str(ROOT / "src"))
 
 
 def sweep_inputs(build: dict) -> Iterator[tuple[str, tuple, float]]:
     """(shape name, (q, k, v), softmax_scale) of every shape of one build's sweep and hard scores."""
     import torch
+    from tests.boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, sweep_seqlens_q, sweep_shapes
+    from tests.strategies import HARD_SCORES, hard_score_cases
 
-    from boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, sweep_seqlens_q, sweep_shapes
     from fa_kernel.reference import random_qkv
-    from strategies import HARD_SCORES, hard_score_cases
 
     config, head_dim = build["config"], build["head_dim"]
     shapes = sweep_shapes(config)
@@ -64,8 +61,9 @@ def sweep_inputs(build: dict) -> Iterator[tuple[str, tuple, float]]:
 
 def digests(build: dict) -> dict[str, str]:
     """{shape: sha256 of out's and lse's bytes} of one build over its sweep and hard scores."""
+    from tests.launch import device_arch, run_config
+
     from fa_kernel.kernel import compiled_forward
-    from launch import device_arch, run_config
 
     kernel = compiled_forward(**build, arch=device_arch())
     found = {}
@@ -88,9 +86,10 @@ def not_close(build: dict, unmutated, shapes: str = "") -> list[str]:
     """The shapes of one build where the package's kernel is further from `unmutated`'s (a
     kernel.py module) than rounding (reference.rounding_apart), each with its figures; only the
     shapes whose names start with `shapes`, if given."""
+    from tests.launch import device_arch, run_config
+
     from fa_kernel.kernel import compiled_forward
     from fa_kernel.reference import rounding_apart
-    from launch import device_arch, run_config
 
     kernels = [compiled(**build, arch=device_arch()) for compiled in (compiled_forward, unmutated.compiled_forward)]
     far = []
@@ -114,8 +113,9 @@ def main() -> int:
     )
     parser.add_argument("builds", nargs="*", metavar="BUILD_ID", help="tests/boundaries.py build ids (default: all)")
     args = parser.parse_args()
+    from tests.boundaries import build_id, sweep_builds
+
     import fa_kernel
-    from boundaries import build_id, sweep_builds
 
     expected = os.environ.get("FA_KERNEL_EXPECT_SRC")  # the mutant runner's: the mutant's copy must be what loaded
     if expected and not Path(fa_kernel.__file__).resolve().is_relative_to(Path(expected).resolve()):

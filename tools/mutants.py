@@ -5,7 +5,7 @@ and fail unless every mutant is killed (or, for generated mutants, shown equival
     python tools/mutants.py --generated --list       # the generated mutants, one line each (no GPU)
     python tools/mutants.py --generated              # triage on the CPU, then the GPU
     python tools/mutants.py --target emulator        # the hand-written bugs in the CPU emulator
-    python tools/mutants.py --only rescale_after_gemm --select tests/test_kernel.py::test_every_consumer_schedule
+    python -m tools.mutants --only rescale_after_gemm --select tests/test_kernel.py::test_every_consumer_schedule
         # one test, every parameter (no -x): which of its cases catch the mutant
 
 Two kinds of mutant:
@@ -55,11 +55,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "fa_kernel"
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests"), str(ROOT / "src")]
 
-from ast_mutants import GeneratedMutant, apply_patch, generate  # noqa: E402
-from codegen_rules import bulk_source_rewritten_in_flight, outstanding_at_exit  # noqa: E402
-from equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING  # noqa: E402
+from tools.ast_mutants import GeneratedMutant, apply_patch, generate  # noqa: E402
+from tools.codegen_rules import bulk_source_rewritten_in_flight, outstanding_at_exit  # noqa: E402
+from tools.equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the
 def _rows_without_keys() -> tuple[str, ...]:
     """The one-key test on the first causal sweep build: only a causal row can see no key, so a
     non-causal build (the first changed one, often) passes whatever the epilogue does with them."""
-    from boundaries import build_id, sweep_builds
+    from tests.boundaries import build_id, sweep_builds
 
     build = next(build for build in sweep_builds() if build["causal"])
     return (f"tests/test_boundary_sweep.py::test_rows_that_see_one_key_or_none[{build_id(build)}]",)
@@ -775,7 +774,8 @@ def triage_builds(sm_count: int) -> list[dict]:
     enters the kernel only as the element type, which no operator mutates). The small grids'
     bands (configs.TUNED_GRIDS) are not among them yet: their configs join the triage with the
     next triage run of every mutant (docs/testing.md)."""
-    from boundaries import sweep_builds
+    from tests.boundaries import sweep_builds
+
     from fa_kernel.builds import shipped_builds, unique
 
     full = shipped_builds(sm_count=sm_count, small_grids=False)
@@ -885,7 +885,7 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
     mutant it does not hold is left out."""
     import hashlib
 
-    from boundaries import sweep_builds
+    from tests.boundaries import sweep_builds
 
     sweep = sweep_builds()
     builds = triage_builds(sm_count)
@@ -1061,6 +1061,12 @@ def host_cache(name: str, files: list[Path], extra: str = "") -> Path:
     return Path("~/.cache/fa-kernel").expanduser() / name / digest
 
 
+def run_script(path: str) -> list[str]:
+    """The command that runs a tool of tools/ named by its path, as a module of the repository
+    (`python -m tools.name`, from ROOT), so that it imports tests.* and tools.* as packages."""
+    return [sys.executable, "-m", path.split()[0].removesuffix(".py").replace("/", ".")]
+
+
 def bitwise_seed_folder() -> Path:
     """Where this host keeps the unmutated kernel's digests (tools/bitwise_sweep.py record): by
     the package, the sweep script and the modules of tests/ and tools/ it imports. A seed left
@@ -1093,7 +1099,7 @@ def unmutated_env(**variables: str) -> dict[str, str]:
 def smoke_nodes_by_build() -> dict[str, list[str]]:
     """{sweep build id: the smoke tier's test node ids on that build}, from pytest's collection
     (no GPU needed)."""
-    from boundaries import build_id, sweep_builds
+    from tests.boundaries import build_id, sweep_builds
 
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *SMOKE_ARGS]
     # The tests import fa_kernel: from src/ where it is not installed (nox --no-venv does the same).
@@ -1382,13 +1388,13 @@ def run_mutant(
     for tier, pytest_args in tiers:
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args]
         if tier == "bitwise":
-            command = [sys.executable, pytest_args[0], "compare", str(bitwise_seed), *pytest_args[1:]]
+            command = [*run_script(pytest_args[0]), "compare", str(bitwise_seed), *pytest_args[1:]]
         if tier == "close":  # the unmutated kernel.py, built beside the mutant's
-            command = [sys.executable, pytest_args[0], "close", str(PACKAGE / "kernel.py"), *pytest_args[1:]]
+            command = [*run_script(pytest_args[0]), "close", str(PACKAGE / "kernel.py"), *pytest_args[1:]]
         if tier in ("suite", "selected") and target in GPU_TARGETS:
             # Many kernels: built over all cores first; then the tests shared by workers on the
             # mutant's GPU, as `nox -s gpu` shares them (the suite is work-bound).
-            command = ["sh", "-c", '"$0" tools/precompile.py && exec "$0" "$@"', *command]
+            command = ["sh", "-c", '"$0" -m tools.precompile && exec "$0" "$@"', *command]
             command += ["-n", str(SUITE_WORKERS), "--dist", "worksteal"]
         # A session of its own: on a time-out the whole group goes (pytest and its compilers),
         # or their open pipes would keep this call waiting.
@@ -1476,7 +1482,6 @@ def run_mutant(
 # unmutated kernel's, compiled once for all).
 PREBUILD_SCRIPT = """
 import json, os, sys
-sys.path.insert(0, "tests")
 import fa_kernel
 from fa_kernel.builds import quiet_tilelang
 expected = os.environ["FA_KERNEL_EXPECT_SRC"]
@@ -1484,18 +1489,18 @@ assert fa_kernel.__file__.startswith(expected), f"imported {fa_kernel.__file__},
 quiet_tilelang()
 file, wanted = sys.argv[1], set(json.loads(sys.argv[2]))
 if file == "kernel.py":
-    from boundaries import build_id, sweep_builds
+    from tests.boundaries import build_id, sweep_builds
     from fa_kernel.kernel import compiled_forward
     for build in sweep_builds():
         if build_id(build) in wanted:
             compiled_forward(**build, arch="sm_90a")
 elif file == "backward.py":
-    import test_backward_kernel
+    from tests import test_backward_kernel
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
     for build in gradient_builds("sm_90a") + test_backward_kernel.deterministic_builds("sm_90a"):
         compiled_gradient_kernels(**build)
 else:
-    import test_decode
+    from tests import test_decode
     from fa_kernel.decode import compiled_decode_kernels
     for build in test_decode.gpu_builds("sm_90a"):
         compiled_decode_kernels(**build)
@@ -1636,7 +1641,7 @@ def main() -> int:
     settled: dict[str, tuple[str, str]] = {}
     changed: dict[str, list[str]] = {}  # mutant id: the sweep builds (ids) its kernel differs on
     if args.target == "kernel" and not args.select:
-        from boundaries import build_id
+        from tests.boundaries import build_id
 
         start = time.perf_counter()
         found = triage(mutants, os.cpu_count() or 1, args.sm_count, args.triage_cache)
@@ -1738,7 +1743,7 @@ def main() -> int:
     if gpus and args.seed_cache.resolve() == _tilelang_cache().resolve():
         # Seed the mutants' caches with every kernel of the unmutated suite: a kernel a mutant
         # leaves alone then loads instead of compiling in each mutant's own cache.
-        command = [sys.executable, str(ROOT / "tools" / "precompile.py"), *precompile_args(tiers.values(), args.target)]
+        command = [*run_script("tools/precompile.py"), *precompile_args(tiers.values(), args.target)]
         subprocess.run(command, cwd=ROOT, check=True)
     if gpus and to_run and not args.no_baseline:
         failing = unmutated_failures(tiers.values())
@@ -1757,7 +1762,7 @@ def main() -> int:
         bitwise_seed = bitwise_seed_folder()
         missing = [build for build in bitwise_builds if not _seed_readable(bitwise_seed, build)]
         if missing:
-            command = [sys.executable, BITWISE, "record", str(bitwise_seed), *missing]
+            command = [*run_script(BITWISE), "record", str(bitwise_seed), *missing]
             subprocess.run(command, cwd=ROOT, env=unmutated_env(), check=True)
     # A mutant's smoke tier is mostly one kernel's compile, on one core: one mutant per core.
     jobs = args.jobs or max(4, os.cpu_count() or 1)
@@ -1876,8 +1881,8 @@ def _tier_files(tiers: list[tuple[str, list[str]]]) -> list[Path]:
 
 
 def _local_imports(path: Path) -> set[Path]:
-    """The modules of tests/ and tools/ that `path` imports (by their top-level names, wherever
-    the import stands), and the ones those import."""
+    """The modules of tests/ and tools/ that `path` imports (as `tests.name` or `tools.name`,
+    wherever the import stands), and the ones those import."""
     import ast
 
     folders = (ROOT / "tests", ROOT / "tools")
@@ -1889,15 +1894,15 @@ def _local_imports(path: Path) -> set[Path]:
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
             else:
                 continue
             for name in names:
-                for folder in folders:
-                    module = folder / f"{name.split('.')[0]}.py"
-                    if module.is_file() and module not in found:
-                        found.add(module)
-                        pending.append(module)
+                package, _, module_name = name.partition(".")
+                module = ROOT / package / f"{module_name.split('.')[0]}.py"
+                if module.parent in folders and module.is_file() and module not in found:
+                    found.add(module)
+                    pending.append(module)
     return found
 
 

@@ -1,7 +1,7 @@
 """Build every kernel the GPU suite needs, all CPU cores at once, into TileLang's disk cache; the
 tests then load them instead of compiling one at a time.
 
-    python tools/precompile.py [--jobs N] [--smoke] [--arch ARCH --sm-count N]
+    python -m tools.precompile [--jobs N] [--smoke] [--arch ARCH --sm-count N]
 
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
 once all have built, a stamp in TileLang's cache (`fa_kernel.builds.build_unless_built`) skips even the loads.
@@ -15,16 +15,12 @@ alone), and that machine loads them from a copy of TileLang's cache (TILELANG_CA
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-if importlib.util.find_spec("fa_kernel") is None:  # not installed, nor on PYTHONPATH (a mutant's copy)
-    sys.path.insert(1, str(ROOT / "src"))
 
 
 def suite_builds(sm_count: int, arch: str) -> list[dict]:
@@ -32,9 +28,9 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     both dtypes as flash_attn_func builds it on this GPU, the boundary sweep's builds, the
     fallback the property strategies call directly, the kernel tests' own schedules and the
     guard-region tests' grids."""
-    import test_guard_regions
-    import test_kernel
-    from boundaries import FALLBACK_ENTRIES
+    from tests import test_guard_regions, test_kernel
+    from tests.boundaries import FALLBACK_ENTRIES
+
     from fa_kernel.builds import shipped_builds, unique
 
     builds = shipped_builds(arch.removesuffix("a"), sm_count=sm_count)  # the tables key "sm_90", nvcc "sm_90a"
@@ -98,8 +94,8 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     """(builds, builders) of every kernel the GPU suite needs, as build_all takes them: the
     gradients' and split-KV's first (kernels of several kinds share one pool: a pool per kind
     would end each on a round of idle cores), then the forward's (builder None)."""
-    import test_backward_kernel
-    import test_decode
+    from tests import test_backward_kernel, test_decode
+
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
     from fa_kernel.builds import split_kv_builds, unique
     from fa_kernel.decode import compiled_decode_kernels
@@ -114,7 +110,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
 
 def smoke_builds(arch: str) -> list[dict]:
     """compiled_forward's arguments of the smoke tier's kernels: the boundary sweep's builds."""
-    from boundaries import sweep_builds
+    from tests.boundaries import sweep_builds
 
     return [dict(build, arch=arch) for build in sweep_builds()]
 
