@@ -83,6 +83,18 @@ def pytest_runtest_setup(item):
         pytest.fail("FA_KERNEL_REQUIRE_GPU=1 but there is no CUDA device: GPU tests must run here, not skip")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _gpu_memory_share():
+    # tools/mutants.py runs several mutants' tests on one GPU: FA_KERNEL_GPU_MEMORY_FRACTION is each
+    # mutant's share, split among its xdist workers, so that one mutant's tests cannot take the
+    # memory another's need (an out-of-memory failure there is no kill).
+    fraction = os.environ.get("FA_KERNEL_GPU_MEMORY_FRACTION")
+    if fraction and HAS_CUDA:
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        torch.cuda.set_per_process_memory_fraction(float(fraction) / workers)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _exact_fp32_matmul():
     # The fp32 reference must be fp32: TF32 matmuls would put 1e-3 errors into it.

@@ -478,3 +478,14 @@ def test_cpu_only_calls_a_mutant_that_passes_the_cpu_tier_not_judged():
     # Its GPU tiers come after: passing the first of its tiers is no survival.
     assert mutants._cpu_tier_passed("SURVIVED", "every test of the cpu tier passed", 3.0)[0] == "NOT RUN"
     assert mutants._cpu_tier_passed("killed", "cpu: tests/test_api.py::test_x", 3.0)[0] == "killed"
+
+
+def test_a_failing_tier_is_a_kill_however_pytest_stops_and_never_for_want_of_memory():
+    failed = ["tests/test_kernel.py::test_x"]
+    assert mutants.failure_not_a_kill(1, "FAILED tests/test_kernel.py::test_x", failed) == ""
+    # -x under pytest-xdist: the session stops at the first failure and exits 2.
+    stopped = "FAILED tests/test_kernel.py::test_x\n!!! xdist.dsession.Interrupted: stopping after 1 failures !!!"
+    assert mutants.failure_not_a_kill(2, stopped, failed) == ""
+    assert mutants.failure_not_a_kill(2, "ERROR collecting tests/test_kernel.py", []).startswith("pytest exited 2")
+    out_of_memory = "FAILED tests/test_kernel.py::test_x - torch.OutOfMemoryError: CUDA out of memory."
+    assert mutants.failure_not_a_kill(1, out_of_memory, failed) == "a test ran out of GPU memory"

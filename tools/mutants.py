@@ -1461,10 +1461,10 @@ def run_mutant(
         elif "==== bitwise" in log or "==== close" in log:
             claimed = " (recorded as equivalent, but its outputs are not the unmutated kernel's)"
         return "SURVIVED", f"every test of the {tier} tier passed{claimed}", seconds
-    if result.returncode != 1:
-        last = log.strip().splitlines()[-1] if log.strip() else ""
-        return "ERROR", f"pytest exited {result.returncode} in the {tier} tier: {last}", seconds
     failed = re.findall(r"^FAILED (\S+)", log, re.MULTILINE)
+    refused = failure_not_a_kill(result.returncode, log, failed)
+    if refused:
+        return "ERROR", f"{refused} in the {tier} tier", seconds
     if (
         tier in ("suite", "selected")
         and not failed
@@ -1474,6 +1474,23 @@ def run_mutant(
     if selected:
         return "killed", f"selected: {len(failed)} failed: " + " ".join(failed), seconds
     return "killed", f"{tier}: {failed[0] if failed else 'a test failed'}", seconds
+
+
+# A test that failed for want of GPU memory failed for what ran beside it, not for the mutant.
+OUT_OF_MEMORY = re.compile(r"CUDA out of memory|OutOfMemoryError|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY")
+
+
+def failure_not_a_kill(returncode: int, log: str, failed: list[str]) -> str | None:
+    """Why a tier that did not pass is no kill ('' where it is one): pytest exits 1 on a failed
+    test, and 2 where pytest-xdist stops the session at the first failure under -x
+    (xdist.dsession.Interrupted), a failure all the same; any other exit, or a failure for want
+    of GPU memory, says nothing of the mutant (ERROR: run it again)."""
+    if OUT_OF_MEMORY.search(log):
+        return "a test ran out of GPU memory"
+    if returncode == 1 or (returncode == 2 and failed and "xdist.dsession.Interrupted" in log):
+        return ""
+    last = log.strip().splitlines()[-1] if log.strip() else ""
+    return f"pytest exited {returncode}: {last}"
 
 
 # Compiles for sm_90a, with the package PYTHONPATH gives (a mutant's copy), into
@@ -1770,6 +1787,8 @@ def main() -> int:
     # there): by default every process starts one per core, mutants x cores threads on the cores.
     running = max(1, min(jobs, len(to_run)))
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // running)))
+    if gpus:  # each mutant's share of its GPU's memory (tests/conftest.py applies it)
+        os.environ.setdefault("FA_KERNEL_GPU_MEMORY_FRACTION", f"{0.9 / -(-running // gpus):.3f}")
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="fa-mutants-"))
     workdir.mkdir(parents=True, exist_ok=True)
     width = max([len(m.id) for m in mutants] + [6])
