@@ -718,7 +718,7 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
             for build in builds:
                 try:
                     scripts = [script for script in builder(**build) if script is not None]
-                    digests.append(hashlib.sha256("\n".join(scripts).encode()).hexdigest())
+                    digests.append(short_digest("\n".join(scripts)))
                 except Exception as error:  # a mutant may break the Python that builds a kernel
                     digests.append(f"error: {type(error).__name__}: {error}")
     except Exception as error:  # the mutated module itself does not import
@@ -742,7 +742,7 @@ def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> dict
         context = hashlib.sha256(f"{file} {builds!r}".encode()).hexdigest()
 
         def key(source: str, context: str = context) -> str:
-            return hashlib.sha256(f"{context}\n{source}".encode()).hexdigest()
+            return short_digest(f"{context}\n{source}")
 
         original_source = (PACKAGE / file).read_text()
         if key(original_source) not in stored:
@@ -783,6 +783,12 @@ def triage_builds(sm_count: int) -> list[dict]:
     return unique([*sweep_builds(), *shipped])
 
 
+def short_digest(text: str) -> str:
+    """64 bits of text's sha256: what the triage cache (tools/records/triage.json) keeps of each
+    program and source, enough to tell a few thousand apart, and a quarter of the full digest's size."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def primfunc_digests(
     kernel_source: str, builds: list[dict], original: list[str] | None = None, always: int = 0
 ) -> list[str]:
@@ -790,7 +796,6 @@ def primfunc_digests(
     replaced by `kernel_source`; 'error: ...' where building the program raises. Given the
     unmutated `original` digests, it stops at the first build past the first `always` whose
     digest differs (the mutant is then known to change the kernel)."""
-    import hashlib
 
     digests: list[str] = []
     try:
@@ -802,7 +807,7 @@ def primfunc_digests(
                     program = module.forward_program(dtype=build["dtype"], **arguments)
                     # The pass configs enter TileLang's cache key too (a mutant may switch a pass off).
                     compiled = program.script(show_meta=True) + repr(getattr(module, "PASS_CONFIGS", None))
-                    digests.append(hashlib.sha256(compiled.encode()).hexdigest())
+                    digests.append(short_digest(compiled))
                 except Exception as error:  # a mutant may break the Python that builds the kernel
                     digests.append(f"error: {type(error).__name__}: {error}")
                 if original is not None and index >= always and digests[-1] != original[index]:
@@ -821,7 +826,6 @@ def generated_code_digests(
     nvcc and the runtime wrapper are given, so equal digests mean the same compiled kernel.
     'breaks: ...' where the CUDA source breaks a rule of tools/codegen_rules.py. Given the
     unmutated digests `original`, it stops at the first build whose digest differs."""
-    import hashlib
 
     import tilelang
     from tilelang import tvm
@@ -838,8 +842,10 @@ def generated_code_digests(
                 program = module.forward_program(dtype=build["dtype"], **arguments)
                 with tvm.transform.PassContext(opt_level=3, config=module.PASS_CONFIGS), target:
                     artifact = lower(program, target=target)
-                generated = f"{artifact.kernel_source}\n{artifact.host_mod}\n{artifact.params}\n{module.PASS_CONFIGS!r}"
-                digests[index] = hashlib.sha256(generated.encode()).hexdigest()
+                # Without the names TileLang gives its scratch buffers in no fixed order (same_kernels).
+                named = re.sub(r"\bworkspace(_\d+)?\b", "workspace_N", artifact.kernel_source)
+                generated = f"{named}\n{artifact.host_mod}\n{artifact.params}\n{module.PASS_CONFIGS!r}"
+                digests[index] = short_digest(generated)
                 source = artifact.kernel_source
                 if problems := outstanding_at_exit(source) + bulk_source_rewritten_in_flight(source):
                     digests[index] = f"breaks: {problems[0]}"
@@ -894,7 +900,7 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
     context = hashlib.sha256(repr(builds).encode()).hexdigest()
 
     def key(source: str) -> str:
-        return hashlib.sha256(f"{context}\n{source}".encode()).hexdigest()
+        return short_digest(f"{context}\n{source}")
 
     try:
         stored = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}

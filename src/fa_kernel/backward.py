@@ -230,7 +230,7 @@ def backward_program(
                 T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
                 # dS before dV's GEMM: the fp32 Sᵀ and dPᵀ are then dead while dV and dK run. In
                 # the other order ptxas serialises every wgmma at head_dim 64 (C7512, with
-                # spills); this one is 1.20x there (perf/backward_ab.py, docs/performance.md).
+                # spills: docs/performance.md).
                 for i, j in T.Parallel(block_n, block_m):
                     ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
                 T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
@@ -241,8 +241,8 @@ def backward_program(
                     T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
                     # The previous step's reduce-add must have read dQ_shared: waited for here, a
                     # step after it was issued. T.atomic_add(use_tma=True) waits right after the
-                    # add, holding its warpgroup's next GEMMs (the kernel 1.13-1.19x faster here,
-                    # perf/backward_ab.py's dq_wait_at_once). Threads with no add in flight pass.
+                    # add, holding its warpgroup's next GEMMs (docs/performance.md). Threads with
+                    # no add in flight pass.
                     T.tma_store_wait(0)
                     T.copy(acc_dq, dQ_shared[:, :head_dim])
                     if T.shuffle_elect(threads):

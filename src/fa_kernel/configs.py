@@ -114,9 +114,8 @@ TUNED_SHORT: dict[tuple[str, int, bool], tuple[tuple[int, TileConfig], ...]] = {
 # docs/tile-configs.md.
 TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | None, TileConfig], ...]], ...]] = {
     ("sm_90", 64, True): (
-        # 4 tiles an SM: 192-row blocks over few keys, 128 rows at 2048; from 4096 two blocks an SM of
-        # one warpgroup each, whose causal tiles of unequal length fill the SMs (a static
-        # persistent order leaves them idle: 278 against 344 TFLOP/s at 4096)
+        # 4 tiles an SM: from 4096 keys two blocks an SM, whose unequal causal tiles fill the SMs
+        # where a static persistent order leaves them idle
         (
             3.88,
             (
@@ -127,8 +126,7 @@ TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | No
         ),
     ),
     ("sm_90", 128, False): (
-        # 16 tiles an SM: 128x176 without the overlapped epilogue up to 8192 keys (602 against 584
-        # at 4096, 626 against 608 at 8192; on 62 tiles the overlap leads at 8192, 608 against 599)
+        # 16 tiles an SM: up to 8192 keys the overlapped epilogue does not pay for itself
         (
             15.52,
             (
@@ -139,8 +137,8 @@ TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | No
         ),
     ),
     ("sm_90", 128, True): (
-        # 4 tiles an SM: one block a tile from 2049 keys (the persistent order's imbalance: 401
-        # against 453 at 4096, 354 against 682 at 16384)
+        # 4 tiles an SM: one block a tile from 2049 keys, where the persistent order's causal
+        # imbalance costs more than the grid's tail
         (
             3.88,
             (
@@ -149,8 +147,7 @@ TUNED_GRIDS: dict[tuple[str, int, bool], tuple[tuple[float, tuple[tuple[int | No
                 (None, TileConfig(128, 176, 2, 256)),
             ),
         ),
-        # 16 tiles an SM: persistent up to 8192 keys (128x176 at 8192: 577 against 540 per tile),
-        # one block a tile past it (653 against 470 at 16384)
+        # 16 tiles an SM: persistent up to 8192 keys, one block a tile past it
         (
             15.52,
             (
@@ -236,7 +233,7 @@ BACKWARD_TILES = {
     128: (64, 128, 2),
 }  # head_dim 256 has none yet: dK and dV of 128 keys take 256 fp32 registers a thread
 # The fixed-order dQ kernel (deterministic=True): 64 rows at both; its S, dP and dQ of 128 rows
-# weigh on registers as the dK/dV kernel's do not (0.71x at head_dim 64).
+# weigh on registers as the dK/dV kernel's do not.
 DQ_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
 
 
@@ -270,19 +267,14 @@ SPLIT_TILES = {
 
 # ---- which kernel serves a call ----
 
-# Where the split-KV kernels beat the forward kernel on a step of few queries: GPU time (CUDA
-# graph replays, the host's path per call out of it) on the H200 at d128 (docs/performance.md,
-# the routing ladder and its boundaries). Where the forward kernel's time is short, the split
-# kernels' second kernel and fp32 partials outweigh what they save, so the forward kernel's keys
-# per SM (its waves of tiles times seqlen_k) must reach this: one wave at 1024 keys 0.66-0.74x
-# the forward kernel, at 2048 0.92-1.02x, at 4096 1.07-1.15x without GQA and 1.97x with it.
+# Where the split-KV kernels beat the forward kernel on a step of few queries, in GPU time on the
+# H200 (the routing ladder and its boundaries: docs/performance.md). Where the forward kernel's
+# time is short, the split kernels' second kernel and fp32 partials outweigh what they save: its
+# keys per SM (waves of tiles times seqlen_k) must reach this.
 SPLIT_KV_FORWARD_KEYS = 4096
-# Past 8 queries the split kernel's pace drops (no GQA at 8192 keys: 2458 GB/s at 8 queries,
-# 1674 at 9), to the forward kernel's without GQA (0.98-1.02x at 9-16 queries, 0.84-0.96x at
-# 32-64)...
+# Past 8 queries the split kernel's pace drops to the forward kernel's without GQA...
 SPLIT_KV_QUERIES = 8
-# ...and with GQA at few keys (16 queries of a group of 4 at 2048 keys 0.86-0.94x), not at more
-# (at 3072 keys 1.07-1.20x, 4096 1.23-1.35x): the re-reads saved grow with the keys.
+# ...and with GQA at few keys, not at more: the re-reads saved grow with the keys.
 SPLIT_KV_MANY_QUERIES_KEYS = 3072
 
 
@@ -301,8 +293,7 @@ def split_kv_serves(
     - a group's query rows, group_size * seqlen_q, fit one of the split kernel's row blocks of
       `rows_per_block`: each K/V tile is read once for the group;
     - without GQA, the forward kernel's grid, one tile per (batch, head), fills at most half the
-      SMs: no read is saved, but the split kernels spread the keys over every SM (32 tiles:
-      1.68x the forward kernel; 128 tiles: the forward kernel 1.15x, 1024: 1.23x);
+      SMs: no read is saved, but the split kernels spread the keys over every SM;
     - the forward kernel's keys per SM (`forward_keys_per_sm`) reach SPLIT_KV_FORWARD_KEYS;
     - at most SPLIT_KV_QUERIES queries, or with GQA at least SPLIT_KV_MANY_QUERIES_KEYS keys."""
     group_size = heads // heads_kv

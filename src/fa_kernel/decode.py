@@ -58,8 +58,7 @@ def split_plan(
     """(splits, K/V tiles per split) for this launch: at most the splits that give every SM the
     tile's blocks_per_sm thread blocks, at least one, and no more than there are tiles; every
     split the same number of tiles but the last, which has at least one. Rounded down, not up: a
-    second, partial wave of blocks costs a whole block's time (1.03-1.50x on the decode grid's
-    split-KV steps, docs/performance.md)."""
+    second, partial wave of blocks costs a whole block's time (docs/performance.md)."""
     tiles = max(1, ceildiv(seqlen_k, tile.block_n))
     wanted = max(1, tile.blocks_per_sm * sm_count // max(1, batch * heads_kv * row_blocks))
     tiles_per_split = ceildiv(tiles, wanted)
