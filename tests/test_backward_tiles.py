@@ -1,6 +1,7 @@
 """The gradient kernels' tile conditions, exactly, on the CPU (TileLang's expressions evaluated
-by its simplifier): which (key, row) pairs a query row sees, and which tiles hold a pair it does
-not. A tile the condition misses would give a hidden key its exponential; one it adds only costs
+by its simplifier): which (key, row) pairs a query row sees (the rule's select, rows checked), and
+which tiles hold a pair it does not (backward.tile_needs_mask, the rule's tile test as the
+gradient kernels take it). A tile the condition misses would give a hidden key its exponential; one it adds only costs
 a select. Both are held to the definition here, so a mutant of either dies without a GPU."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import pytest
 
 tilelang = pytest.importorskip("tilelang")
 
-from fa_kernel.backward import sees, tile_needs_mask  # noqa: E402
+from fa_kernel.backward import tile_needs_mask  # noqa: E402
+from fa_kernel.mask import Visibility  # noqa: E402
 
 ANALYZER = tilelang.tvm.arith.Analyzer()
 # Small tiles, so that every offset of a tile against the lengths and the causal diagonal occurs.
@@ -35,7 +37,8 @@ def test_sees_is_the_definition(causal):
     for seqlen_q, seqlen_k in itertools.product(range(1, 7), range(1, 7)):
         for key, row in itertools.product(range(8), range(8)):
             expected = visible(key, row, seqlen_q, seqlen_k, causal)
-            assert evaluated(sees(key, row, seqlen_q, seqlen_k, causal)) == expected, (key, row, seqlen_q, seqlen_k)
+            rule = Visibility(seqlen_q, seqlen_k, causal)
+            assert evaluated(rule.sees(key, row, rows_checked=True)) == expected, (key, row, seqlen_q, seqlen_k)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -49,5 +52,6 @@ def test_a_tile_is_masked_exactly_where_it_holds_a_hidden_pair(causal):
                 for key in range(kv_start, kv_start + BLOCK_N)
                 for row in range(q_start, q_start + BLOCK_M)
             )
-            masked = evaluated(tile_needs_mask(kv_start, q_start, BLOCK_N, BLOCK_M, seqlen_q, seqlen_k, causal))
+            rule = Visibility(seqlen_q, seqlen_k, causal)
+            masked = evaluated(tile_needs_mask(rule, kv_start, q_start, BLOCK_N, BLOCK_M))
             assert masked == hidden, (q_start, kv_start, seqlen_q, seqlen_k)

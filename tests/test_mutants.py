@@ -436,7 +436,7 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
             "min(1, tile.blocks_per_sm * sm_count // max(1, batch * heads_kv * row_blocks))",
         ),
         # A kernel change: left to run.
-        find(decode, "flash_decoding_split", "relational", "key < seqlen_k", "key <= seqlen_k"),
+        find(decode, "flash_decoding_split", "relational", "first_row + r < rows", "first_row + r <= rows"),
     ]
     verdicts = mutants.triage_programs(picked, jobs=1)
     assert verdicts[picked[0].id][0] == "equivalent"
