@@ -1,5 +1,6 @@
-# mypy: disable-error-code="valid-type"
-# (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types.)
+# mypy: disable-error-code="valid-type,index"
+# (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types; dQ's
+# buffers are None only where with_dq is False, and then never indexed.)
 """The TileLang FlashAttention backward kernels for Hopper, and their compile cache.
 
 FlashAttention-2's backward (its Algorithm 2), as `emulator.attention_backward_tiled`

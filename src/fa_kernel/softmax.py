@@ -8,8 +8,9 @@ exp2 sees -inf - 0 (weight 0) instead of -inf + inf, and its sum stays 0, which 
 normalisation and the LSE read as "no key": output 0, LSE -inf.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tilelang.language as T
 
@@ -33,12 +34,12 @@ class RowState:
 class OnlineSoftmax(NamedTuple):
     """The parts, as macros (and expressions) over tiles of block_m rows and block_n keys."""
 
-    start_rows: object  # (rows): the state before the first tile
-    exponentials: object  # (acc_s, row_max_scaled, tile_sum, scale_log2): P~ in place, its row sums
-    fold_tile: object  # (acc_s, rows, scale_log2, stale_sum=None): a tile's scores into the state
-    rescale_output: object  # (acc_o, alpha): the output accumulator to the new max
-    normalised: object  # (acc_o, row_sum, i, d) -> O[i, d] after the one normalisation
-    log2_sum: object  # (rows, i) -> the row's LSE in log2 units, for a row that saw a key
+    start_rows: Callable[..., Any]  # (rows): the state before the first tile
+    exponentials: Callable[..., Any]  # (acc_s, row_max_scaled, tile_sum, scale_log2): P~ in place, its row sums
+    fold_tile: Callable[..., Any]  # (acc_s, rows, scale_log2, stale_sum=None): a tile's scores into the state
+    rescale_output: Callable[..., Any]  # (acc_o, alpha): the output accumulator to the new max
+    normalised: Callable[..., Any]  # (acc_o, row_sum, i, d) -> O[i, d] after the one normalisation
+    log2_sum: Callable[..., Any]  # (rows, i) -> the row's LSE in log2 units, for a row that saw a key
 
 
 def online_softmax(block_m: int, block_n: int, head_dim: int) -> OnlineSoftmax:
