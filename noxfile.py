@@ -73,7 +73,9 @@ def tests(session: nox.Session) -> None:
     """The test suite: CPU tests everywhere, GPU tests too where a CUDA device exists."""
     install(session, "test", "bench")  # bench: `asv check` is part of the suite
     # A worker per core (pytest-xdist): most of the CPU suite's time is nvcc and the emulator's
-    # sweeps, each test on one core. `-- -n 0` runs it in one process.
+    # sweeps, each test on one core. `-- -n 0` runs it in one process. One torch thread a worker:
+    # by default each starts one per core, workers x cores threads on the cores.
+    session.env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     session.run("pytest", "-n", "auto", "--dist", "worksteal", *session.posargs)
 
 

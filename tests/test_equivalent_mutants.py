@@ -68,19 +68,20 @@ def test_recorded_emulator_mutants_are_bitwise_the_same(tmp_path):
     recorded = [m for m in generate(files=("emulator.py",)) if m.key in EQUIVALENT]
     recorded = [m for m in recorded if EQUIVALENT[m.key].check != EMULATOR_ROUNDING_CHECK]
     assert recorded
+    # The unmutated emulator's results, once for all mutants.
+    cases = []
+    for entry in shipped_entries():
+        seqlen_q = sweep_seqlens_q(entry.config)[-1]
+        for offset in boundary_offsets(entry.config, sweep_limit(entry.config), side=1)[::11]:
+            if seqlen_q + offset >= 1:
+                qkv = random_qkv(1, seqlen_q, seqlen_q + offset, 1, 1, 64, torch.float16, device="cpu")
+                cases.append((entry, offset, qkv, attention_tiled(*qkv, causal=entry.causal, config=entry.config)))
     for index, mutant in enumerate(recorded):
         mutated = load_emulator(mutant.mutated_source(), tmp_path, f"emulator_mutant_{index}")
-        for entry in shipped_entries():
-            config = entry.config
-            seqlen_q = sweep_seqlens_q(config)[-1]
-            for offset in boundary_offsets(config, sweep_limit(config), side=1)[::11]:
-                if seqlen_q + offset < 1:
-                    continue
-                q, k, v = random_qkv(1, seqlen_q, seqlen_q + offset, 1, 1, 64, torch.float16, device="cpu")
-                expected = attention_tiled(q, k, v, causal=entry.causal, config=config)
-                actual = mutated(q, k, v, causal=entry.causal, config=config)
-                for got, want in zip(actual, expected, strict=True):
-                    assert torch.equal(got, want), f"{mutant.id}: {config}, causal={entry.causal}, offset {offset}"
+        for entry, offset, qkv, expected in cases:
+            actual = mutated(*qkv, causal=entry.causal, config=entry.config)
+            for got, want in zip(actual, expected, strict=True):
+                assert torch.equal(got, want), f"{mutant.id}: {entry.config}, causal={entry.causal}, offset {offset}"
 
 
 def stale_sum_limits() -> list[float]:
@@ -137,11 +138,12 @@ def test_recorded_emulator_mutants_round_alike(tmp_path):
     ]
     assert recorded
     normal = [Case(1, 600, 600, 2, 1, 64, "float16", causal, None, "normal", 7) for causal in (False, True)]
+    # The unmutated emulator's results, once for all mutants.
+    cases = [(case, case.inputs()) for case in HARD_CASES + normal]
+    expected_by_case = [attention_tiled(*qkv, softmax_scale=case.scale, causal=case.causal) for case, qkv in cases]
     for index, mutant in enumerate(recorded):
         mutated = load_emulator(mutant.mutated_source(), tmp_path, f"emulator_rounding_mutant_{index}")
-        for case in HARD_CASES + normal:
-            q, k, v = case.inputs()
-            expected = attention_tiled(q, k, v, softmax_scale=case.scale, causal=case.causal)
+        for (case, (q, k, v)), expected in zip(cases, expected_by_case, strict=True):
             out, lse = mutated(q, k, v, softmax_scale=case.scale, causal=case.causal)
             apart = rounding_apart(q, k, v, out, lse, *expected, case.causal, case.scale)
             assert apart is None, f"{mutant.id}, {case}: {apart}"
