@@ -12,9 +12,9 @@ each). A mismatch count going from 0 to anything fails the gate.
 
 import torch
 
-from fa_kernel.bench import Shape
 from fa_kernel.interface import flash_attn_func
 from fa_kernel.reference import GRADIENTS, BackwardVerdict, ErrorReport, judge, judge_backward
+from fa_kernel.workbench.bench import Shape
 
 from .cases import DTYPES, require_cuda
 

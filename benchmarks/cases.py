@@ -7,7 +7,7 @@ TOKENS, so every case has thousands of (query block, head, batch) tiles for 132 
 
 import torch
 
-from fa_kernel.bench import BACKWARD_FLOPS, MODEL_TOKENS, Shape, runners
+from fa_kernel.workbench.bench import BACKWARD_FLOPS, MODEL_TOKENS, Shape, runners
 
 TOKENS = 32768  # batch * seqlen_q
 HIDDEN = 2048  # nheads * head_dim of the MHA grid: the same bytes per token at every head_dim

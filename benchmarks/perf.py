@@ -1,7 +1,7 @@
 """The gated speed figure, lower is better: fa_kernel's time relative to cuDNN's.
 
 Kernels run asynchronously and asv's own timer is wall-clock, so the figure is a `track_`
-benchmark built from medians of CUDA-event timings (`fa_kernel.bench`), taken after setup
+benchmark built from medians of CUDA-event timings (`fa_kernel.workbench.bench`), taken after setup
 has compiled and warmed everything up. Absolute times are not gated: on the H200 they moved
 9% between two builds of the same code, while this ratio moved 0.2% and 2.7% (docs/perf-log.md).
 `HostPath` gates the host's cost of a call the same way: relative to SDPA's, on the same host.
@@ -11,7 +11,7 @@ import statistics
 
 from asv_runner.benchmarks.mark import SkipNotImplemented
 
-from fa_kernel.bench import CUDNN_LAYOUTS, alternated, cuda_median_ms, host_us_per_call
+from fa_kernel.workbench.bench import CUDNN_LAYOUTS, alternated, cuda_median_ms, host_us_per_call
 
 from . import cases
 

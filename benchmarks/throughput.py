@@ -6,7 +6,7 @@ absolute times drift with the machine more than the gate's factor allows (docs/p
 holds the steadier same-process ratio to cuDNN, which gates.
 """
 
-from fa_kernel.bench import cuda_median_ms
+from fa_kernel.workbench.bench import cuda_median_ms
 
 from . import cases
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tools.ast_mutants import apply_patch
 
-from fa_kernel.bench import alternated
+from fa_kernel.workbench.bench import alternated
 
 
 def arguments(

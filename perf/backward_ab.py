@@ -52,11 +52,11 @@ import torch
 from fa_kernel import backward as shipped_backward
 from fa_kernel import flash_attn_func
 from fa_kernel.backward import compiled_preprocess, padded_rows
-from fa_kernel.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
-from fa_kernel.builds import quiet_tilelang
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge_backward, random_qkv
+from fa_kernel.workbench.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
+from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab
 
 TILES = "block_m, block_n, num_stages = BACKWARD_TILES[head_dim]"

@@ -53,9 +53,10 @@ import sys
 import torch
 
 from fa_kernel import decode as shipped_decode
-from fa_kernel.bench import CUDNN_LAYOUTS, DECODE_SHAPES, Shape, cuda_median_ms, runners
-from fa_kernel.builds import device_target, quiet_tilelang
+from fa_kernel.device import device_target
 from fa_kernel.reference import judge
+from fa_kernel.workbench.bench import CUDNN_LAYOUTS, DECODE_SHAPES, Shape, cuda_median_ms, runners
+from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab
 from perf.host_overhead import GRAPH_CALLS, graph_us
 

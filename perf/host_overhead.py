@@ -33,10 +33,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fa_kernel import decode, flash_attn_func, interface
-from fa_kernel.bench import Shape, host_us_per_call
-from fa_kernel.builds import device_target, quiet_tilelang
+from fa_kernel.device import device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
+from fa_kernel.workbench.bench import Shape, host_us_per_call
+from fa_kernel.workbench.builds import quiet_tilelang
 
 SHAPES = [
     Shape(1, 32, 1, 128, False, torch.bfloat16, nheads_kv=8, seqlen_k=32768),  # a decode step

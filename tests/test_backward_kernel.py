@@ -298,7 +298,7 @@ def test_compiled_training_step_matches_sdpa_math(dtype):
 def test_bench_backward_runners_take_each_implementations_gradients():
     # `fa-kernel bench --backward` times these calls: each must give the gradients of its own
     # forward's inputs (in that forward's layout), every one finite and not all zero.
-    from fa_kernel.bench import Shape, runners
+    from fa_kernel.workbench.bench import Shape, runners
 
     shape = Shape(2, 4, 200, 64, True, torch.bfloat16, nheads_kv=2)
     timed = runners(shape, backward=True)

@@ -7,8 +7,9 @@ import io
 import pytest
 import torch
 
-from fa_kernel.cli import EXIT_COMPILED_ONLY, EXIT_NO_GPU, main
 from fa_kernel.configs import grid_bands, select_config
+from fa_kernel.workbench.cli import main
+from fa_kernel.workbench.console import EXIT_COMPILED_ONLY, EXIT_FAILED, EXIT_NO_GPU
 
 # Every (band, key range) of each case at head_dim 64, 128 and 256, as `fa-kernel info` lists them.
 TABLE_ROWS = sum(
@@ -68,9 +69,9 @@ def test_counts_that_are_not_positive_are_refused_by_name(command, argument, cap
 def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkeypatch, capsys, tmp_path):
     # The search and the printout, with the GPU parts stubbed: a made-up speed per config and
     # length, under which a persistent 128x128 grid wins up to 2048 keys and 128x176 beyond.
-    import fa_kernel.tune as tune
-    from fa_kernel.bench import Shape
+    import fa_kernel.workbench.tune as tune
     from fa_kernel.configs import TileConfig
+    from fa_kernel.workbench.bench import Shape
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
@@ -81,10 +82,10 @@ def test_tune_times_every_candidate_over_the_ladder_and_prints_the_tables(monkey
     short, long = TileConfig(128, 128, 2, 256, persistent=True), TileConfig(128, 176, 2, 256)
     compiled = []
 
-    import fa_kernel.cli as cli
+    from fa_kernel.workbench import tune_command
 
     monkeypatch.setattr(tune, "device_target", lambda: (132, "sm_90a"))
-    monkeypatch.setattr(cli, "device_target", lambda: (132, "sm_90a"))
+    monkeypatch.setattr(tune_command, "device_target", lambda: (132, "sm_90a"))
 
     def does_not_launch(*args):
         raise RuntimeError("Failed to set the dynamic shared memory size")
@@ -161,16 +162,16 @@ def test_tune_on_several_grids_derives_a_band_where_a_small_grid_runs_another_co
     # --configs: only those candidates and the configs the tables run now are built and timed.
     import json
 
-    import fa_kernel.cli as cli
-    import fa_kernel.tune as tune
-    from fa_kernel.bench import Shape
+    import fa_kernel.workbench.tune as tune
     from fa_kernel.configs import TileConfig
+    from fa_kernel.workbench import tune_command
+    from fa_kernel.workbench.bench import Shape
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     monkeypatch.setattr(Shape, "inputs", lambda self, seed=0: (torch.empty(1, self.seqlen_q, self.nheads, 1),) * 3)
-    for module in (tune, cli):
+    for module in (tune, tune_command):
         monkeypatch.setattr(module, "device_target", lambda: (132, "sm_90a"))
     two, long = TileConfig(64, 128, 2, 128, blocks_per_sm=2), TileConfig(128, 176, 2, 256)
     built = []
@@ -206,7 +207,7 @@ def test_tune_on_several_grids_derives_a_band_where_a_small_grid_runs_another_co
 
 def timings(**medians_and_rounds) -> dict:
     """{implementation: bench.Timing} from {name: rounds} (the names' spaces as underscores)."""
-    from fa_kernel.bench import Timing
+    from fa_kernel.workbench.bench import Timing
 
     def name_of(key: str) -> str:
         return key.replace("_", " ") if key.startswith("cudnn") else key.replace("fa_kernel_", "fa_kernel ")
@@ -215,7 +216,7 @@ def timings(**medians_and_rounds) -> dict:
 
 
 def test_tune_compile_only_builds_every_candidate_for_the_named_gpu_without_one(monkeypatch, capsys):
-    from fa_kernel import tune
+    from fa_kernel.workbench import tune
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     pools = []
@@ -237,36 +238,38 @@ def stub_builds(monkeypatch):
     """kernel_build and compile_arch without a GPU, wherever the CLI reaches them: itself, and
     through interface.serving_build (whose choice between the forward and the split-KV kernels
     stays the real one)."""
-    import fa_kernel.cli as cli
     import fa_kernel.interface as interface
+    from fa_kernel.workbench import bench_command, verify_command
 
-    for module in (cli, interface):
+    for module in (bench_command, interface):
         monkeypatch.setattr(
             module, "kernel_build", lambda device, head_dim, causal, dtype, keys, launch: (head_dim, causal, keys)
         )
+    for module in (bench_command, verify_command, interface):
         monkeypatch.setattr(module, "compile_arch", lambda device: "sm_90a")
-    for module in (cli, interface):
-        monkeypatch.setattr(module, "device_target", lambda device: (132, "sm_90a"))
+    monkeypatch.setattr(interface, "device_target", lambda device: (132, "sm_90a"))
 
 
 def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypatch, capsys, tmp_path):
     import json
 
-    import fa_kernel.cli as cli
+    from fa_kernel.workbench import bench_command as command
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     # The BSHD view is cuDNN's faster layout here; the ratio is taken round by round against it.
     measured = timings(fa_kernel=[110, 120, 100], cudnn_BHSD=[90, 90, 90], cudnn_BSHD_view=[100, 100, 100], flash=[50])
-    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: measured)
+    monkeypatch.setattr(command, "measure", lambda shape, rounds, repeats, backward: measured)
     # The kernels are built before anything is timed: one build per shape asked (no GPU here to build for).
     built = []
     stub_builds(monkeypatch)
-    monkeypatch.setattr(cli, "_build_all", lambda console, builds, jobs, *args, **kwargs: built.append(builds) or True)
-    from fa_kernel.bench import Shape
+    monkeypatch.setattr(
+        command, "build_with_progress", lambda console, builds, jobs, *args, **kwargs: built.append(builds) or True
+    )
+    from fa_kernel.workbench.bench import Shape
 
     point = (Shape(1, 16, 512, 64, False), timings(fa_kernel=[90.0], cudnn_BHSD=[100.0]))
-    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda path, dtype, repeats, progress, rounds, backward: [point])
+    monkeypatch.setattr(command, "plot_seqlen_sweep", lambda path, dtype, repeats, progress, rounds, backward: [point])
     plot = str(tmp_path / "plot.png")
     assert main(["bench", "--markdown", "--plot", plot]) == 0
     out = capsys.readouterr().out
@@ -297,26 +300,28 @@ def test_bench_compares_against_the_faster_cudnn_layout_round_by_round(monkeypat
 def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monkeypatch, capsys):
     import json
 
-    import fa_kernel.cli as cli
     from fa_kernel.backward import compiled_gradient_kernels
-    from fa_kernel.bench import plot_shapes
+    from fa_kernel.workbench import bench_command as command
+    from fa_kernel.workbench.bench import plot_shapes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     timed = []
     measured = timings(fa_kernel=[100.0], fa_kernel_deterministic=[70.0], cudnn_BHSD=[80.0], cudnn_BSHD_view=[90.0])
-    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: timed.append(backward) or measured)
+    monkeypatch.setattr(command, "measure", lambda shape, rounds, repeats, backward: timed.append(backward) or measured)
     stub_builds(monkeypatch)
     built = []
-    monkeypatch.setattr(cli, "_build_all", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True)
+    monkeypatch.setattr(
+        command, "build_with_progress", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True
+    )
     assert main(["bench", "--backward", "--json", "--dtype", "bf16"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["pass"] == "backward" and timed == [True] * len(cli.BENCH_SHAPES)
+    assert record["pass"] == "backward" and timed == [True] * len(command.BENCH_SHAPES)
     # One pool: the forward kernels (the graph the backward runs through), then the gradients'.
     ((builds, builders),) = built
     gradients = [build for build, builder in zip(builds, builders, strict=True) if builder is compiled_gradient_kernels]
     # Each shape's gradient kernels twice: dQ by atomic adds, and the deterministic gradient's.
-    assert builders[0] is None and len(gradients) == 2 * len(cli.BENCH_SHAPES)
+    assert builders[0] is None and len(gradients) == 2 * len(command.BENCH_SHAPES)
     assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a") in gradients
     assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a", deterministic=True) in gradients
     assert main(["bench", "--backward", "--markdown", "--dtype", "bf16"]) == 0
@@ -324,15 +329,15 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
     assert "| fa_kernel | deterministic | cuDNN BHSD |" in table and "| 100 | 70 | 80 | 90 | - | 1.11x |" in table
     # The plot, of the backward too: its shapes' gradient kernels built with the rest.
     plotted = []
-    monkeypatch.setattr(cli, "plot_seqlen_sweep", lambda *args: plotted.append(args[-1]) or [])
+    monkeypatch.setattr(command, "plot_seqlen_sweep", lambda *args: plotted.append(args[-1]) or [])
     assert main(["bench", "--backward", "--json", "--plot", "plot.png"]) == 0
     with_plot = built[-1][1].count(compiled_gradient_kernels)
     assert plotted == [True] and with_plot == len(gradients) + 2 * len(plot_shapes(torch.float16))
 
 
 def test_bench_decode_grid_times_each_path_and_gives_gb_per_s(monkeypatch, capsys):
-    import fa_kernel.cli as cli
     from fa_kernel.decode import compiled_decode_kernels
+    from fa_kernel.workbench import bench_command as command
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
@@ -340,10 +345,12 @@ def test_bench_decode_grid_times_each_path_and_gives_gb_per_s(monkeypatch, capsy
     measured = timings(fa_kernel=[16.0], forward=[4.0], split=[16.0], cudnn_BHSD=[20.0], cudnn_BSHD_view=[10.0])
     measured["fa_kernel forward kernel"] = measured.pop("forward")
     measured["fa_kernel split-KV"] = measured.pop("split")
-    monkeypatch.setattr(cli, "measure", lambda shape, rounds, repeats, backward: measured)
+    monkeypatch.setattr(command, "measure", lambda shape, rounds, repeats, backward: measured)
     stub_builds(monkeypatch)
     built = []
-    monkeypatch.setattr(cli, "_build_all", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True)
+    monkeypatch.setattr(
+        command, "build_with_progress", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True
+    )
     assert main(["bench", "--grid", "decode", "--dtype", "bf16", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert "| fa_kernel | forward kernel | split-KV | cuDNN BHSD |" in out
@@ -360,14 +367,14 @@ def test_bench_decode_grid_times_each_path_and_gives_gb_per_s(monkeypatch, capsy
 
 
 def test_a_shape_cudnn_does_not_take_has_no_ratio():
-    from fa_kernel.bench import cudnn_best, ratio_to_cudnn_best
+    from fa_kernel.workbench.bench import cudnn_best, ratio_to_cudnn_best
 
     alone = timings(fa_kernel=[100.0], flash=[50.0])
     assert cudnn_best(alone) is None and ratio_to_cudnn_best(alone) is None
 
 
 def test_alternated_rounds_call_every_timer_once_a_round_in_turn():
-    from fa_kernel.bench import alternated
+    from fa_kernel.workbench.bench import alternated
 
     calls = []
     samples = alternated({name: (lambda name=name: calls.append(name) or len(calls)) for name in "ab"}, rounds=3)
@@ -375,7 +382,7 @@ def test_alternated_rounds_call_every_timer_once_a_round_in_turn():
 
 
 def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path):
-    import fa_kernel.bench as bench
+    import fa_kernel.workbench.bench as bench
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     passes = []
@@ -398,7 +405,7 @@ def test_the_plot_draws_every_panel_and_returns_its_points(monkeypatch, tmp_path
 
 
 def test_the_model_grid_spans_the_heads_lengths_and_prefills_asked_for():
-    from fa_kernel.bench import MODEL_HEADS, MODEL_PREFILLS, MODEL_SEQLENS, model_grid
+    from fa_kernel.workbench.bench import MODEL_HEADS, MODEL_PREFILLS, MODEL_SEQLENS, model_grid
 
     grid = model_grid()
     heads = {shape.nheads for shape in grid}
@@ -413,7 +420,7 @@ def test_the_model_grid_spans_the_heads_lengths_and_prefills_asked_for():
 
 
 def test_the_summary_gives_each_head_dims_median_and_worst_shape():
-    from fa_kernel.bench import Shape, summarise
+    from fa_kernel.workbench.bench import Shape, summarise
 
     results = [
         (Shape(1, 8, 512, 64, False), timings(fa_kernel=[90.0], cudnn_BHSD=[100.0])),
@@ -432,9 +439,9 @@ def test_builds_that_all_built_once_skip_the_pool_after(monkeypatch, tmp_path):
     from rich.console import Console
     from tilelang import env
 
-    from fa_kernel import builds as builds_module
-    from fa_kernel import cli
-    from fa_kernel.builds import shipped_builds
+    from fa_kernel.workbench import builds as builds_module
+    from fa_kernel.workbench import console as console_module
+    from fa_kernel.workbench.builds import shipped_builds
 
     monkeypatch.setattr(env, "TILELANG_CACHE_DIR", str(tmp_path))
     pools = []
@@ -449,13 +456,17 @@ def test_builds_that_all_built_once_skip_the_pool_after(monkeypatch, tmp_path):
     builds = shipped_builds("sm_90", (64,))
     console = Console(file=io.StringIO())
     monkeypatch.setattr(builds_module, "build_all", lambda *args: fake_build_all(*args, fail=True))
-    assert not cli._build_all(console, builds, 2, False)
+    assert not console_module.build_with_progress(console, builds, 2, False)
     monkeypatch.setattr(builds_module, "build_all", fake_build_all)
-    assert cli._build_all(console, builds, 2, False) and cli._build_all(console, builds, 2, False)
+    assert console_module.build_with_progress(console, builds, 2, False) and console_module.build_with_progress(
+        console, builds, 2, False
+    )
     assert pools == [len(builds), len(builds)]
     # A console that is no terminal (a CI log) gets a line per kernel built, as no bar shows there.
     assert f"built {len(builds)}/{len(builds)}: " in console.file.getvalue()
-    assert cli._build_all(console, builds[:1], 2, False) and pools[-1] == 1  # other builds, another stamp
+    assert (
+        console_module.build_with_progress(console, builds[:1], 2, False) and pools[-1] == 1
+    )  # other builds, another stamp
 
 
 def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, capsys):
@@ -463,20 +474,20 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
     # input dtype): every case passes, and a backward that is wrong in dV alone fails its row.
     import functools
 
-    import fa_kernel.cli as cli
     from fa_kernel.backward import compiled_gradient_kernels
     from fa_kernel.reference import attention_ref, random_qkv
+    from fa_kernel.workbench import verify_command as command
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
     stub_builds(monkeypatch)
     built = []
-    monkeypatch.setattr(cli, "_build_all", lambda *args: built.append(args[-1]) or True)
-    import fa_kernel.bench as bench
+    monkeypatch.setattr(command, "build_with_progress", lambda *args: built.append(args[-1]) or True)
+    import fa_kernel.workbench.bench as bench
 
     monkeypatch.setattr(bench, "random_qkv", functools.partial(random_qkv, device="cpu"))
     # A ragged GQA case, which the backward covers, and a d256 one, which it does not.
-    monkeypatch.setattr(cli, "VERIFY_SHAPES", [(2, 8, 2, 113, 203, 64), (1, 2, 2, 65, 65, 256)])
+    monkeypatch.setattr(command, "VERIFY_SHAPES", [(2, 8, 2, 113, 203, 64), (1, 2, 2, 65, 65, 256)])
     dv_slip = []
 
     def attend(q, k, v, causal, return_lse=False):
@@ -485,7 +496,7 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
         out = (out + 0.05 * sum(dv_slip) * (v.sum() - v.sum().detach())).to(q.dtype)
         return (out, lse) if return_lse else out
 
-    monkeypatch.setattr(cli, "flash_attn_func", attend)
+    monkeypatch.setattr(command, "flash_attn_func", attend)
     assert main(["verify", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert "the forward" in out and "the gradients of a random loss" in out and "12/12 cases pass" in out
@@ -493,6 +504,6 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
     (builders,) = built
     assert builders.count(compiled_gradient_kernels) == 4 and builders.count(None) == 8
     dv_slip.append(1.0)
-    assert main(["verify", "--markdown"]) == cli.EXIT_FAILED
+    assert main(["verify", "--markdown"]) == EXIT_FAILED
     out = capsys.readouterr().out
     assert "8/12 cases pass, 4 FAIL" in out and out.count("| FAIL |") == 4

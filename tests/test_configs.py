@@ -88,7 +88,7 @@ def test_a_case_outside_the_tables_gets_the_fallback(seqlen_k):
 
 
 def test_a_config_parses_what_it_prints():
-    from fa_kernel.tune import candidate_configs
+    from fa_kernel.workbench.tune import candidate_configs
 
     for config in {*candidate_configs(False), *candidate_configs(True), TileConfig(64, 64, 1, 128, take_turns=False)}:
         assert TileConfig.parse(str(config)) == config

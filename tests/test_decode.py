@@ -221,7 +221,7 @@ def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
     monkeypatch, batch, seqlen_q, seqlen_k, heads, heads_kv, causal, served
 ):
     import fa_kernel.interface as interface
-    from fa_kernel.builds import device_target
+    from fa_kernel.device import device_target
     from fa_kernel.interface import flash_attn_func
 
     calls = []
@@ -241,7 +241,7 @@ def test_without_gqa_decode_steps_go_to_the_split_kv_kernels_while_the_grid_fill
     # One query per head of one sequence: the forward kernel's grid is one tile per head, one
     # wave, and its keys per SM past SPLIT_KV_FORWARD_KEYS.
     import fa_kernel.interface as interface
-    from fa_kernel.builds import device_target
+    from fa_kernel.device import device_target
     from fa_kernel.interface import flash_attn_func
 
     calls = []

@@ -11,7 +11,7 @@ import pytest
 from tools import precompile  # noqa: E402
 
 import fa_kernel
-from fa_kernel.builds import built_stamp
+from fa_kernel.workbench.builds import built_stamp
 
 
 def test_the_stamp_names_the_builds_and_the_package_source(tmp_path, monkeypatch):
@@ -29,7 +29,7 @@ def test_the_stamp_names_the_builds_and_the_package_source(tmp_path, monkeypatch
 
 
 def test_the_smoke_builds_are_the_smoke_tiers_and_part_of_the_suites():
-    from fa_kernel.builds import unique
+    from fa_kernel.workbench.builds import unique
     from tests import test_boundary_sweep
 
     smoke = precompile.smoke_builds("sm_90a")
@@ -40,8 +40,8 @@ def test_the_smoke_builds_are_the_smoke_tiers_and_part_of_the_suites():
 
 def test_builds_of_several_kinds_share_one_pool_and_keep_their_builder():
     from fa_kernel.backward import compiled_gradient_kernels
-    from fa_kernel.builds import distinct_tasks
     from fa_kernel.decode import compiled_decode_kernels
+    from fa_kernel.workbench.builds import distinct_tasks
 
     # The same arguments build a gradient kernel and a split-KV one: both are kept, once each.
     build = dict(head_dim=64, causal=False, dtype="bfloat16", arch="sm_90a")
@@ -76,7 +76,7 @@ def _builder_failing_on(*, fail: bool, number: int) -> None:
 
 
 def test_a_build_whose_error_does_not_pickle_leaves_the_pool_building_the_rest():
-    from fa_kernel.builds import build_all
+    from fa_kernel.workbench.builds import build_all
 
     builds = [dict(fail=True, number=1), dict(fail=False, number=2), dict(fail=False, number=3)]
     errors = build_all(builds, jobs=1, builder=_builder_failing_on)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fa_kernel.configs import TileConfig, select_config
-from fa_kernel.tune import (
+from fa_kernel.workbench.tune import (
     FINALIST_SPREAD,
     FINALISTS,
     MARGIN,

@@ -776,7 +776,7 @@ def triage_builds(sm_count: int) -> list[dict]:
     next triage run of every mutant (docs/testing.md)."""
     from tests.boundaries import sweep_builds
 
-    from fa_kernel.builds import shipped_builds, unique
+    from fa_kernel.workbench.builds import shipped_builds, unique
 
     full = shipped_builds(sm_count=sm_count, small_grids=False)
     shipped = [build for build in full if build["dtype"] == "float16"]
@@ -1506,7 +1506,7 @@ def failure_not_a_kill(returncode: int, log: str, failed: list[str]) -> str | No
 PREBUILD_SCRIPT = """
 import json, os, sys
 import fa_kernel
-from fa_kernel.builds import quiet_tilelang
+from fa_kernel.workbench.builds import quiet_tilelang
 expected = os.environ["FA_KERNEL_EXPECT_SRC"]
 assert fa_kernel.__file__.startswith(expected), f"imported {fa_kernel.__file__}, not from {expected}"
 quiet_tilelang()

@@ -4,7 +4,7 @@ tests then load them instead of compiling one at a time.
     python -m tools.precompile [--jobs N] [--smoke] [--arch ARCH --sm-count N]
 
 A build is a compile (nvcc, seconds of one core) the first time and a disk-cache load after;
-once all have built, a stamp in TileLang's cache (`fa_kernel.builds.build_unless_built`) skips even the loads.
+once all have built, a stamp in TileLang's cache (`fa_kernel.workbench.builds.build_unless_built`) skips even the loads.
 The property suite's direct calls use the shipped configs at the GPU's own SM count, built here
 too, and so are the backward's and the split-KV kernels (those flash_attn_func routes decode
 steps to among them); a test that builds anything else compiles it in its worker.
@@ -31,7 +31,7 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     from tests import test_guard_regions, test_kernel
     from tests.boundaries import FALLBACK_ENTRIES
 
-    from fa_kernel.builds import shipped_builds, unique
+    from fa_kernel.workbench.builds import shipped_builds, unique
 
     builds = shipped_builds(arch.removesuffix("a"), sm_count=sm_count)  # the tables key "sm_90", nvcc "sm_90a"
     builds += smoke_builds(arch)
@@ -68,7 +68,8 @@ def main() -> int:
     if (args.arch is None) != (args.sm_count is None):
         given = f"--arch {args.arch} --sm-count {args.sm_count}"
         parser.error(f"--arch and --sm-count go together: expected both or neither, got {given}")
-    from fa_kernel.builds import build_unless_built, device_target, distinct_tasks
+    from fa_kernel.device import device_target
+    from fa_kernel.workbench.builds import build_unless_built, distinct_tasks
 
     sm_count, arch = device_target() if args.arch is None else (args.sm_count, args.arch)
     if args.smoke:
@@ -97,8 +98,8 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     from tests import test_backward_kernel, test_decode
 
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
-    from fa_kernel.builds import split_kv_builds, unique
     from fa_kernel.decode import compiled_decode_kernels
+    from fa_kernel.workbench.builds import split_kv_builds, unique
 
     gradients = gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
     # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.

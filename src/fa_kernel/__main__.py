@@ -1,5 +1,5 @@
 import sys
 
-from fa_kernel.cli import main
+from fa_kernel.workbench.cli import main
 
 sys.exit(main())

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, dq_row, padded_rows
-from fa_kernel.builds import device_facts, device_target, split_kv_build
 from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
+from fa_kernel.device import device_facts, device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 
@@ -129,7 +129,7 @@ def kernel_build(
     """compiled_forward's arguments for this case on this device: the config the table gives
     for seqlen_k on a launch of (batch, heads, seqlen_q) (its grid against the device's SMs;
     None: a full grid), or `config`; the device's architecture and its SM count (the persistent
-    grid's size; or `sm_count`). `fa_kernel.builds` builds the same ahead of use, and the tests
+    grid's size; or `sm_count`). `fa_kernel.workbench.builds` builds the same ahead of use, and the tests
     build other configs and grids through it."""
     device_sm_count, arch = device_target(device)
     grid = None if launch is None else tiles_per_sm(*launch, device_sm_count)
@@ -141,6 +141,12 @@ def kernel_build(
         arch=arch,
         sm_count=sm_count or device_sm_count,
     )
+
+
+def split_kv_build(head_dim: int, causal: bool, dtype: str, arch: str, block_m: int) -> dict:
+    """compiled_decode_kernels' arguments of the split-KV build flash_attn_func runs for a call
+    whose group's rows take the `block_m` tile (decode.row_block)."""
+    return dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m)
 
 
 def serving_build(
@@ -155,7 +161,7 @@ def serving_build(
     heads_kv: int,
 ) -> tuple[Callable[..., object] | None, dict]:
     """(builder, arguments) of the kernels flash_attn_func runs for this case, as
-    `fa_kernel.builds` takes them: the split-KV kernels' where they serve the launch, else the
+    `fa_kernel.workbench.builds` takes them: the split-KV kernels' where they serve the launch, else the
     forward kernel's (None: compiled_forward, kernel_build's arguments)."""
     if serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, device_target(device)[0]):
         block_m = row_block(head_dim, heads // heads_kv * seqlen_q)

@@ -11,7 +11,6 @@ that checks it skips even the pool's start (its processes' imports are most of a
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import multiprocessing
 import os
@@ -19,8 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fa_kernel.configs import TileConfig, grid_bands, key_ranges
+
+if TYPE_CHECKING:
+    import torch
+
+    from fa_kernel.workbench.bench import Shape
 
 
 def shipped_builds(
@@ -52,7 +57,8 @@ def split_kv_builds(arch: str, head_dims: Sequence[int] = (64, 128, 256)) -> lis
     """compiled_decode_kernels' arguments of every split-KV build flash_attn_func runs, causal and
     not, in both dtypes, on each of a head dim's tiles (decode.SPLIT_TILES), for the nvcc `arch`
     ("sm_90a")."""
-    from fa_kernel.decode import SPLIT_TILES  # here: the kernels' module imports TileLang
+    from fa_kernel.decode import SPLIT_TILES  # here: the kernels' modules import TileLang
+    from fa_kernel.interface import split_kv_build
 
     return [
         split_kv_build(head_dim, causal, dtype, arch, block_m)
@@ -63,36 +69,26 @@ def split_kv_builds(arch: str, head_dims: Sequence[int] = (64, 128, 256)) -> lis
     ]
 
 
-def split_kv_build(head_dim: int, causal: bool, dtype: str, arch: str, block_m: int) -> dict:
-    """compiled_decode_kernels' arguments of the split-KV build flash_attn_func runs for a call
-    whose group's rows take the `block_m` tile (decode.row_block)."""
-    return dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m)
+def served_build(device: torch.device, shape: Shape) -> tuple[Callable[..., object] | None, dict]:
+    """The builder and build of the kernels flash_attn_func runs for `shape` (serving_build)."""
+    from fa_kernel.interface import serving_build
+
+    return serving_build(
+        device,
+        shape.head_dim,
+        shape.causal,
+        shape.dtype,
+        shape.batch,
+        shape.seqlen_q,
+        shape.keys,
+        shape.nheads,
+        shape.heads_kv,
+    )
 
 
-def device_target(device=None) -> tuple[int, str]:
-    """(SMs, nvcc arch) of a CUDA device (default: the current one): what its kernels are built
-    for, the persistent grid's size and the architecture ("sm_90a": the 'a' variant unlocks
-    wgmma and setmaxnreg)."""
-    capability, sm_count = device_facts(device)
-    return sm_count, f"sm_{capability[0]}{capability[1]}a"
-
-
-def device_facts(device=None) -> tuple[tuple[int, int], int]:
-    """(compute capability, SM count) of a CUDA device (default: the current one). Fixed for the
-    process, so read once per device: every flash_attn_func call needs them, and torch's queries
-    cost the host microseconds each."""
-    import torch
-
-    device = torch.device("cuda") if device is None else torch.device(device)
-    return _device_facts(torch.cuda.current_device() if device.index is None else device.index)
-
-
-@functools.cache
-def _device_facts(index: int) -> tuple[tuple[int, int], int]:
-    import torch
-
-    properties = torch.cuda.get_device_properties(index)
-    return (properties.major, properties.minor), properties.multi_processor_count
+def kernels_build(shape: Shape, arch: str | None) -> dict:
+    """The split-KV and gradient kernels' build for a shape: (head_dim, causal, dtype, arch)."""
+    return dict(head_dim=shape.head_dim, causal=shape.causal, dtype=str(shape.dtype).removeprefix("torch."), arch=arch)
 
 
 def unique(builds: Sequence[dict]) -> list[dict]:
@@ -194,6 +190,6 @@ def built_stamp(builds: Sequence[dict], builder: Builder | Sequence[Builder | No
 
     names = [getattr(each, "__qualname__", None) for each, _ in distinct_tasks(builds, builder)]
     digest = hashlib.sha256(f"{list(builds)!r} {names!r} {tilelang.__version__}".encode())
-    for path in sorted(Path(fa_kernel.__file__).parent.glob("*.py")):
+    for path in sorted(Path(fa_kernel.__file__).parent.rglob("*.py")):
         digest.update(path.read_bytes())
     return Path(env.TILELANG_CACHE_DIR) / f"fa_kernel-built-{digest.hexdigest()[:16]}"

@@ -270,8 +270,8 @@ def forward_kernel_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
 def split_kv_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:
     """The split-KV kernels' launch on these inputs, for this device's SMs and architecture."""
-    from fa_kernel.builds import device_target
     from fa_kernel.decode import split_kv_attention
+    from fa_kernel.device import device_target
 
     sm_count, arch = device_target(q.device)
     scale = 1.0 / math.sqrt(q.shape[-1])

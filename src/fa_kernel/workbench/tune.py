@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from fa_kernel.bench import Key, alternated, cuda_median_ms, sweep_shape
-from fa_kernel.builds import build_all, device_target
 from fa_kernel.configs import TileConfig
+from fa_kernel.device import device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
+from fa_kernel.workbench.bench import Key, alternated, cuda_median_ms, sweep_shape
+from fa_kernel.workbench.builds import build_all
 
 LADDER = (1024, 2048, 4096, 8192, 16384)
 # The run-to-run spread of one config alternated against itself in one process, ~1.5% at 4096
