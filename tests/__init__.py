@@ -1,1 +1,2 @@
-"""The test suite, a package so that its helpers import as tests.* from tests and tools alike."""
+"""The test suite, a package so that its modules import as tests.*; what tools/ reads too lives in
+suite/, which imports neither."""

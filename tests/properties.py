@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from suite.strategies import Case
 
 from fa_kernel.reference import judge
-from tests.strategies import Case
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
 

@@ -71,11 +71,12 @@ def cases() -> list[Case]:
 
 def run(case: Case) -> bool:
     """Launch the case's kernels and judge what they computed; True if within the bound."""
+    from suite.launch import run_config
+
     from fa_kernel import flash_attn_func
     from fa_kernel.interface import tile_config_for
     from fa_kernel.reference import judge, judge_backward, random_qkv
     from fa_kernel.workbench.bench import split_kv_call
-    from tests.launch import run_config
 
     batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = case.shape
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, case.dtype, seed=seqlen_q)

@@ -8,10 +8,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from suite.strategies import cases
 
 from fa_kernel.emulator import attention_backward_tiled, attention_tiled
 from fa_kernel.reference import attention_backward_ref, attention_ref, judge_backward, random_qkv
-from tests.strategies import cases
 
 SCALE = 0.3
 

@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 from hypothesis import given, settings
+from suite.strategies import cases
 
 from fa_kernel import flash_attn_func
 from fa_kernel.backward import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import backward_into
 from fa_kernel.reference import judge_backward, random_qkv
-from tests.strategies import cases
 
 pytestmark = pytest.mark.gpu
 
@@ -78,15 +78,6 @@ def test_backward_boundary_sweep(head_dim, causal, dtype):
     for seqlen_q, seqlen_k, offset in sweep_lengths(head_dim):
         inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, DTYPES[dtype], seed=seqlen_k)
         assert_gradients_within_the_bound(*inputs, causal, f"{seqlen_q}x{seqlen_k}", seed=offset)
-
-
-def deterministic_builds(arch: str) -> list[dict]:
-    """compiled_gradient_kernels' arguments of the deterministic tests' builds (tools/precompile.py)."""
-    return [
-        dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch=arch, deterministic=True)
-        for head_dim in sorted(BACKWARD_TILES)
-        for causal in (False, True)
-    ]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

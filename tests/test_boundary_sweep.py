@@ -16,11 +16,7 @@ import math
 
 import pytest
 import torch
-
-from fa_kernel.emulator import attention_tiled
-from fa_kernel.kernel import compiled_forward
-from fa_kernel.reference import judge, random_qkv
-from tests.boundaries import (
+from suite.boundaries import (
     SWEEP_HEADS,
     SWEEP_HEADS_KV,
     boundary_offsets,
@@ -32,8 +28,12 @@ from tests.boundaries import (
     sweep_seqlens_q,
     sweep_shapes,
 )
-from tests.launch import device_arch, run_config
-from tests.strategies import HARD_SCORES, hard_score_cases
+from suite.launch import device_arch, run_config
+from suite.strategies import HARD_SCORES, hard_score_cases
+
+from fa_kernel.emulator import attention_tiled
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.reference import judge, random_qkv
 
 BUILDS = sweep_builds()
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from suite.builds import SPLIT_KV_DTYPES
 
 from fa_kernel.configs import SPLIT_KV_FORWARD_KEYS, SPLIT_KV_QUERIES
 from fa_kernel.decode import (
@@ -138,26 +139,6 @@ def gpu_cases():
     return sorted(set(cases), key=cases.index)
 
 
-# One dtype per head dim, both across the three: the dtype enters the kernels as the element
-# type only.
-GPU_DTYPES = {64: torch.bfloat16, 128: torch.float16, 256: torch.bfloat16}
-
-
-def gpu_builds(arch: str) -> list[dict]:
-    """compiled_decode_kernels' arguments of every build these tests launch (tools/precompile.py)."""
-    return [
-        dict(
-            head_dim=head_dim,
-            causal=causal,
-            dtype=str(GPU_DTYPES[head_dim]).removeprefix("torch."),
-            arch=arch,
-            block_m=block_m,
-        )
-        for head_dim, block_m in sorted(SPLIT_TILES)
-        for causal in (False, True)
-    ]
-
-
 def test_every_tile_has_its_key_ends_and_both_sides_of_its_row_block():
     runs = {}
     for _, seqlen_q, heads, heads_kv, _, head_dim, _ in gpu_cases():
@@ -176,7 +157,7 @@ def test_split_kv_kernels_within_the_bound(case, causal):
     from fa_kernel.interface import compile_arch
 
     batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, tiles_per_split = case
-    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, GPU_DTYPES[head_dim], seed=seqlen_k)
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, SPLIT_KV_DTYPES[head_dim], seed=seqlen_k)
     if tiles_per_split is None:
         splits, tiles_per_split = split_plan_for(q, k, sm_count=132)
     else:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from suite.boundaries import boundary_offsets, shipped_entries, sweep_limit, sweep_seqlens_q  # noqa: E402
+from suite.strategies import HARD_SCORES, Case  # noqa: E402
 from tools.ast_mutants import apply_patch, generate  # noqa: E402
 from tools.equivalent_mutants import EMULATOR_ROUNDING_CHECK, EQUIVALENT  # noqa: E402
 from tools.mutants import PACKAGE  # noqa: E402
 
 from fa_kernel.emulator import attention_tiled  # noqa: E402
 from fa_kernel.reference import random_qkv, rounding_apart  # noqa: E402
-from tests.boundaries import boundary_offsets, shipped_entries, sweep_limit, sweep_seqlens_q  # noqa: E402
-from tests.strategies import HARD_SCORES, Case  # noqa: E402
 
 
 def test_every_recorded_equivalent_is_a_generated_mutant():
@@ -162,9 +162,8 @@ def test_contiguous_is_the_tensor_itself_where_it_already_is():
 def test_the_rounding_check_sees_a_mutant_that_computes_other_attention(tmp_path):
     # tools/bitwise_sweep.py's `close`, the check of the ROUNDING equivalents, against a real bug:
     # alpha = 1 where the row max rose by exactly one, on the integer maxima that show it.
+    from suite.boundaries import sweep_builds
     from tools import bitwise_sweep
-
-    from tests.boundaries import sweep_builds
 
     mutant = next(m for m in generate() if m.id == "kernel-online_softmax-off_by_one-10")
     path = tmp_path / "kernel.py"

@@ -12,18 +12,16 @@ guard region does.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
+from suite.boundaries import build_id, sweep_builds
+from suite.builds import GUARD_CASES, GUARD_GRID
+from suite.launch import device_arch, kernel_for
 
-from fa_kernel.configs import FALLBACK, TileConfig, key_ranges
-from fa_kernel.interface import SUPPORTED_HEAD_DIMS
+from fa_kernel.configs import TileConfig
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import judge, random_qkv
-from tests.boundaries import build_id, sweep_builds
-from tests.launch import device_arch, kernel_for
 
 pytestmark = pytest.mark.gpu
 
@@ -33,20 +31,7 @@ OUT_SENTINEL = 0x7E5A
 LSE_SENTINEL = 0x7FA5A5A5
 # Query rows of guard before and after each: more than one tile of rows of any config.
 GUARD_ROWS = 256
-# The persistent configs' grid: 5 thread blocks over 24 and 9 work tiles (SHAPES), so the last
-# round is partial.
-SM_COUNT = 5
-
 SWEEP_BUILDS = sweep_builds()
-
-CASES = sorted(
-    {
-        (head_dim, causal, config)
-        for head_dim, causal in itertools.product(SUPPORTED_HEAD_DIMS, (False, True))
-        for config in (*(config for _, _, config in key_ranges("sm_90", head_dim, causal)), FALLBACK)
-    },
-    key=lambda case: (case[0], case[1], str(case[2])),
-)
 
 
 def shapes(config: TileConfig) -> list[tuple[int, int, int, int, int]]:
@@ -100,11 +85,11 @@ def assert_writes_only_out_and_lse(kernel_of, head_dim: int, causal: bool, confi
 
 @pytest.mark.parametrize(
     ("head_dim", "causal", "config"),
-    CASES,
-    ids=[f"d{head_dim}-{'causal' if causal else 'full'}-{config}" for head_dim, causal, config in CASES],
+    GUARD_CASES,
+    ids=[f"d{head_dim}-{'causal' if causal else 'full'}-{config}" for head_dim, causal, config in GUARD_CASES],
 )
 def test_a_launch_writes_only_out_and_lse(head_dim, causal, config):
-    sm_count = SM_COUNT if config.persistent else None
+    sm_count = GUARD_GRID if config.persistent else None
     assert_writes_only_out_and_lse(lambda q: kernel_for(q, causal, config, sm_count), head_dim, causal, config)
 
 

@@ -11,14 +11,15 @@ import math
 
 import pytest
 import torch
+from suite.builds import CONSUMER_SCHEDULES, PERSISTENT_GRID, PERSISTENT_SCHEDULES, WARPGROUP_SCHEDULES
+from suite.launch import device_arch, run_config
+from suite.strategies import Case
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import FALLBACK, TileConfig, grid_bands, key_ranges, tiles_per_sm
+from fa_kernel.configs import grid_bands, key_ranges, tiles_per_sm
 from fa_kernel.interface import serving_build, tile_config_for
-from fa_kernel.kernel import H100_SM_COUNT, compiled_forward
+from fa_kernel.kernel import compiled_forward
 from fa_kernel.reference import judge, random_qkv
-from tests.launch import device_arch, run_config
-from tests.strategies import Case
 
 pytestmark = pytest.mark.gpu
 
@@ -69,53 +70,6 @@ def test_gqa_and_unequal_lengths(seqlen_q, seqlen_k, group, causal):
     nheads_kv = 16 // group
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, 16, nheads_kv, 128, torch.bfloat16, seed=seqlen_q + group)
     assert_matches_reference(q, k, v, causal)
-
-
-# The schedules the kernel tests run besides the shipped configs (tools/precompile.py builds
-# them too): one, two and three consumer warpgroups, taking turns or free, one K/V stage, two
-# blocks per SM; persistent grids of 5 thread blocks; warpgroups that see fewer tiles.
-CONSUMER_SCHEDULES = [
-    pytest.param(128, FALLBACK, id="1-warpgroup-fallback"),
-    pytest.param(64, TileConfig(128, 128, 2, 256), id="2-warpgroups-pingpong"),
-    pytest.param(64, TileConfig(192, 192, 1, 384), id="3-warpgroups-ring-1-stage"),
-    pytest.param(64, TileConfig(128, 64, 2, 256, take_turns=False), id="2-free"),
-    pytest.param(64, TileConfig(192, 128, 2, 384, take_turns=False), id="3-free"),
-    pytest.param(64, TileConfig(64, 128, 2, 128, blocks_per_sm=2), id="1-warpgroup-2-per-sm-d64"),
-    pytest.param(128, TileConfig(64, 64, 2, 128, blocks_per_sm=2), id="1-warpgroup-2-per-sm-d128"),
-]
-PERSISTENT_GRID = 5
-PERSISTENT_SCHEDULES = [
-    pytest.param(128, TileConfig(128, 176, 2, 256, persistent=True), id="2-pingpong"),
-    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True), id="3-ring"),
-    pytest.param(64, TileConfig(192, 128, 2, 384, take_turns=False, persistent=True), id="3-free"),
-    pytest.param(128, TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True), id="2-pingpong-overlap"),
-    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True, overlap_epilogue=True), id="3-ring-overlap"),
-    pytest.param(128, TileConfig(128, 128, 2, 256, persistent=True), id="2-own-output"),
-]
-WARPGROUP_SCHEDULES = [
-    pytest.param(64, TileConfig(192, 128, 2, 384), H100_SM_COUNT, id="3-ring"),
-    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True), PERSISTENT_GRID, id="3-ring-persistent"),
-    pytest.param(128, TileConfig(128, 128, 2, 256, persistent=True), PERSISTENT_GRID, id="2-pingpong-persistent"),
-]
-
-
-def schedule_builds(arch: str) -> list[dict]:
-    """compiled_forward's arguments of every schedule above, both masks, as the tests build them."""
-    builds = []
-    for schedules, grid in ((CONSUMER_SCHEDULES, H100_SM_COUNT), (PERSISTENT_SCHEDULES, PERSISTENT_GRID)):
-        for param in schedules:
-            head_dim, config = param.values
-            builds += [
-                dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=arch, sm_count=grid)
-                for causal in (False, True)
-            ]
-    for param in WARPGROUP_SCHEDULES:
-        head_dim, config, sm_count = param.values
-        builds += [
-            dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=arch, sm_count=sm_count)
-            for causal in (False, True)
-        ]
-    return builds
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

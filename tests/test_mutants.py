@@ -346,9 +346,8 @@ def test_a_bitwise_seed_is_reused_whole_and_a_half_written_one_goes(tmp_path):
 
 
 def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
+    from suite.boundaries import build_id, sweep_builds
     from tools.ast_mutants import generate
-
-    from tests.boundaries import build_id, sweep_builds
 
     source = (mutants.PACKAGE / "kernel.py").read_text()
     build = next(b for b in sweep_builds() if build_id(b) == "d128-causal-128x176/2st/256thr")
@@ -363,9 +362,8 @@ def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
 
 
 def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
+    from suite.boundaries import build_id, sweep_builds
     from tools.ast_mutants import generate
-
-    from tests.boundaries import build_id, sweep_builds
 
     source = (mutants.PACKAGE / "kernel.py").read_text()
     # The overlapped epilogue's build: its last wgmma wait ends the S_0 of a tile after the last.

@@ -8,13 +8,13 @@ import functools
 import pytest
 import torch
 from hypothesis import given, settings
+from suite.launch import device_sm_count, run_config
+from suite.strategies import HARD_SCORES, REACHES, Case, cases
 
 from fa_kernel import flash_attn_func
 from fa_kernel.emulator import attention_tiled
-from tests.launch import device_sm_count, run_config
 from tests.properties import PROPERTIES
 from tests.shards import shard_examples, shard_params
-from tests.strategies import HARD_SCORES, REACHES, Case, cases
 
 
 def emulator(q, k, v, softmax_scale, causal, config=None):

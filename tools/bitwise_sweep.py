@@ -7,7 +7,7 @@ of the generated mutants recorded as equivalent for a reason no CPU test can che
     python -m tools.bitwise_sweep close KERNEL_PY [BUILD_ID ...]
         # a mutant's copy against the unmutated kernel.py, run beside it; exit 1 past the rounding allowed
 
-Each build (tests/boundaries.py's sweep builds, all of them where none is named) runs every
+Each build (suite/boundaries.py's sweep builds, all of them where none is named) runs every
 shape of its sweep, both parts, and the smoke tier's hard score distributions
 (strategies.hard_score_cases), on fixed inputs.
 
@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def sweep_inputs(build: dict) -> Iterator[tuple[str, tuple, float]]:
     """(shape name, (q, k, v), softmax_scale) of every shape of one build's sweep and hard scores."""
     import torch
-    from tests.boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, sweep_seqlens_q, sweep_shapes
-    from tests.strategies import HARD_SCORES, hard_score_cases
+    from suite.boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, sweep_seqlens_q, sweep_shapes
+    from suite.strategies import HARD_SCORES, hard_score_cases
 
     from fa_kernel.reference import random_qkv
 
@@ -61,7 +61,7 @@ def sweep_inputs(build: dict) -> Iterator[tuple[str, tuple, float]]:
 
 def digests(build: dict) -> dict[str, str]:
     """{shape: sha256 of out's and lse's bytes} of one build over its sweep and hard scores."""
-    from tests.launch import device_arch, run_config
+    from suite.launch import device_arch, run_config
 
     from fa_kernel.kernel import compiled_forward
 
@@ -86,7 +86,7 @@ def not_close(build: dict, unmutated, shapes: str = "") -> list[str]:
     """The shapes of one build where the package's kernel is further from `unmutated`'s (a
     kernel.py module) than rounding (reference.rounding_apart), each with its figures; only the
     shapes whose names start with `shapes`, if given."""
-    from tests.launch import device_arch, run_config
+    from suite.launch import device_arch, run_config
 
     from fa_kernel.kernel import compiled_forward
     from fa_kernel.reference import rounding_apart
@@ -111,9 +111,9 @@ def main() -> int:
     parser.add_argument(
         "path", type=Path, help="record/compare: where the unmutated kernel's digests are kept; close: its kernel.py"
     )
-    parser.add_argument("builds", nargs="*", metavar="BUILD_ID", help="tests/boundaries.py build ids (default: all)")
+    parser.add_argument("builds", nargs="*", metavar="BUILD_ID", help="suite/boundaries.py build ids (default: all)")
     args = parser.parse_args()
-    from tests.boundaries import build_id, sweep_builds
+    from suite.boundaries import build_id, sweep_builds
 
     import fa_kernel
 
@@ -124,7 +124,7 @@ def main() -> int:
     by_id = {build_id(build): build for build in sweep_builds()}
     unknown = sorted(set(args.builds) - set(by_id))
     if unknown:
-        parser.error(f"builds: expected sweep build ids (tests/boundaries.py), got {unknown}")
+        parser.error(f"builds: expected sweep build ids (suite/boundaries.py), got {unknown}")
     differing = []
     if args.action == "close":
         if not args.path.is_file():

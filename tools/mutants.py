@@ -104,7 +104,7 @@ ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the
 def _rows_without_keys() -> tuple[str, ...]:
     """The one-key test on the first causal sweep build: only a causal row can see no key, so a
     non-causal build (the first changed one, often) passes whatever the epilogue does with them."""
-    from tests.boundaries import build_id, sweep_builds
+    from suite.boundaries import build_id, sweep_builds
 
     build = next(build for build in sweep_builds() if build["causal"])
     return (f"tests/test_boundary_sweep.py::test_rows_that_see_one_key_or_none[{build_id(build)}]",)
@@ -774,7 +774,7 @@ def triage_builds(sm_count: int) -> list[dict]:
     enters the kernel only as the element type, which no operator mutates). The small grids'
     bands (configs.TUNED_GRIDS) are not among them yet: their configs join the triage with the
     next triage run of every mutant (docs/testing.md)."""
-    from tests.boundaries import sweep_builds
+    from suite.boundaries import sweep_builds
 
     from fa_kernel.workbench.builds import shipped_builds, unique
 
@@ -891,7 +891,7 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
     mutant it does not hold is left out."""
     import hashlib
 
-    from tests.boundaries import sweep_builds
+    from suite.boundaries import sweep_builds
 
     sweep = sweep_builds()
     builds = triage_builds(sm_count)
@@ -1105,7 +1105,7 @@ def unmutated_env(**variables: str) -> dict[str, str]:
 def smoke_nodes_by_build() -> dict[str, list[str]]:
     """{sweep build id: the smoke tier's test node ids on that build}, from pytest's collection
     (no GPU needed)."""
-    from tests.boundaries import build_id, sweep_builds
+    from suite.boundaries import build_id, sweep_builds
 
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *SMOKE_ARGS]
     # The tests import fa_kernel: from src/ where it is not installed (nox --no-venv does the same).
@@ -1512,20 +1512,20 @@ assert fa_kernel.__file__.startswith(expected), f"imported {fa_kernel.__file__},
 quiet_tilelang()
 file, wanted = sys.argv[1], set(json.loads(sys.argv[2]))
 if file == "kernel.py":
-    from tests.boundaries import build_id, sweep_builds
+    from suite.boundaries import build_id, sweep_builds
     from fa_kernel.kernel import compiled_forward
     for build in sweep_builds():
         if build_id(build) in wanted:
             compiled_forward(**build, arch="sm_90a")
 elif file == "backward.py":
-    from tests import test_backward_kernel
+    from suite.builds import deterministic_builds
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
-    for build in gradient_builds("sm_90a") + test_backward_kernel.deterministic_builds("sm_90a"):
+    for build in gradient_builds("sm_90a") + deterministic_builds("sm_90a"):
         compiled_gradient_kernels(**build)
 else:
-    from tests import test_decode
+    from suite.builds import split_kv_test_builds
     from fa_kernel.decode import compiled_decode_kernels
-    for build in test_decode.gpu_builds("sm_90a"):
+    for build in split_kv_test_builds("sm_90a"):
         compiled_decode_kernels(**build)
 """
 
@@ -1664,7 +1664,7 @@ def main() -> int:
     settled: dict[str, tuple[str, str]] = {}
     changed: dict[str, list[str]] = {}  # mutant id: the sweep builds (ids) its kernel differs on
     if args.target == "kernel" and not args.select:
-        from tests.boundaries import build_id
+        from suite.boundaries import build_id
 
         start = time.perf_counter()
         found = triage(mutants, os.cpu_count() or 1, args.sm_count, args.triage_cache)
@@ -1886,7 +1886,7 @@ TOOL_TIERS = ("bitwise", "close")
 
 def _tier_files(tiers: list[tuple[str, list[str]]]) -> list[Path]:
     """The files `tiers` run: the test files and tools they name (a node id's file; every file of
-    tests/ for the tests/ folder), with the modules of tests/ and tools/ those import, and theirs
+    tests/ for the tests/ folder), with the modules of tests/, suite/ and tools/ those import, and theirs
     (`_local_imports`); for a tier pytest runs, conftest.py with its imports and pyproject.toml
     (pytest's configuration). A helper no tier imports (sanitize_cases.py, say) is not among them."""
     tests, tools = ROOT / "tests", ROOT / "tools"
@@ -1906,11 +1906,11 @@ def _tier_files(tiers: list[tuple[str, list[str]]]) -> list[Path]:
 
 
 def _local_imports(path: Path) -> set[Path]:
-    """The modules of tests/ and tools/ that `path` imports (as `tests.name` or `tools.name`,
-    wherever the import stands), and the ones those import."""
+    """The modules of tests/, suite/ and tools/ that `path` imports (as `tests.name`, `suite.name`
+    or `tools.name`, wherever the import stands), and the ones those import."""
     import ast
 
-    folders = (ROOT / "tests", ROOT / "tools")
+    folders = (ROOT / "tests", ROOT / "suite", ROOT / "tools")
     found: set[Path] = set()
     pending = [path]
     while pending:

@@ -28,8 +28,8 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     both dtypes as flash_attn_func builds it on this GPU, the boundary sweep's builds, the
     fallback the property strategies call directly, the kernel tests' own schedules and the
     guard-region tests' grids."""
-    from tests import test_guard_regions, test_kernel
-    from tests.boundaries import FALLBACK_ENTRIES
+    from suite.boundaries import FALLBACK_ENTRIES
+    from suite.builds import guard_region_builds, schedule_builds
 
     from fa_kernel.workbench.builds import shipped_builds, unique
 
@@ -43,18 +43,8 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
         for entry in FALLBACK_ENTRIES
         for dtype in ("float16", "bfloat16")
     ]
-    builds += test_kernel.schedule_builds(arch)
-    builds += [
-        dict(
-            head_dim=head_dim,
-            causal=causal,
-            dtype="float16",
-            config=config,
-            arch=arch,
-            sm_count=test_guard_regions.SM_COUNT if config.persistent else sm_count,
-        )
-        for head_dim, causal, config in test_guard_regions.CASES
-    ]
+    builds += schedule_builds(arch)
+    builds += guard_region_builds(arch, sm_count)
     return unique(builds)
 
 
@@ -95,15 +85,15 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     """(builds, builders) of every kernel the GPU suite needs, as build_all takes them: the
     gradients' and split-KV's first (kernels of several kinds share one pool: a pool per kind
     would end each on a round of idle cores), then the forward's (builder None)."""
-    from tests import test_backward_kernel, test_decode
+    from suite.builds import deterministic_builds, split_kv_test_builds
 
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
     from fa_kernel.decode import compiled_decode_kernels
     from fa_kernel.workbench.builds import split_kv_builds, unique
 
-    gradients = gradient_builds(arch) + test_backward_kernel.deterministic_builds(arch)
+    gradients = gradient_builds(arch) + deterministic_builds(arch)
     # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
-    decodes = unique(test_decode.gpu_builds(arch) + split_kv_builds(arch))
+    decodes = unique(split_kv_test_builds(arch) + split_kv_builds(arch))
     forwards = suite_builds(sm_count, arch)
     builders = [compiled_gradient_kernels] * len(gradients) + [compiled_decode_kernels] * len(decodes)
     return gradients + decodes + forwards, builders + [None] * len(forwards)
@@ -111,7 +101,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
 
 def smoke_builds(arch: str) -> list[dict]:
     """compiled_forward's arguments of the smoke tier's kernels: the boundary sweep's builds."""
-    from tests.boundaries import sweep_builds
+    from suite.boundaries import sweep_builds
 
     return [dict(build, arch=arch) for build in sweep_builds()]
 

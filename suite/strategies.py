@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fa_kernel.configs import FALLBACK, TileConfig, select_config, tiles_per_sm
 from fa_kernel.kernel import H100_SM_COUNT
-from tests.boundaries import (
+from suite.boundaries import (
     FALLBACK_ENTRIES,
     SIDE,
     SWEEP_HEADS,

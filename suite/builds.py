@@ -1,0 +1,120 @@
+"""Every build the GPU tests launch besides the shipped configs and the boundary sweep's, in the
+form its builder takes (tools/precompile.py builds them all ahead; the mutant runner the ones a
+mutant changes), beside the parameters the tests read."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from fa_kernel.backward import BACKWARD_TILES
+from fa_kernel.configs import FALLBACK, SPLIT_TILES, TileConfig, key_ranges
+from fa_kernel.interface import SUPPORTED_HEAD_DIMS
+from fa_kernel.kernel import H100_SM_COUNT
+
+# test_kernel: the schedules it runs besides the shipped configs: one, two and three consumer
+# warpgroups, taking turns or free, one K/V stage, two blocks per SM; persistent grids of 5
+# thread blocks; warpgroups that see fewer tiles.
+CONSUMER_SCHEDULES = [
+    pytest.param(128, FALLBACK, id="1-warpgroup-fallback"),
+    pytest.param(64, TileConfig(128, 128, 2, 256), id="2-warpgroups-pingpong"),
+    pytest.param(64, TileConfig(192, 192, 1, 384), id="3-warpgroups-ring-1-stage"),
+    pytest.param(64, TileConfig(128, 64, 2, 256, take_turns=False), id="2-free"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, take_turns=False), id="3-free"),
+    pytest.param(64, TileConfig(64, 128, 2, 128, blocks_per_sm=2), id="1-warpgroup-2-per-sm-d64"),
+    pytest.param(128, TileConfig(64, 64, 2, 128, blocks_per_sm=2), id="1-warpgroup-2-per-sm-d128"),
+]
+PERSISTENT_GRID = 5
+PERSISTENT_SCHEDULES = [
+    pytest.param(128, TileConfig(128, 176, 2, 256, persistent=True), id="2-pingpong"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True), id="3-ring"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, take_turns=False, persistent=True), id="3-free"),
+    pytest.param(128, TileConfig(128, 176, 2, 256, persistent=True, overlap_epilogue=True), id="2-pingpong-overlap"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True, overlap_epilogue=True), id="3-ring-overlap"),
+    pytest.param(128, TileConfig(128, 128, 2, 256, persistent=True), id="2-own-output"),
+]
+WARPGROUP_SCHEDULES = [
+    pytest.param(64, TileConfig(192, 128, 2, 384), H100_SM_COUNT, id="3-ring"),
+    pytest.param(64, TileConfig(192, 128, 2, 384, persistent=True), PERSISTENT_GRID, id="3-ring-persistent"),
+    pytest.param(128, TileConfig(128, 128, 2, 256, persistent=True), PERSISTENT_GRID, id="2-pingpong-persistent"),
+]
+
+
+def schedule_builds(arch: str) -> list[dict]:
+    """compiled_forward's arguments of every schedule above, both masks, as the tests build them."""
+    builds = []
+    for schedules, grid in ((CONSUMER_SCHEDULES, H100_SM_COUNT), (PERSISTENT_SCHEDULES, PERSISTENT_GRID)):
+        for param in schedules:
+            head_dim, config = param.values
+            builds += [
+                dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=arch, sm_count=grid)
+                for causal in (False, True)
+            ]
+    for param in WARPGROUP_SCHEDULES:
+        head_dim, config, sm_count = param.values
+        builds += [
+            dict(head_dim=head_dim, causal=causal, dtype="float16", config=config, arch=arch, sm_count=sm_count)
+            for causal in (False, True)
+        ]
+    return builds
+
+
+# test_guard_regions: every shipped config and the fallback; the persistent ones on a grid of 5
+# thread blocks over 24 and 9 work tiles (its shapes), so the last round is partial.
+GUARD_GRID = 5
+
+GUARD_CASES = sorted(
+    {
+        (head_dim, causal, config)
+        for head_dim, causal in itertools.product(SUPPORTED_HEAD_DIMS, (False, True))
+        for config in (*(config for _, _, config in key_ranges("sm_90", head_dim, causal)), FALLBACK)
+    },
+    key=lambda case: (case[0], case[1], str(case[2])),
+)
+
+
+def guard_region_builds(arch: str, sm_count: int) -> list[dict]:
+    """compiled_forward's arguments of GUARD_CASES as test_guard_regions builds them (fp16; the
+    non-persistent ones on this GPU's `sm_count`)."""
+    return [
+        dict(
+            head_dim=head_dim,
+            causal=causal,
+            dtype="float16",
+            config=config,
+            arch=arch,
+            sm_count=GUARD_GRID if config.persistent else sm_count,
+        )
+        for head_dim, causal, config in GUARD_CASES
+    ]
+
+
+def deterministic_builds(arch: str) -> list[dict]:
+    """test_backward_kernel: compiled_gradient_kernels' arguments of the deterministic tests' builds."""
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch=arch, deterministic=True)
+        for head_dim in sorted(BACKWARD_TILES)
+        for causal in (False, True)
+    ]
+
+
+# test_decode: one dtype per head dim, both across the three: the dtype enters the kernels as the element
+# type only.
+SPLIT_KV_DTYPES = {64: torch.bfloat16, 128: torch.float16, 256: torch.bfloat16}
+
+
+def split_kv_test_builds(arch: str) -> list[dict]:
+    """test_decode: compiled_decode_kernels' arguments of every build its GPU tests launch."""
+    return [
+        dict(
+            head_dim=head_dim,
+            causal=causal,
+            dtype=str(SPLIT_KV_DTYPES[head_dim]).removeprefix("torch."),
+            arch=arch,
+            block_m=block_m,
+        )
+        for head_dim, block_m in sorted(SPLIT_TILES)
+        for causal in (False, True)
+    ]
