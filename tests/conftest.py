@@ -5,7 +5,7 @@
 - `@pytest.mark.compile` tests need nvcc to compile for sm_90a; they run without a GPU.
 - Under pytest-xdist with FA_KERNEL_GPUS=n (`nox -s gpu`), each worker is pinned to one GPU.
 - HYPOTHESIS_PROFILE picks `ci` (default: derandomized, few examples), `gpu` (hundreds),
-  `thorough` (thousands, nightly) or `mutants` (ci without shrinking: tools/mutants.py).
+  `thorough` (thousands, nightly) or `mutants` (ci without shrinking: tools/mutants/).
   Deadlines are off everywhere: a first call compiles.
 """
 
@@ -85,7 +85,7 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(autouse=True, scope="session")
 def _gpu_memory_share():
-    # tools/mutants.py runs several mutants' tests on one GPU: FA_KERNEL_GPU_MEMORY_FRACTION is each
+    # tools/mutants/ runs several mutants' tests on one GPU: FA_KERNEL_GPU_MEMORY_FRACTION is each
     # mutant's share, split among its xdist workers, so that one mutant's tests cannot take the
     # memory another's need (an out-of-memory failure there is no kill).
     fraction = os.environ.get("FA_KERNEL_GPU_MEMORY_FRACTION")

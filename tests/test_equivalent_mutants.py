@@ -12,7 +12,7 @@ from suite.boundaries import boundary_offsets, shipped_entries, sweep_limit, swe
 from suite.strategies import HARD_SCORES, Case  # noqa: E402
 from tools.ast_mutants import apply_patch, generate  # noqa: E402
 from tools.equivalent_mutants import EMULATOR_ROUNDING_CHECK, EQUIVALENT  # noqa: E402
-from tools.mutants import PACKAGE  # noqa: E402
+from tools.mutants import PACKAGE, records, triage  # noqa: E402
 
 from fa_kernel.emulator import attention_tiled  # noqa: E402
 from fa_kernel.reference import random_qkv, rounding_apart  # noqa: E402
@@ -180,7 +180,7 @@ def test_no_recorded_equivalent_has_been_killed():
 
     record = mutants.ROOT / "tools" / "records" / "generated_smoke.jsonl"
     recorded = [m for m in generate() if m.key in EQUIVALENT]
-    assert not mutants.recorded_kills(record, recorded)
+    assert not records.recorded_kills(record, recorded)
 
 
 def test_no_mutant_triage_finds_equivalent_has_been_killed():
@@ -191,8 +191,8 @@ def test_no_mutant_triage_finds_equivalent_has_been_killed():
 
     cache = mutants.ROOT / "tools" / "records" / "triage.json"
     kernel_mutants = [m for m in generate() if m.file == "kernel.py"]
-    found = mutants.triage(kernel_mutants, jobs=1, sm_count=132, cache=cache, compute=False)
+    found = triage.triage(kernel_mutants, jobs=1, sm_count=132, cache=cache, compute=False)
     equivalent = [m for m in kernel_mutants if found.verdicts.get(m.id, ("",))[0] == "equivalent"]
     assert equivalent, "the committed triage cache settles no mutant: is it for this kernel.py?"
     record = mutants.ROOT / "tools" / "records" / "generated_smoke.jsonl"
-    assert not mutants.recorded_kills(record, equivalent)
+    assert not records.recorded_kills(record, equivalent)

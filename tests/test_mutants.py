@@ -1,4 +1,4 @@
-"""The hand-written mutant list (tools/mutants.py) is in step with the source it patches, and its
+"""The hand-written mutant list (tools/mutants/) is in step with the source it patches, and its
 AST anchoring survives a reformat (no GPU needed).
 
 A mutant whose fragment no longer matches is reported as an error only when the mutants run,
@@ -14,9 +14,10 @@ import time
 import pytest
 from tools import mutants  # noqa: E402
 from tools.ast_mutants import apply_patch  # noqa: E402
+from tools.mutants import catalogue, records, runner, tiers, triage  # noqa: E402
 
 
-@pytest.mark.parametrize("mutant", mutants.KERNEL_MUTANTS + mutants.EMULATOR_MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", catalogue.KERNEL_MUTANTS + catalogue.EMULATOR_MUTANTS, ids=lambda m: m.name)
 def test_every_mutant_patches_its_file_once_and_still_parses(mutant):
     text = mutant.mutated_source()
     assert text != (mutants.PACKAGE / mutant.file).read_text()
@@ -59,23 +60,23 @@ def test_a_fragment_found_twice_or_never_is_an_error():
 
 
 def test_a_triaged_mutant_runs_the_smoke_tests_of_the_builds_it_changes_first():
-    nodes = mutants.smoke_nodes_by_build()
+    nodes = tiers.smoke_nodes_by_build()
     first, second = list(nodes)[:2]
     assert all(f"[{first}-" in node or node.endswith(f"[{first}]") for node in nodes[first])
     assert any(node.endswith(f"[{first}]") for node in nodes[first])  # a test of the build alone
-    mutant = mutants.KERNEL_MUTANTS[0]
-    tiers = mutants.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=False, cpu_only=False)
-    names = [name for name, _ in tiers]
+    mutant = catalogue.KERNEL_MUTANTS[0]
+    planned = tiers.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=False, cpu_only=False)
+    names = [name for name, _ in planned]
     assert names == ["own tests", f"smoke on {first}", "smoke on 1 more changed builds", "suite"]
-    assert tiers[1][1] == ["-x", *nodes[first]] and tiers[2][1] == ["-x", *nodes[second]]
+    assert planned[1][1] == ["-x", *nodes[first]] and planned[2][1] == ["-x", *nodes[second]]
     # A mutant that changes no sweep build goes to the suite after its own tests; untriaged, to the
     # whole smoke tier.
-    assert [name for name, _ in mutants.mutant_tiers(mutant, "kernel", [], nodes, False, False)] == [
+    assert [name for name, _ in tiers.mutant_tiers(mutant, "kernel", [], nodes, False, False)] == [
         "own tests",
         "suite",
     ]
-    untriaged = mutants.mutant_tiers(mutant, "kernel", None, nodes, smoke_only=True, cpu_only=False)
-    assert untriaged == [("own tests", ["-x", *mutant.first]), ("smoke", ["-x", *mutants.SMOKE_ARGS])]
+    untriaged = tiers.mutant_tiers(mutant, "kernel", None, nodes, smoke_only=True, cpu_only=False)
+    assert untriaged == [("own tests", ["-x", *mutant.first]), ("smoke", ["-x", *tiers.SMOKE_ARGS])]
 
 
 def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
@@ -115,16 +116,16 @@ def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
 
 
 def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):
-    mutant, other = mutants.KERNEL_MUTANTS[:2]
-    smoke = [("smoke", ["-x", *mutants.SMOKE_ARGS])]
+    mutant, other = catalogue.KERNEL_MUTANTS[:2]
+    smoke = [("smoke", ["-x", *tiers.SMOKE_ARGS])]
     whole = [*smoke, ("suite", ["-x", "tests"])]
     record = tmp_path / "record.jsonl"
-    mutants.append_record(record, mutant, smoke, ("killed", "smoke: test_x", 3.0))
-    mutants.append_record(record, other, smoke, ("SURVIVED", "every test of the smoke tier passed", 4.0))
-    found = mutants.load_record(record, [mutant, other], {mutant.id: whole, other.id: whole})
+    records.append_record(record, mutant, smoke, ("killed", "smoke: test_x", 3.0))
+    records.append_record(record, other, smoke, ("SURVIVED", "every test of the smoke tier passed", 4.0))
+    found = records.load_record(record, [mutant, other], {mutant.id: whole, other.id: whole})
     # The kill stands; the survivor of the smoke tier still has the suite to run.
     assert found == {mutant.id: ("killed", "smoke: test_x", 3.0)}
-    assert mutants.load_record(record, [other], {other.id: smoke}) == {
+    assert records.load_record(record, [other], {other.id: smoke}) == {
         other.id: ("SURVIVED", "every test of the smoke tier passed", 4.0)
     }
 
@@ -136,27 +137,27 @@ def test_an_equivalence_settled_by_its_check_outlives_a_change_of_the_tests_afte
     checked = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
     check = ("bitwise", [BITWISE, "some-build"])
     record = tmp_path / "record.jsonl"
-    mutants.append_record(record, checked, [check, ("smoke on some-build", ["-x", "node"])], ("equivalent", "r", 9.0))
+    records.append_record(record, checked, [check, ("smoke on some-build", ["-x", "node"])], ("equivalent", "r", 9.0))
     # Other smoke tests, or a suite to run after them: the check alone gave the verdict.
     later = [check, ("smoke on some-build", ["-x", "node", "new_node"]), ("suite", ["-x", "tests"])]
-    assert mutants.load_record(record, [checked], {checked.id: later}) == {checked.id: ("equivalent", "r", 9.0)}
+    assert records.load_record(record, [checked], {checked.id: later}) == {checked.id: ("equivalent", "r", 9.0)}
     # Another check (other builds) is another verdict.
     other = [("bitwise", [BITWISE, "other-build"]), *later[1:]]
-    assert mutants.load_record(record, [checked], {checked.id: other}) == {}
+    assert records.load_record(record, [checked], {checked.id: other}) == {}
 
 
 def test_a_record_depends_on_the_files_its_tiers_run_only():
-    smoke = [("smoke", ["-x", *mutants.SMOKE_ARGS])]
-    files = {path.name for path in mutants._tier_files(smoke)}
+    smoke = [("smoke", ["-x", *tiers.SMOKE_ARGS])]
+    files = {path.name for path in tiers.tier_files(smoke)}
     assert {"test_boundary_sweep.py", "conftest.py", "boundaries.py", "pyproject.toml"} <= files
     # An edit of a test or helper the tier does not run keeps its verdicts.
     assert files.isdisjoint({"test_backward_kernel.py", "sanitize_cases.py", "properties.py"})
-    suite = [("suite", ["-x", *mutants.PYTEST_ARGS["kernel"]])]
-    assert {"test_backward_kernel.py", "properties.py"} <= {path.name for path in mutants._tier_files(suite)}
+    suite = [("suite", ["-x", *tiers.PYTEST_ARGS["kernel"]])]
+    assert {"test_backward_kernel.py", "properties.py"} <= {path.name for path in tiers.tier_files(suite)}
     # A check runs its tool, not pytest: the tool and what it imports, not conftest.py.
     from tools.equivalent_mutants import BITWISE
 
-    check = {path.name for path in mutants._tier_files([("bitwise", [BITWISE, "some-build"])])}
+    check = {path.name for path in tiers.tier_files([("bitwise", [BITWISE, "some-build"])])}
     assert check == {"bitwise_sweep.py", "boundaries.py", "launch.py", "strategies.py"}
 
 
@@ -166,15 +167,15 @@ def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():
 
     generated = generate()
     schedule = next(m for m in generated if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
-    nodes = mutants.smoke_nodes_by_build()
+    nodes = tiers.smoke_nodes_by_build()
     build = next(iter(nodes))
-    tiers = mutants.mutant_tiers(schedule, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
+    planned = tiers.mutant_tiers(schedule, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
     # The same bits settle it; other bits send it on to the smoke tier and the suite.
-    assert [name for name, _ in tiers] == ["bitwise", f"smoke on {build}", "suite"]
-    assert tiers[0][1] == [BITWISE, build]
-    assert (mutants.ROOT / BITWISE) in mutants._tier_files(tiers)  # the check is part of the verdict
+    assert [name for name, _ in planned] == ["bitwise", f"smoke on {build}", "suite"]
+    assert planned[0][1] == [BITWISE, build]
+    assert (mutants.ROOT / BITWISE) in tiers.tier_files(planned)  # the check is part of the verdict
     # Not settled on the CPU before the run: its check needs the GPU.
-    assert schedule.id not in mutants.recorded_equivalents([schedule])
+    assert schedule.id not in triage.recorded_equivalents([schedule])
 
 
 def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
@@ -182,12 +183,12 @@ def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
     from tools.equivalent_mutants import BITWISE, EQUIVALENT, ROUNDING
 
     rounding = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == ROUNDING)
-    nodes = mutants.smoke_nodes_by_build()
+    nodes = tiers.smoke_nodes_by_build()
     build = next(iter(nodes))
-    tiers = mutants.mutant_tiers(rounding, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
-    assert [name for name, _ in tiers] == ["close", f"smoke on {build}", "suite"]
-    assert tiers[0][1] == [BITWISE, build]  # the same script, its `close` action
-    assert rounding.id not in mutants.recorded_equivalents([rounding])
+    planned = tiers.mutant_tiers(rounding, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
+    assert [name for name, _ in planned] == ["close", f"smoke on {build}", "suite"]
+    assert planned[0][1] == [BITWISE, build]  # the same script, its `close` action
+    assert rounding.id not in triage.recorded_equivalents([rounding])
 
 
 def test_a_mutant_recorded_as_storing_past_the_end_runs_the_guard_regions_then_bitwise():
@@ -195,88 +196,88 @@ def test_a_mutant_recorded_as_storing_past_the_end_runs_the_guard_regions_then_b
     from tools.equivalent_mutants import BITWISE, EQUIVALENT, GUARDED
 
     guarded = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == GUARDED)
-    nodes = mutants.smoke_nodes_by_build()
+    nodes = tiers.smoke_nodes_by_build()
     first, second = list(nodes)[:2]
-    tiers = mutants.mutant_tiers(guarded, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
-    assert [name for name, _ in tiers] == [
+    planned = tiers.mutant_tiers(guarded, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
+    assert [name for name, _ in planned] == [
         "guard regions",
         "bitwise",
         f"smoke on {first}",
         "smoke on 1 more changed builds",
     ]
     # The guard-region test of each changed build, one node each, from the smoke tier's.
-    guard_nodes = tiers[0][1][1:]
+    guard_nodes = planned[0][1][1:]
     assert [node.split("[")[1] for node in guard_nodes] == [f"{first}]", f"{second}]"]
-    assert all(node.startswith(mutants.GUARD_TEST) and node in nodes[node.split("[")[1][:-1]] for node in guard_nodes)
-    assert tiers[1][1] == [BITWISE, first, second]
-    assert mutants.first_build_tiers({guarded.id: tiers})[0] == {}  # left for a whole run
-    assert guarded.id not in mutants.recorded_equivalents([guarded])
+    assert all(node.startswith(tiers.GUARD_TEST) and node in nodes[node.split("[")[1][:-1]] for node in guard_nodes)
+    assert planned[1][1] == [BITWISE, first, second]
+    assert tiers.first_build_tiers({guarded.id: planned})[0] == {}  # left for a whole run
+    assert guarded.id not in triage.recorded_equivalents([guarded])
 
 
 def test_a_recorded_kill_outlives_a_change_of_tests_and_a_survival_does_not(tmp_path):
     import json
 
-    killed, survived = mutants.KERNEL_MUTANTS[:2]
+    killed, survived = catalogue.KERNEL_MUTANTS[:2]
     record = tmp_path / "record.jsonl"
-    tiers = {m.id: [("smoke", ["-x", *mutants.SMOKE_ARGS])] for m in (killed, survived)}
+    planned = {m.id: [("smoke", ["-x", *tiers.SMOKE_ARGS])] for m in (killed, survived)}
     for mutant, status in ((killed, "killed"), (survived, "SURVIVED")):
-        mutants.append_record(record, mutant, tiers[mutant.id], (status, "", 1.0))
-    assert set(mutants.load_record(record, [killed, survived], tiers)) == {killed.id, survived.id}
+        records.append_record(record, mutant, planned[mutant.id], (status, "", 1.0))
+    assert set(records.load_record(record, [killed, survived], planned)) == {killed.id, survived.id}
     # Other tests now (a stronger smoke tier): the kill stands, the survival is judged again.
     entries = [json.loads(line) for line in record.read_text().splitlines()]
     record.write_text("".join(json.dumps({**entry, "fingerprint": "tests changed"}) + "\n" for entry in entries))
-    assert not mutants.load_record(record, [killed, survived], tiers)
-    assert set(mutants.recorded_kills(record, [killed, survived])) == {killed.id}
+    assert not records.load_record(record, [killed, survived], planned)
+    assert set(records.recorded_kills(record, [killed, survived])) == {killed.id}
 
 
 def test_first_build_only_keeps_one_compile_and_leaves_checked_equivalents_for_a_whole_run():
     from tools.ast_mutants import generate
     from tools.equivalent_mutants import BITWISE, EQUIVALENT
 
-    nodes = mutants.smoke_nodes_by_build()
+    nodes = tiers.smoke_nodes_by_build()
     first, second = list(nodes)[:2]
-    plain = mutants.KERNEL_MUTANTS[0]
+    plain = catalogue.KERNEL_MUTANTS[0]
     checked = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
     whole = {
-        plain.id: mutants.mutant_tiers(plain, "kernel", [first, second], nodes, False, False),
-        checked.id: mutants.mutant_tiers(checked, "kernel", [first], nodes, False, False),
-        "suite only": [("suite", ["-x", *mutants.PYTEST_ARGS["kernel"]])],
+        plain.id: tiers.mutant_tiers(plain, "kernel", [first, second], nodes, False, False),
+        checked.id: tiers.mutant_tiers(checked, "kernel", [first], nodes, False, False),
+        "suite only": [("suite", ["-x", *tiers.PYTEST_ARGS["kernel"]])],
     }
-    tiers, deferred = mutants.first_build_tiers(whole)
-    assert [name for name, _ in tiers[plain.id]] == ["own tests", f"smoke on {first}"]
-    assert set(deferred) == {checked.id, "suite only"} and set(tiers) == {plain.id}
+    planned, deferred = tiers.first_build_tiers(whole)
+    assert [name for name, _ in planned[plain.id]] == ["own tests", f"smoke on {first}"]
+    assert set(deferred) == {checked.id, "suite only"} and set(planned) == {plain.id}
     # Then no suite tier is left: the seed cache needs the smoke tier's kernels alone.
-    assert mutants.precompile_args(whole.values()) == []
-    assert mutants.precompile_args(tiers.values()) == ["--smoke"]
+    assert tiers.precompile_args(whole.values()) == []
+    assert tiers.precompile_args(planned.values()) == ["--smoke"]
 
 
 def test_a_deadline_starts_only_what_can_end_by_it_and_stops_the_rest(tmp_path, monkeypatch):
-    nodes = mutants.smoke_nodes_by_build()
+    nodes = tiers.smoke_nodes_by_build()
     first, second = list(nodes)[:2]
-    mutant = mutants.KERNEL_MUTANTS[0]
-    tiers = mutants.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
+    mutant = catalogue.KERNEL_MUTANTS[0]
+    planned = tiers.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
     # Its own tests compile nothing (the seeded cache); the first build's smoke tier compiles one.
-    assert mutants.first_tier_seconds(tiers) == 2 * mutants.TIER_SECONDS + mutants.BUILD_SECONDS
-    status, detail, _ = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, stop_at=time.perf_counter() + 1)
+    assert tiers.first_tier_seconds(planned) == 2 * tiers.TIER_SECONDS + tiers.BUILD_SECONDS
+    status, detail, _ = runner.run_mutant(mutant, "kernel", tmp_path, planned, stop_at=time.perf_counter() + 1)
     assert status == "NOT RUN" and "would end past --deadline" in detail
     assert not (tmp_path / mutant.id).exists()  # not started: nothing copied
 
     slow = tmp_path / "test_slow.py"
     slow.write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
-    monkeypatch.setattr(mutants, "TIER_SECONDS", 0)
+    monkeypatch.setattr(tiers, "TIER_SECONDS", 0)
     start = time.perf_counter()
-    outcome = mutants.run_mutant(mutant, "kernel", tmp_path, [("own tests", [str(slow)])], stop_at=start + 5)
+    outcome = runner.run_mutant(mutant, "kernel", tmp_path, [("own tests", [str(slow)])], stop_at=start + 5)
     assert outcome[0] == "NOT RUN" and "stopped at --deadline in the own tests tier" in outcome[1]
     assert time.perf_counter() - start < 30
-    assert mutants.VERDICTS.count(outcome[0]) == 0  # a record does not keep it: the next run judges it
+    assert records.VERDICTS.count(outcome[0]) == 0  # a record does not keep it: the next run judges it
 
 
 def test_a_sweep_tier_silent_past_the_hang_limit_is_a_hang_and_a_slow_one_that_prints_is_not(tmp_path, monkeypatch):
     # A kernel that never returns prints nothing more: a tier of the sweep silent for
     # HANG_SECONDS is stopped and the mutant killed, however long its time limit; one that goes on
     # printing (a test's dot as each ends) runs on past it.
-    monkeypatch.setattr(mutants, "HANG_SECONDS", 3)
-    mutant = mutants.KERNEL_MUTANTS[0]
+    monkeypatch.setattr(runner, "HANG_SECONDS", 3)
+    mutant = catalogue.KERNEL_MUTANTS[0]
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "test_hangs.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(60)\n")
@@ -285,27 +286,27 @@ def test_a_sweep_tier_silent_past_the_hang_limit_is_a_hang_and_a_slow_one_that_p
         "def test_slow(i):\n    time.sleep(1)\n"
     )
     start = time.perf_counter()
-    tiers = [("smoke on 2 more changed builds", [str(tests / "test_hangs.py")])]
-    status, detail, _ = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, timeout=600)
+    planned = [("smoke on 2 more changed builds", [str(tests / "test_hangs.py")])]
+    status, detail, _ = runner.run_mutant(mutant, "kernel", tmp_path, planned, timeout=600)
     assert status == "killed" and detail.startswith("hang: the smoke on 2 more changed builds tier printed nothing")
     assert time.perf_counter() - start < 30
     assert "(stopped: silence)" in (tmp_path / f"{mutant.id}.log").read_text()  # how far it got
 
-    tiers = [("smoke on 2 more changed builds", [str(tests / "test_slow.py")])]
-    status, detail, seconds = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, timeout=600)
+    planned = [("smoke on 2 more changed builds", [str(tests / "test_slow.py")])]
+    status, detail, seconds = runner.run_mutant(mutant, "kernel", tmp_path, planned, timeout=600)
     assert status == "SURVIVED" and seconds > 6  # six dots a second apart: never silent for 3 s
 
 
 def test_a_check_whose_kernel_never_returns_leaves_the_mutant_to_the_tests(tmp_path, monkeypatch):
     # The check shows nothing of the outputs, so it settles nothing: the tiers after it judge.
-    monkeypatch.setattr(mutants, "HANG_SECONDS", 3)
-    mutant = mutants.KERNEL_MUTANTS[0]
+    monkeypatch.setattr(runner, "HANG_SECONDS", 3)
+    mutant = catalogue.KERNEL_MUTANTS[0]
     check = tmp_path / "check.py"
     check.write_text("import time\ntime.sleep(60)\n")
     failing = tmp_path / "test_fails.py"
     failing.write_text("def test_fails():\n    assert False\n")
-    tiers = [("bitwise", [str(check), "some-build"]), ("smoke on some-build", ["-x", str(failing)])]
-    status, detail, _ = mutants.run_mutant(mutant, "kernel", tmp_path, tiers, timeout=600, bitwise_seed=tmp_path)
+    planned = [("bitwise", [str(check), "some-build"]), ("smoke on some-build", ["-x", str(failing)])]
+    status, detail, _ = runner.run_mutant(mutant, "kernel", tmp_path, planned, timeout=600, bitwise_seed=tmp_path)
     assert status == "killed" and detail.startswith("smoke on some-build:")
 
 
@@ -319,30 +320,30 @@ def test_the_unmutated_baseline_runs_once_per_source_and_tests(tmp_path, monkeyp
         calls.append(command)
         return subprocess.CompletedProcess(command, 0, "1 passed\n", "")
 
-    monkeypatch.setattr(mutants.subprocess, "run", passing)
-    tiers = [[("own tests", ["-x", "tests/test_kernel.py::test_empty_inputs"]), ("smoke", mutants.SMOKE_ARGS)]]
-    assert mutants.unmutated_failures(tiers) == [] and len(calls) == 2
-    assert mutants.unmutated_failures(tiers) == [] and len(calls) == 2  # stamped: not run again
+    monkeypatch.setattr(tiers.subprocess, "run", passing)
+    planned = [[("own tests", ["-x", "tests/test_kernel.py::test_empty_inputs"]), ("smoke", tiers.SMOKE_ARGS)]]
+    assert tiers.unmutated_failures(planned) == [] and len(calls) == 2
+    assert tiers.unmutated_failures(planned) == [] and len(calls) == 2  # stamped: not run again
     other = [[("own tests", ["-x", "tests/test_kernel.py::test_matches_reference_head_dim_128"])]]
-    assert mutants.unmutated_failures(other) == [] and len(calls) == 3  # other tests: run
+    assert tiers.unmutated_failures(other) == [] and len(calls) == 3  # other tests: run
 
     def failing(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, "FAILED tests/test_x.py::test_y - boom\n", "")
 
-    monkeypatch.setattr(mutants.subprocess, "run", failing)
+    monkeypatch.setattr(tiers.subprocess, "run", failing)
     broken = [[("own tests", ["-x", "tests/test_api.py::test_nothing"])]]
-    assert mutants.unmutated_failures(broken) == ["tests/test_x.py::test_y"]
-    assert mutants.unmutated_failures(broken) == ["tests/test_x.py::test_y"]  # a failure is never stamped
+    assert tiers.unmutated_failures(broken) == ["tests/test_x.py::test_y"]
+    assert tiers.unmutated_failures(broken) == ["tests/test_x.py::test_y"]  # a failure is never stamped
 
 
 def test_a_bitwise_seed_is_reused_whole_and_a_half_written_one_goes(tmp_path):
     build = "d64-full-192x128/2st/384thr/persistent-grid4"
-    assert not mutants._seed_readable(tmp_path, build)
+    assert not tiers.seed_readable(tmp_path, build)
     seed = tmp_path / "d64-full-192x128_2st_384thr_persistent-grid4.json"
     seed.write_text('{"shape": "digest"}')
-    assert mutants._seed_readable(tmp_path, build)
+    assert tiers.seed_readable(tmp_path, build)
     seed.write_text('{"shape": "dig')  # a record stopped mid-write
-    assert not mutants._seed_readable(tmp_path, build) and not seed.exists()
+    assert not tiers.seed_readable(tmp_path, build) and not seed.exists()
 
 
 def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
@@ -351,14 +352,14 @@ def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
 
     source = (mutants.PACKAGE / "kernel.py").read_text()
     build = next(b for b in sweep_builds() if build_id(b) == "d128-causal-128x176/2st/256thr")
-    original = mutants.generated_code_digests(source, [build], [0])
+    original = triage.generated_code_digests(source, [build], [0])
     # T.copy takes its source fragment's extent, so a destination region one row short lowers
     # to the same code, though the PrimFunc differs.
     short_copy = next(m for m in generate() if m.id == "kernel-epilogue-off_by_one-14")
     assert "pipe.V[0:(block_m - 1), :]" in short_copy.line_for_list()
-    assert mutants.generated_code_digests(short_copy.mutated_source(), [build], [0]) == original
-    dropped_rescale = mutants.KERNEL_MUTANTS[0].mutated_source()
-    assert mutants.generated_code_digests(dropped_rescale, [build], [0]) != original
+    assert triage.generated_code_digests(short_copy.mutated_source(), [build], [0]) == original
+    dropped_rescale = catalogue.KERNEL_MUTANTS[0].mutated_source()
+    assert triage.generated_code_digests(dropped_rescale, [build], [0]) != original
 
 
 def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
@@ -368,20 +369,18 @@ def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
     source = (mutants.PACKAGE / "kernel.py").read_text()
     # The overlapped epilogue's build: its last wgmma wait ends the S_0 of a tile after the last.
     build = next(b for b in sweep_builds() if build_id(b).endswith("persistent/overlap-grid4"))
-    original = mutants.generated_code_digests(source, [build], [0])
+    original = triage.generated_code_digests(source, [build], [0])
     assert not original[0].startswith("breaks: ")
     dropped = next(m for m in generate() if m.key.endswith("guard_never:overlap_epilogue->False#3"))
-    mutated = mutants.generated_code_digests(dropped.mutated_source(), [build], [0], original)
+    mutated = triage.generated_code_digests(dropped.mutated_source(), [build], [0], original)
     assert mutated[0].startswith("breaks: a wgmma started at line")
     # Triage turns it into a kill, from its cache alone; not where the unmutated build breaks it too.
-    stored = {
-        mutants.GENERATED + name: {0: digest} for name, digest in (("before", original[0]), ("after", mutated[0]))
-    }
+    stored = {triage.GENERATED + name: {0: digest} for name, digest in (("before", original[0]), ("after", mutated[0]))}
     args = ({"after": [0]}, [build], 1, stored, lambda name: name, None, False)
-    same, broken = mutants._same_generated_code("before", *args)
+    same, broken = triage.same_generated_code("before", *args)
     assert same == {"after": False} and broken["after"].startswith("a wgmma started at line")
-    stored[mutants.GENERATED + "before"] = {0: mutated[0]}
-    assert mutants._same_generated_code("before", *args)[1] == {}
+    stored[triage.GENERATED + "before"] = {0: mutated[0]}
+    assert triage.same_generated_code("before", *args)[1] == {}
 
 
 def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
@@ -390,23 +389,23 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     forward = generate()
     assert {m.file for m in forward}.isdisjoint({"backward.py", "decode.py"})  # the forward's campaign as it was
     for target, file in (("backward", "backward.py"), ("decode", "decode.py")):
-        generated = generate(files=mutants.GENERATED_FILES[target])
+        generated = generate(files=triage.GENERATED_FILES[target])
         assert generated and {m.file for m in generated} == {file}
         mutant = generated[0]
         # Their file's CPU tests where it has some, then their own GPU tests, then their file's
         # suite; the forward's smoke tier never runs them.
-        cpu = [("cpu", ["-x", *mutants.CPU_BY_FILE[file]])] if file in mutants.CPU_BY_FILE else []
-        tiers = mutants.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
-        assert tiers == [
+        cpu = [("cpu", ["-x", *tiers.CPU_BY_FILE[file]])] if file in tiers.CPU_BY_FILE else []
+        planned = tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
+        assert planned == [
             *cpu,
-            ("own tests", ["-x", *mutants.FIRST_BY_FILE[file]]),
-            ("suite", ["-x", *mutants.PYTEST_ARGS[target]]),
+            ("own tests", ["-x", *catalogue.FIRST_BY_FILE[file]]),
+            ("suite", ["-x", *tiers.PYTEST_ARGS[target]]),
         ]
-        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=True, cpu_only=False) == tiers[:-1]
-        assert mutants.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == cpu
+        assert tiers.mutant_tiers(mutant, target, None, {}, smoke_only=True, cpu_only=False) == planned[:-1]
+        assert tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == cpu
         # Their kernels are the whole suite's precompile's, not the smoke tier's.
-        assert mutants.precompile_args([tiers[:-1]], target) == []
-    assert mutants.CPU_BY_FILE["backward.py"] and "decode.py" not in mutants.CPU_BY_FILE
+        assert tiers.precompile_args([planned[:-1]], target) == []
+    assert tiers.CPU_BY_FILE["backward.py"] and "decode.py" not in tiers.CPU_BY_FILE
 
 
 def test_program_triage_settles_only_what_the_primfuncs_decide():
@@ -436,7 +435,7 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
         # A kernel change: left to run.
         find(decode, "flash_decoding_split", "relational", "first_row + r < rows", "first_row + r <= rows"),
     ]
-    verdicts = mutants.triage_programs(picked, jobs=1)
+    verdicts = triage.triage_programs(picked, jobs=1)
     assert verdicts[picked[0].id][0] == "equivalent"
     assert verdicts[picked[1].id][0] == "killed"
     assert picked[2].id not in verdicts and picked[3].id not in verdicts
@@ -474,16 +473,16 @@ def test_prebuild_compiles_each_mutants_changed_builds_for_a_gpu_host(tmp_path):
 
 def test_cpu_only_calls_a_mutant_that_passes_the_cpu_tier_not_judged():
     # Its GPU tiers come after: passing the first of its tiers is no survival.
-    assert mutants._cpu_tier_passed("SURVIVED", "every test of the cpu tier passed", 3.0)[0] == "NOT RUN"
-    assert mutants._cpu_tier_passed("killed", "cpu: tests/test_api.py::test_x", 3.0)[0] == "killed"
+    assert records.cpu_tier_passed("SURVIVED", "every test of the cpu tier passed", 3.0)[0] == "NOT RUN"
+    assert records.cpu_tier_passed("killed", "cpu: tests/test_api.py::test_x", 3.0)[0] == "killed"
 
 
 def test_a_failing_tier_is_a_kill_however_pytest_stops_and_never_for_want_of_memory():
     failed = ["tests/test_kernel.py::test_x"]
-    assert mutants.failure_not_a_kill(1, "FAILED tests/test_kernel.py::test_x", failed) == ""
+    assert runner.failure_not_a_kill(1, "FAILED tests/test_kernel.py::test_x", failed) == ""
     # -x under pytest-xdist: the session stops at the first failure and exits 2.
     stopped = "FAILED tests/test_kernel.py::test_x\n!!! xdist.dsession.Interrupted: stopping after 1 failures !!!"
-    assert mutants.failure_not_a_kill(2, stopped, failed) == ""
-    assert mutants.failure_not_a_kill(2, "ERROR collecting tests/test_kernel.py", []).startswith("pytest exited 2")
+    assert runner.failure_not_a_kill(2, stopped, failed) == ""
+    assert runner.failure_not_a_kill(2, "ERROR collecting tests/test_kernel.py", []).startswith("pytest exited 2")
     out_of_memory = "FAILED tests/test_kernel.py::test_x - torch.OutOfMemoryError: CUDA out of memory."
-    assert mutants.failure_not_a_kill(1, out_of_memory, failed) == "a test ran out of GPU memory"
+    assert runner.failure_not_a_kill(1, out_of_memory, failed) == "a test ran out of GPU memory"

@@ -85,14 +85,14 @@ SCOPES = {
     "interface.py": Scope(("_attention", "forward_kernel_attention"), constants=False),
     "configs.py": Scope(("select_config", "key_ranges", "split_kv_serves", "forward_keys_per_sm"), constants=False),
     "numerics.py": Scope((), constants=True),
-    # The gradient and split-KV kernels, for `tools/mutants.py --generated --target backward`
+    # The gradient and split-KV kernels, for `tools/mutants/ --generated --target backward`
     # (`decode`): judged by their own GPU tests, apart from the forward's campaign.
     "backward.py": Scope(
         ("preprocess_program", "tile_needs_mask", "gradient_sizes", "backward_program", "dq_program"),
         constants=True,
     ),
     "decode.py": Scope(("split_plan", "split_program", "combine_program"), constants=True),
-    # The emulator's tile loop, mutated for `tools/mutants.py --generated --target emulator`:
+    # The emulator's tile loop, mutated for `tools/mutants/ --generated --target emulator`:
     # the CPU suite's own measure of how well its cases find bugs.
     "emulator.py": Scope(("_attend_one_head",), constants=False),
 }

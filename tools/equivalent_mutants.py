@@ -2,7 +2,7 @@
 that checks that reason.
 
 A generated mutant that survives the suite is a defect of the suite unless it is equivalent. The
-CPU triage (tools/mutants.py) settles the mutants whose compiled kernels are identical. The ones
+CPU triage (tools/mutants/) settles the mutants whose compiled kernels are identical. The ones
 here change the kernel's code but not its results; each names the argument why, and a test
 (`check`) that fails if the argument stops holding. Entries are keyed by GeneratedMutant.key
 (what the rewrite changes, not where), and tests/test_equivalent_mutants.py fails on a key no
@@ -242,7 +242,7 @@ EQUIVALENT: dict[str, Reason] = {
         for limit in ("8192.0", "2048.0", "4097.0", "4095.0")
     },
     "interface.py:_attention:guard_never:t.is_contiguous()->False": CONTIGUOUS_IS_ITSELF,
-    # ---- the emulator's tile loop (tools/mutants.py --generated --target emulator)
+    # ---- the emulator's tile loop (tools/mutants/ --generated --target emulator)
     "emulator.py:_attend_one_head:off_by_one:q[q_start:q_start + block_m]->q[q_start:q_start + block_m + 1]": (
         ROW_COMPUTED_TWICE
     ),

@@ -39,11 +39,12 @@ ENTRIES = {
 def compared_builds(sm_count: int = 132, arch: str = "sm_90a") -> list[tuple[str, dict]]:
     """(family, arguments) of every build compared, without repeats; a forward build's config as
     its text (TileConfig.parse reads it back)."""
-    from tools import mutants, precompile
+    from tools import precompile
+    from tools.mutants import triage
 
     families = {None: "forward"}
     builds, builders = precompile.every_build(sm_count, arch)
-    forward = [dict(build, arch=arch) for build in mutants.triage_builds(sm_count)]
+    forward = [dict(build, arch=arch) for build in triage.triage_builds(sm_count)]
     compared: list[tuple[str, dict]] = []
     for builder, build in [*zip(builders, builds, strict=True), *((None, build) for build in forward)]:
         family = families.get(builder) or next(

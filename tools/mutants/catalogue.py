@@ -1,0 +1,559 @@
+"""The hand-written mutants, as data: each a bug a kernel author makes, anchored on the AST of
+the file it patches, with the tests written to catch it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tools.ast_mutants import apply_patch
+from tools.mutants import PACKAGE
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A hand-written bug: `old` -> `new` in `file`, where `old` is a Python fragment found once
+    (within the function `within`, if named) by its AST, whatever its formatting."""
+
+    name: str
+    file: str  # relative to src/fa_kernel
+    old: str
+    new: str
+    more: tuple[tuple[str, str], ...] = ()  # further (old, new) patches in the same file
+    # Tests written to catch this bug, run before the smoke tier: otherwise a mutant that only
+    # they kill compiles the smoke tier's kernels first.
+    first: tuple[str, ...] = ()
+    within: str | None = None
+
+    def mutated_source(self) -> str:
+        """The mutant's file with its patches applied; ValueError if a fragment is not found
+        exactly once (the list has fallen out of step with the source)."""
+        text = (PACKAGE / self.file).read_text()
+        for old, new in ((self.old, self.new), *self.more):
+            text = apply_patch(text, old, new, self.within)
+        return text
+
+    @property
+    def id(self) -> str:
+        return self.name
+
+
+JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
+PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
+NONFINITE = ("tests/test_nonfinite.py",)
+GUARD_REGIONS = ("tests/test_guard_regions.py",)
+WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
+BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
+DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
+DETERMINISTIC_RUNS = ("tests/test_backward_kernel.py::test_deterministic_gradients_are_the_same_bits_in_every_run",)
+DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
+ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels",)
+
+
+def _rows_without_keys() -> tuple[str, ...]:
+    """The one-key test on the first causal sweep build: only a causal row can see no key, so a
+    non-causal build (the first changed one, often) passes whatever the epilogue does with them."""
+    from suite.boundaries import build_id, sweep_builds
+
+    build = next(build for build in sweep_builds() if build["causal"])
+    return (f"tests/test_boundary_sweep.py::test_rows_that_see_one_key_or_none[{build_id(build)}]",)
+
+
+ROWS_WITHOUT_KEYS = _rows_without_keys()
+# The generated mutants of a file whose code the smoke tier never runs (it calls the kernels
+# directly): the GPU tests of the launch (empty inputs, one key, strided inputs) first.
+FIRST_BY_FILE = {
+    "backward.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
+    "decode.py": DECODE,
+    "interface.py": (
+        "tests/test_kernel.py::test_empty_inputs",
+        "tests/test_kernel.py::test_matches_reference_head_dim_128",
+        "tests/test_kernel.py::test_packed_qkv_slices_give_the_same_result",
+        *ROUTING,
+    ),
+}
+
+
+KERNEL_MUTANTS = [
+    Mutant(
+        # The tile that replaced its max leaves acc_o at the old one.
+        "new_max_without_rescale",
+        "kernel.py",
+        "softmax.rescale_output(acc_o, rows.alpha)",
+        "",
+        first=JUMPS,
+    ),
+    Mutant(
+        # acc_o = (acc_o + P.V) * alpha: the rescale moved after the P.V GEMM it should precede
+        # (and, on tiles that kept their max, by the alpha of the last tile that did not).
+        "rescale_after_gemm",
+        "kernel.py",
+        "softmax.rescale_output(acc_o, rows.alpha)",
+        "",
+        more=(
+            (
+                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nT.mbarrier_arrive(pipe.v_empty[prev_stage])",
+                "T.warpgroup_fence_operand(acc_o, num_regs=o_regs)\nsoftmax.rescale_output(acc_o, rows.alpha)\n"
+                "T.mbarrier_arrive(pipe.v_empty[prev_stage])",
+            ),
+        ),
+        first=JUMPS,
+    ),
+    Mutant(
+        # The exponentials stay against the max before the tile whatever their sum: P~ overflows.
+        "stale_max_never_replaced",
+        "kernel.py",
+        "row_over = 1",
+        "row_over = 0",
+        first=JUMPS,
+    ),
+    Mutant(
+        # A limit past fp16's range: P~ up to 2^17 is kept, and its down-cast overflows.
+        "stale_sum_limit_past_fp16",
+        "numerics.py",
+        "STALE_SUM_LIMIT = 4096.0",
+        "STALE_SUM_LIMIT = 131072.0",
+        first=JUMPS,
+    ),
+    Mutant(
+        # The max is replaced, but the exponentials come from acc_s as the first pass left it
+        # (P~, not S): the recomputation of S forgotten.
+        "new_max_from_stale_exponentials",
+        "kernel.py",
+        "issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)\nT.wait_wgmma(0)",
+        "T.wait_wgmma(0)",
+        first=JUMPS,
+    ),
+    Mutant(
+        # A tile that kept its max replaces the running sum instead of adding to it.
+        "kept_max_sum_replaced",
+        "kernel.py",
+        "rows.row_sum[i] += rows.tile_sum[i]",
+        "rows.row_sum[i] = rows.tile_sum[i]",
+    ),
+    Mutant(
+        # A tile that replaced its max divides by its own sum only.
+        "last_tile_sum",
+        "softmax.py",
+        "row_sum[i] = row_sum[i] * alpha[i] + tile_sum[i]",
+        "row_sum[i] = tile_sum[i]",
+        first=JUMPS,
+    ),
+    Mutant(
+        "alpha_from_new_max",
+        "softmax.py",
+        "T.exp2(row_max_prev[i] * scale_log2 - row_max_scaled[i])",
+        "T.exp2(row_max[i] * scale_log2 - row_max_scaled[i])",
+        first=JUMPS,
+    ),
+    Mutant(
+        "max_order_swapped",
+        "softmax.py",
+        "T.copy(row_max, row_max_prev)\nT.reduce_max(acc_s, row_max, dim=1, clear=False)",
+        "T.reduce_max(acc_s, row_max, dim=1, clear=False)\nT.copy(row_max, row_max_prev)",
+        first=JUMPS,
+    ),
+    # The visibility rule (mask.py), which every kernel applies: its CPU test runs first.
+    Mutant(
+        # The forward's additive mask hides no key past seqlen_k (without causal).
+        "no_boundary_mask",
+        "mask.py",
+        "return key >= self.seqlen_k",
+        "return key < 0",
+        within="hides",
+    ),
+    Mutant("causal_off_by_one", "mask.py", "key > self.last_key(row)", "key >= self.last_key(row)", within="hides"),
+    Mutant(
+        # The diagonal tiles lose their mask: only tiles past seqlen_k (or the last row) get one.
+        "mask_only_past_the_end",
+        "mask.py",
+        "needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > self.last_key(q_start))",
+        "needs_mask = needs_mask",
+    ),
+    Mutant(
+        "causal_top_left",
+        "mask.py",
+        "return row + (self.seqlen_k - self.seqlen_q)",
+        "return row",
+        more=(
+            ("return row_end + (self.seqlen_k - self.seqlen_q)", "return row_end"),
+            ("return key - (self.seqlen_k - self.seqlen_q)", "return key"),
+        ),
+    ),
+    Mutant(
+        "causal_loop_one_short",
+        "kernel.py",
+        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
+        "T.ceildiv(visibility.keys_before(q_start), block_n)",
+    ),
+    Mutant(
+        # Every warpgroup stops a K/V tile short of its rows' last (the block's last tile, too).
+        "warpgroup_kv_blocks_one_short",
+        "kernel.py",
+        "return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)",
+        "return T.if_then_else(first_row < seqlen_q, T.max(1, visible - 1), 1)",
+        first=WARPGROUP_TILES,
+    ),
+    Mutant(
+        # Causal: a warpgroup visits the keys its first row sees, not its last (a tile short
+        # where its rows straddle a K/V tile boundary).
+        "warpgroup_stops_at_its_first_row",
+        "kernel.py",
+        "last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)",
+        "last_rows_end = T.min(first_row, seqlen_q)",
+        first=WARPGROUP_TILES,
+    ),
+    Mutant(
+        # Heaviest-first order off by one: one query block is never computed.
+        "causal_block_order_off_by_one",
+        "kernel.py",
+        "q_block = q_blocks - 1 - q_block",
+        "q_block = q_blocks - q_block",
+    ),
+    Mutant(
+        # Persistent thread blocks skip the last, partial round of work tiles.
+        "persistent_rounds_one_short",
+        "kernel.py",
+        "place_in_last < num_tiles % workers",
+        "place_in_last < 0",
+        first=PERSISTENT,
+    ),
+    Mutant(
+        # Q's buffer handed to the next work tile after the second Q.K^T, not the last: the
+        # next tile's Q lands under the current one's remaining tiles (persistent grid).
+        "q_released_after_second_tile",
+        "kernel.py",
+        "kv_block == own_kv_blocks - 1",
+        "kv_block == 1",
+        first=PERSISTENT,
+    ),
+    Mutant(
+        # The producer loads the next work tile's V over O before O has left the V ring.
+        "v_loaded_over_unsent_output",
+        "kernel.py",
+        "not o_buffer and kv_block == 0",
+        "not o_buffer and kv_block < 0",
+        first=PERSISTENT,
+    ),
+    Mutant(
+        # overlap_epilogue: the next work tile's first mask is computed for the current tile.
+        # Only a causal mask reads the rows, and no table ships the overlapped epilogue with
+        # causal: test_kernel's schedules build one.
+        "next_tile_masked_as_current",
+        "kernel.py",
+        "write_mask(acc_s, 0, next_q_start)",
+        "q_start = tile.q_start\nwrite_mask(acc_s, 0, q_start)",
+        first=PERSISTENT,
+    ),
+    Mutant(
+        # With O in a buffer of its own, every warpgroup stores the first warpgroup's rows.
+        "output_rows_of_the_first_warpgroup_only",
+        "kernel.py",
+        "first_row = thread // 128 * rows_per_warpgroup",
+        "first_row = 0",
+    ),
+    Mutant(
+        # O's TMA store covers the first 64 columns only (head_dim 128 and 256 lose the rest).
+        "output_stored_in_one_panel",
+        "kernel.py",
+        "T.unroll(head_dim // TMA_PANEL)",
+        "T.unroll(1)",
+        within="store_output",
+    ),
+    Mutant(
+        "normalise_inside_loop",
+        "kernel.py",
+        "T.mbarrier_arrive(pipe.v_empty[prev_stage])",
+        "T.mbarrier_arrive(pipe.v_empty[prev_stage])\n"
+        "for i, d in T.Parallel(block_m, head_dim):\n"
+        "    acc_o[i, d] /= rows.row_sum[i]",
+    ),
+    Mutant(
+        "scale_without_log2e",
+        "interface.py",
+        "softmax_scale * LOG2E",
+        "softmax_scale",
+        within="forward_kernel_attention",
+    ),
+    Mutant(
+        "no_max_subtraction",
+        "softmax.py",
+        "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - row_max_scaled[i])",
+        "acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2)",
+    ),
+    Mutant(
+        # (both normalisation paths, with and without overlap_epilogue)
+        "nan_for_rows_without_keys",
+        "softmax.py",
+        "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
+        "acc_o[i, d] / row_sum[i]",
+        first=ROWS_WITHOUT_KEYS,
+    ),
+    Mutant(
+        # A NaN row sum read as "no key": a corrupted input becomes a plausible 0 (docs/nonfinite.md).
+        "nan_row_made_finite",
+        "softmax.py",
+        "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
+        "T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
+        first=NONFINITE,
+    ),
+    Mutant(
+        # One LSE row past seqlen_q, with TileLang's own bounds guard switched off: the write lands
+        # past the end of lse (with the guard on, this mutant is equivalent; docs/testing.md).
+        "lse_row_past_the_end_unguarded",
+        "kernel.py",
+        "q_start + i < seqlen_q",
+        "q_start + i <= seqlen_q",
+        more=(
+            (
+                "PASS_CONFIGS = OWN_SYNCS",
+                "PASS_CONFIGS = {**OWN_SYNCS, "
+                "__import__('tilelang').PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
+            ),
+        ),
+        first=GUARD_REGIONS,
+    ),
+    Mutant("gqa_wrong_kv_head", "kernel.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
+    Mutant(
+        "lse_in_log2",
+        "kernel.py",
+        "softmax.log2_sum(regs.rows, i) * LN2",
+        "softmax.log2_sum(regs.rows, i)",
+    ),
+    # ---- the backward (backward.py): its boundary sweep is its smoke tier
+    Mutant(
+        # The select's causal part dropped (the gradient kernels and the split-KV kernel).
+        "backward_causal_mask_dropped",
+        "mask.py",
+        "visible = T.And(visible, key <= (self.last_key(row) if last_key is None else last_key))",
+        "visible = visible",
+        within="sees",
+        first=BACKWARD_SWEEP,
+    ),
+    Mutant(
+        # A tile whose last key is one right of its first row's diagonal taken for a tile every
+        # row sees whole: that row sees one key too many (both gradient kernels).
+        "backward_diagonal_tile_unmasked",
+        "mask.py",
+        "kv_start + block_n - 1 > self.last_key(q_start)",
+        "kv_start + block_n - 1 > self.last_key(q_start) + 1",
+        within="tile_needs_mask",
+        first=BACKWARD_SWEEP,
+    ),
+    Mutant(
+        # The causal walk starts one query tile after the first that sees the K/V tile.
+        "backward_first_query_tile_late",
+        "backward.py",
+        "T.max(visibility.first_row(kv_start), 0) // block_m",
+        "T.max(visibility.first_row(kv_start), 0) // block_m + 1",
+        first=BACKWARD_SWEEP,
+    ),
+    Mutant(
+        "backward_dk_without_scale",
+        "backward.py",
+        "acc_dk[i, j] = acc_dk[i, j] * softmax_scale",
+        "acc_dk[i, j] = acc_dk[i, j]",
+        first=BACKWARD_SWEEP,
+    ),
+    # ---- the backward's front (interface.py)
+    Mutant(
+        "backward_lse_gradient_sign",
+        "interface.py",
+        "delta[:, :, :seqlen_q] -= grad_lse",
+        "delta[:, :, :seqlen_q] += grad_lse",
+        first=("tests/test_backward_kernel.py::test_lse_gradient",),
+    ),
+    Mutant(
+        "backward_dq_without_scale",
+        "interface.py",
+        "torch.mul(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2), softmax_scale, out=dq)",
+        "dq.copy_(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2))",
+        first=BACKWARD_SWEEP,
+    ),
+    Mutant(
+        # flash_attn_func's eager autograd drops the LSE's upstream gradient, which the ops'
+        # formula (what torch.compile runs) passes on.
+        "eager_lse_gradient_dropped",
+        "interface.py",
+        "_saved_gradients(ctx, grad_out, grad_lse, _gradients)",
+        "_saved_gradients(ctx, grad_out, None, _gradients)",
+        first=("tests/test_backward_kernel.py::test_lse_gradient",),
+    ),
+    # ---- the deterministic dQ (backward.py's dq_program)
+    Mutant(
+        # The walk stops one K/V tile before the last its rows see.
+        "deterministic_dq_last_tile_dropped",
+        "backward.py",
+        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
+        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n) - 1",
+        within="dq_program",
+        first=DETERMINISTIC_SWEEP,
+    ),
+    Mutant(
+        # deterministic=True quietly served by the atomic dQ (its bits vary with the order the
+        # reduce-adds land in): only the repeated runs can tell.
+        "deterministic_served_by_atomics",
+        "interface.py",
+        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, "
+        "deterministic=deterministic)",
+        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=False)",
+        first=DETERMINISTIC_RUNS,
+    ),
+    # ---- flash_attn_func's route to the split-KV kernels (interface.py): the routing tests
+    Mutant(
+        # A step of several queries sent the other way from the rule: only a test that watches
+        # which kernels ran can tell, both paths being correct.
+        "route_inverted_past_one_query",
+        "interface.py",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count)",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count) is (seqlen_q == 1)",
+        first=ROUTING,
+    ),
+    Mutant(
+        # The rule asked about one query fewer: 9 queries routed as 8.
+        "route_one_query_fewer",
+        "interface.py",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count)",
+        "serves_launch(batch, max(1, seqlen_q - 1), k.shape[1], heads, k.shape[2], sm_count)",
+        first=ROUTING,
+    ),
+    Mutant(
+        # The rule asked about one key fewer: a step at exactly its keys limit stays on the forward.
+        "route_one_key_fewer",
+        "interface.py",
+        "serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count)",
+        "serves_launch(batch, seqlen_q, k.shape[1] - 1, heads, k.shape[2], sm_count)",
+        first=ROUTING,
+    ),
+    # ---- the split-KV kernels (decode.py): their GPU tests, split and tile ends next to each other
+    Mutant(
+        # Each split's weight 2^(lse_s - max) without the division by their sum.
+        "decode_combine_unnormalised",
+        "decode.py",
+        "T.exp2(LSE_partial[b, split, head, i] - lse)",
+        "T.exp2(LSE_partial[b, split, head, i] - reference)",
+        first=DECODE,
+    ),
+    Mutant(
+        "decode_rescale_dropped",
+        "decode.py",
+        "softmax.rescale_output(acc_o, alpha)",
+        "",
+        first=DECODE,
+    ),
+    Mutant(
+        # The key one past seqlen_k (loaded as zeros) counted as seen.
+        "decode_mask_one_key_wide",
+        "mask.py",
+        "visible = key < self.seqlen_k",
+        "visible = key <= self.seqlen_k",
+        first=DECODE,
+    ),
+    Mutant(
+        "decode_causal_off_by_one",
+        "decode.py",
+        "last_key[r] = visibility.last_key((first_row + r) // group_size)",
+        "last_key[r] = visibility.last_key((first_row + r) // group_size) - 1",
+        first=DECODE,
+    ),
+    Mutant(
+        # The last split stops one tile short of the last key.
+        "decode_split_one_tile_short",
+        "decode.py",
+        "T.ceildiv(seqlen_k, block_n) - first_tile",
+        "T.ceildiv(seqlen_k, block_n) - first_tile - 1",
+        first=DECODE,
+    ),
+    Mutant(
+        # A GQA group's rows read the wrong query head: head h of K/V head g is g * group + h.
+        "decode_group_heads_swapped",
+        "decode.py",
+        "Q[b, row // group_size, kv_head * group_size + row % group_size, d]",
+        "Q[b, row // group_size, kv_head + row % group_size * heads_kv, d]",
+        first=DECODE,
+    ),
+]
+
+EMULATOR_MUTANTS = [
+    Mutant(
+        "stale_max_never_replaced",
+        "emulator.py",
+        "row_max = torch.where(stale_sum > STALE_SUM_LIMIT, row_max, row_max_prev)",
+        "row_max = row_max_prev",
+    ),
+    Mutant(
+        "stale_sum_limit_past_fp16",
+        "emulator.py",
+        "stale_sum > STALE_SUM_LIMIT",
+        "stale_sum > 131072.0",
+    ),
+    Mutant(
+        "rescale_after_gemm",
+        "emulator.py",
+        "acc_o = acc_o * alpha[:, None]\nacc_o = acc_o + acc_p.float() @ v_tile",
+        "acc_o = acc_o + acc_p.float() @ v_tile\nacc_o = acc_o * alpha[:, None]",
+    ),
+    Mutant(
+        "last_tile_sum", "emulator.py", "row_sum = row_sum * alpha + acc_s.sum(dim=-1)", "row_sum = acc_s.sum(dim=-1)"
+    ),
+    Mutant(
+        "alpha_from_new_max",
+        "emulator.py",
+        "torch.exp2(row_max_prev * scale_log2 - row_max_scaled)",
+        "torch.exp2(row_max * scale_log2 - row_max_scaled)",
+    ),
+    Mutant("no_boundary_mask", "emulator.py", "masked = k_idx >= seqlen_k", "masked = k_idx < 0"),
+    Mutant(
+        "mask_only_past_the_end",
+        "emulator.py",
+        "needs_mask = needs_mask or kv_start + block_n - 1 > q_start + diagonal_offset",
+        "needs_mask = needs_mask",
+    ),
+    Mutant(
+        "causal_off_by_one",
+        "emulator.py",
+        "(k_idx > q_idx + diagonal_offset)",
+        "(k_idx >= q_idx + diagonal_offset)",
+        within="_attend_one_head",
+    ),
+    Mutant(
+        "causal_loop_one_short",
+        "emulator.py",
+        "last_visible = q_start + block_m + diagonal_offset",
+        "last_visible = q_start + diagonal_offset",
+    ),
+    Mutant(
+        "scale_without_log2e",
+        "emulator.py",
+        "scale_log2 = softmax_scale * LOG2E",
+        "scale_log2 = softmax_scale",
+        within="attention_tiled",
+    ),
+    Mutant(
+        "no_max_subtraction",
+        "emulator.py",
+        "acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[:, None])",
+        "acc_s = torch.exp2(acc_s * scale_log2)",
+    ),
+    Mutant("gqa_wrong_kv_head", "emulator.py", "kv_head = head // group_size", "kv_head = head % nheads_kv"),
+    Mutant(
+        "lse_in_log2",
+        "emulator.py",
+        "(row_max_scaled + torch.log2(row_sum)) * LN2",
+        "(row_max_scaled + torch.log2(row_sum))",
+    ),
+    # The backward's specification (attention_backward_tiled, judged by tests/test_backward.py).
+    Mutant(
+        "backward_without_delta",
+        "emulator.py",
+        "probs * (do_tile @ v_tile.T - delta[b, rows, head][:, None])",
+        "probs * (do_tile @ v_tile.T)",
+    ),
+    Mutant("backward_dk_unscaled", "emulator.py", "(acc_dk * softmax_scale).to(k.dtype)", "acc_dk.to(k.dtype)"),
+    Mutant(
+        "backward_one_head_of_the_group",
+        "emulator.py",
+        "range(kv_head * group_size, (kv_head + 1) * group_size)",
+        "range(kv_head * group_size, kv_head * group_size + 1)",
+    ),
+]
