@@ -14,8 +14,6 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tools.ast_mutants import apply_patch
-
 from fa_kernel.workbench.bench import alternated
 
 
@@ -78,21 +76,17 @@ def print_row(label: str, timers: dict[str, Callable[[], float]], rounds: int) -
 
 
 @functools.cache
-def patched_module(module, name: str, patches: tuple[tuple[str, str], ...]):
-    """`module` (one of fa_kernel's) with `patches` ((old, new) fragments, found by their AST)
-    applied, imported from a file of its own: TileLang reads a kernel's source from there."""
+def module_copy(module, name: str):
+    """A copy of `module` (one of fa_kernel's kernel modules) under a name of its own, so that a
+    variant may edit its tables without touching the shipped module's or its kernel caches;
+    imported from a file, as TileLang reads a kernel's source from its module's file."""
     stem = Path(module.__file__).stem
     source = Path(module.__file__).read_text()
-    for old, new in patches:
-        try:
-            source = apply_patch(source, old, new)
-        except ValueError as error:
-            raise ValueError(f"variant {name}: {error} in {stem}.py") from error
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     slug = re.sub(r"\W", "_", name)  # a variant's name may hold spaces and dashes; a module's may not
     path = Path(tempfile.gettempdir()) / "fa_kernel_variants" / f"{stem}_{slug}_{digest}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside and renamed: two processes may build the same variant at once, and TileLang
+    # Written aside and renamed: two processes may copy the same module at once, and TileLang
     # re-reads the file; a half-written one fails with "could not get source code".
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(source)

@@ -3,11 +3,11 @@ in one process.
 
 From the repository root on the GPU machine:
 
-    python -m perf.decode_ab.py [--variants NAME ...] [--rounds 5] [--repeats 50]
+    python -m perf.decode_ab [--variants NAME ...] [--rounds 5] [--repeats 50]
         [--graphs] [--cudnn] [--shapes N ...]
 
-Each variant is decode.py patched: its tiles, its split count, its pass configs or fragments of
-the split kernel (`variants.patched_module`; its own kernels and split plan). Every variant is
+Each variant is decode.py with its tile table edited, in a copy of the module of its own
+(`ab.module_copy`: its own kernels, caches and split plan). Every variant is
 first judged (`reference.judge`) on the decode grid's shapes (`bench.DECODE_SHAPES`) and a
 partial one, then timed there, alternated over rounds in this one process; GB/s of K/V read
 (`Shape.kv_bytes`), each variant's ratio to the shipped kernels taken round by round. By default
@@ -17,7 +17,8 @@ each figure is the median of `repeats` event-timed calls, the host's path includ
 as columns (`bench.runners`). `--shapes` picks rows of the grid by index (0 and 1: the two
 anchors). `--compile-only sm_90a` builds them without a GPU.
 
-Variants (`--list`): decode.py's tile table (`SPLIT_TILES`) edited, or its source patched.
+Variants (`--list`): decode.py's tile table (`SPLIT_TILES`) edited; a lever that needs the kernel
+itself changed enters as an argument of `split_program`, not as an edit of its text.
 
   shipped          decode.py as it is: a group's rows up to 16 on 16-row tiles at d64 and d128
                    (four warps, 128 keys, one stage, no producer; splits for two blocks an SM at
@@ -29,14 +30,13 @@ Variants (`--list`): decode.py's tile table (`SPLIT_TILES`) edited, or its sourc
   small_rows_64_keys  the 16-row tile at d128 on 64 keys (40 KB: more blocks an SM could fit).
   wide_d128        64-row d128 tiles of 128 keys (half the loop trips, twice the registers for S).
   two_stages       64-row tiles with two K/V tiles in flight instead of three.
-  a_second_wave    splits rounded up: at least a block for every SM, where a partial second wave
-                   of blocks follows (a one-batch decode step: 18 splits of 8 heads on 132 SMs).
 
 Measured and dropped, in git history (perf/decode_ab.py before the 16-row tiles shipped) and
 docs/performance.md: four stages, splits for two or four blocks an SM on the 64-row tile, and
 `no_warp_specialization` (the 64-row tile without a producer, one stage: 0.82-0.95x),
 `small_rows_256_keys` (the 16-row tiles on 256 keys, twice the bytes in flight a block:
-0.97-1.01x).
+0.97-1.01x), `a_second_wave` (splits rounded up to at least a block for every SM, the plan
+before split_plan rounded down: 1.03-1.50x slower).
 
 Not a variant: two resident thread blocks an SM (`T.annotate_min_blocks_per_sm(2)` on the split
 kernel, with setmaxnreg 24/232 or without it: 112-128 registers a thread, no spills) passed the
@@ -60,13 +60,6 @@ from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab
 from perf.host_overhead import GRAPH_CALLS, graph_us
 
-# split_plan rounds the splits down, to at most one wave of blocks; rounding them up instead
-# asks at least a block for every SM, and 8 K/V heads on 132 SMs then get 18 splits, 144 blocks,
-# 12 SMs a second block's tiles (the plan before 2026-12-03, 1.03-1.50x slower).
-AT_MOST_A_WAVE = """wanted = max(1, tile.blocks_per_sm * sm_count // max(1, batch * heads_kv * row_blocks))
-tiles_per_split = ceildiv(tiles, wanted)"""
-AT_LEAST_A_WAVE = """wanted = ceildiv(tile.blocks_per_sm * sm_count, max(1, batch * heads_kv * row_blocks))
-tiles_per_split = max(1, tiles // wanted)"""
 SHIPPED = shipped_decode.SPLIT_TILES
 
 
@@ -76,16 +69,15 @@ def retiled(key: tuple[int, int], **fields):
 
 
 WIDE = [key for key in SHIPPED if key[1] == shipped_decode.MOST_ROWS]
-# name -> (patches of decode.py's source, SPLIT_TILES entries replaced (None: removed))
-VARIANTS: dict[str, tuple[tuple[tuple[str, str], ...], dict]] = {
-    "shipped": ((), {}),
-    "one_row_block": ((), {key: None for key in SHIPPED if key[1] < shipped_decode.MOST_ROWS}),
-    "small_rows_one_block": ((), retiled((64, 16), blocks_per_sm=1)),
-    "small_rows_two_blocks": ((), retiled((128, 16), blocks_per_sm=2)),
-    "small_rows_64_keys": ((), retiled((128, 16), block_n=64)),
-    "wide_d128": ((), retiled((128, 64), block_n=128)),
-    "two_stages": ((), {key: value for key in WIDE for value in retiled(key, num_stages=2).values()}),
-    "a_second_wave": (((AT_MOST_A_WAVE, AT_LEAST_A_WAVE),), {}),
+# name -> SPLIT_TILES entries replaced (None: removed)
+VARIANTS: dict[str, dict] = {
+    "shipped": {},
+    "one_row_block": {key: None for key in SHIPPED if key[1] < shipped_decode.MOST_ROWS},
+    "small_rows_one_block": retiled((64, 16), blocks_per_sm=1),
+    "small_rows_two_blocks": retiled((128, 16), blocks_per_sm=2),
+    "small_rows_64_keys": retiled((128, 16), block_n=64),
+    "wide_d128": retiled((128, 64), block_n=128),
+    "two_stages": {key: value for key in WIDE for value in retiled(key, num_stages=2).values()},
 }
 # A partial row block, keys ending inside a tile, causal: judged besides the grid's shapes.
 CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
@@ -93,11 +85,11 @@ CHECKS = [Shape(2, 8, 3, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1001)]
 
 @functools.cache
 def module(name: str):
-    """decode.py as the variant has it: a module of its own, its tile table edited."""
-    patches, tiles = VARIANTS[name]
-    if not patches and not tiles:
+    """decode.py as the variant has it: a copy of the module, its tile table edited."""
+    tiles = VARIANTS[name]
+    if not tiles:
         return shipped_decode
-    variant = ab.patched_module(shipped_decode, name, patches)
+    variant = ab.module_copy(shipped_decode, name)
     variant.SPLIT_TILES = {key: tile for key, tile in {**variant.SPLIT_TILES, **tiles}.items() if tile is not None}
     return variant
 

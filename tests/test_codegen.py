@@ -133,17 +133,6 @@ def test_the_exit_rule_sees_the_last_wait_dropped(family, wait):
     assert outstanding_at_exit(guarded) == [problem]
 
 
-def test_a_bottom_up_walk_is_a_causal_walks_option():
-    # (a measurement's flag: non-causal, TileLang 0.1.15 fails to lower it, with an error that
-    # names nothing of the caller's)
-    from fa_kernel.backward import backward_program
-
-    arguments = dict(head_dim=64, dtype="bfloat16", block_m=64, block_n=128, rows_bottom_up=True)
-    assert backward_program(causal=True, **arguments) is not None
-    with pytest.raises(ValueError, match=r"rows_bottom_up: expected only with causal=True .*got causal=False"):
-        backward_program(causal=False, **arguments)
-
-
 def test_a_config_whose_output_tile_outgrows_the_v_ring_is_refused():
     # Where O has no room of its own (head_dim 256: Q and O alone take 192 KB), it is staged in
     # the V ring (num_stages * block_n rows) on its way out.

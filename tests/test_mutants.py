@@ -409,6 +409,8 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
 
 
 def test_program_triage_settles_only_what_the_primfuncs_decide():
+    import dataclasses
+
     from tools.ast_mutants import generate
 
     def find(generated, function, operator, before, after):
@@ -417,11 +419,18 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
         ]
         return found
 
+    def reworded(generated, comment, replacement):
+        """A stand-in mutant of the first mutant's file that rewrites `comment` alone."""
+        text = (mutants.PACKAGE / generated[0].file).read_text()
+        start = text.index(comment)
+        fields = dict(start=start, end=start + len(comment), original=comment, replacement=replacement)
+        return dataclasses.replace(generated[0], id=f"{generated[0].file}-comment", function="comment", **fields)
+
     backward = generate(files=("backward.py",))
     decode = generate(files=("decode.py",))
     picked = [
-        # Shipped builds never walk bottom-up: forcing the flag off changes no kernel.
-        find(backward, "flash_attention_backward", "guard_never", "rows_bottom_up", "False"),
+        # A comment of the kernel's body reworded: another text, the same PrimFuncs.
+        reworded(backward, "# One walk over (query head of the group, query tile)", "# The walk"),
         # Delta's padding no longer a multiple of block_m: building the gradient kernels raises.
         find(backward, "<module>", "constant", "PREPROCESS_ROWS = 128", "PREPROCESS_ROWS = 129"),
         # Host-side: the same PrimFuncs, another split plan at launch. Left to run.

@@ -1,8 +1,8 @@
 """perf/'s A/B tools still apply to the kernels and parse their command lines (no GPU needed).
 
-perf/backward_ab.py and perf/decode_ab.py build their variants by replacing statements of
-backward.py's and decode.py's text; an edit that moves one of those statements must fail here,
-not on the GPU machine in the middle of a measurement.
+perf/backward_ab.py's variants are build options of the backward kernel and perf/decode_ab.py's
+edits of the split-KV tile table: an edit of the kernels that drops one must fail here, not on
+the GPU machine in the middle of a measurement.
 """
 
 from __future__ import annotations
@@ -24,19 +24,18 @@ def assert_runs_from_the_root(code: str) -> None:
 
 
 @pytest.mark.compile
-def test_every_backward_variant_applies_once_to_backward_py():
+def test_every_backward_variant_is_a_build_option_of_the_kernel():
     assert_runs_from_the_root(
-        "from perf import ab, backward_ab\n"
+        "from perf import backward_ab\n"
         "from fa_kernel import backward\n"
-        "for name, (patches, _) in backward_ab.VARIANTS.items():\n"
-        "    if patches:\n"
-        "        ab.patched_module(backward, name, patches).backward_program(head_dim=64, causal=True,"
-        " dtype='float16', block_m=64, block_n=128)\n"
+        "for arguments in backward_ab.VARIANTS.values():\n"
+        "    backward.backward_program(head_dim=64, causal=True, dtype='float16', block_m=64, block_n=128,"
+        " **arguments)\n"
     )
 
 
 @pytest.mark.compile
-def test_every_split_kv_variant_applies_once_to_decode_py():
+def test_every_split_kv_variant_builds_from_its_copy_of_decode_py():
     assert_runs_from_the_root(
         "from perf import decode_ab\n"
         "for name in decode_ab.VARIANTS:\n"

@@ -122,7 +122,6 @@ def backward_program(
     block_n: int,
     threads: int = 256,
     num_stages: int = 2,
-    rows_bottom_up: bool = False,
     with_dq: bool = True,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
@@ -131,20 +130,12 @@ def backward_program(
     a fixed order); dQ_accum is then a one-element placeholder, left alone, and dQ's shared
     buffers and registers are not allocated.
 
-    `rows_bottom_up`: each block walks its query tiles from the last up (a measurement, not yet
-    shipped: causal, the blocks of a head start their walks at different query tiles top-down,
-    so they share no Q, dO or dQ tile in L2; bottom-up they all start at the last one). Causal
-    only: without the mask every block starts at the same tile either way, and TileLang 0.1.15
-    fails to lower that walk.
-
     Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
     [B, H, padded_rows(Sq)] (from the preprocess), dQ_accum [B, H, padded_rows(Sq), dq_row(D)]
     fp32 (zeroed by the caller; BHSD, padded, so that a query tile's rows are one contiguous run
     for the bulk reduce-add), dK and dV [B, Sk, Hkv, D],
     then scale_log2 = softmax_scale·log2(e) and softmax_scale.
     """
-    if rows_bottom_up and not causal:
-        raise ValueError("rows_bottom_up: expected only with causal=True (a causal walk's order), got causal=False")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility = Visibility(seqlen_q, seqlen_k, causal)
     dtype = DTYPES[dtype]
@@ -201,8 +192,6 @@ def backward_program(
             for step in T.Pipelined(group_size * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks
                 q_tile = step % q_blocks
-                if rows_bottom_up:
-                    q_tile = q_blocks - 1 - q_tile
                 q_start = (first_q_block + q_tile) * block_m
                 T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
                 T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
@@ -360,7 +349,6 @@ def compiled_backward(
     causal: bool,
     dtype: str,
     arch: str | None = None,
-    rows_bottom_up: bool = False,
     with_dq: bool = True,
 ):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
@@ -372,7 +360,6 @@ def compiled_backward(
         block_m=block_m,
         block_n=block_n,
         num_stages=num_stages,
-        rows_bottom_up=rows_bottom_up,
         with_dq=with_dq,
     )
     return compile_program(program, arch)
