@@ -203,8 +203,8 @@ def output_bound(
     round by an absolute step). The exact output's rounding error alone is not enough: it is
     zero where that output is representable (one dominant key makes it a row of v), while
     the kernel's fp32 result, off by the P~ rounding below, still rounds, and by up to an
-    ulp (H200: fp16 d64 causal, large logits, 2 x 8 heads x 799 queries x 3 keys, error 2^-9
-    at |v| < 4, 2026-11-30).
+    ulp (seen on the GPU: fp16 d64 causal, large logits, 799 queries on 3 keys, an error of
+    2^-9 at |v| < 4; docs/perf-log.md).
     The elementwise count uses the same atol plus one rounding relative to |ref|.
 
     The kernel rounds the unnormalised weights P~ to the input dtype, the baseline the

@@ -6,7 +6,7 @@ Competitors (torch SDPA's cuDNN and flash backends) run in the same process on t
 inputs, prepared before timing. cuDNN runs on two layouts, [batch, nheads, seqlen, headdim]
 contiguous and the [batch, seqlen, nheads, headdim] memory fa_kernel takes viewed as that
 shape, and a ratio is taken against the faster of the two ("cuDNN best"): the layout changes
-cuDNN's speed by up to 8% (2026-11-30, H200). `measure` alternates the implementations over
+cuDNN's speed by several percent (docs/benchmarking.md). `measure` alternates the implementations over
 rounds, so that the GPU's drift over the rounds falls on all of them alike, and keeps each
 round's figure: the median and the spread come from those.
 

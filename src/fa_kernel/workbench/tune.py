@@ -29,16 +29,14 @@ from fa_kernel.workbench.bench import Key, alternated, cuda_median_ms, sweep_sha
 from fa_kernel.workbench.builds import build_all
 
 LADDER = (1024, 2048, 4096, 8192, 16384)
-# The run-to-run spread of one config alternated against itself in one process, ~1.5% at 4096
-# keys (docs/perf-log.md, 2026-11-30: four alternations of two configs that are level there). A
-# config within it of the fastest is not measurably slower, so a difference within it never
-# splits an entry.
+# The run-to-run spread of one config alternated against itself in one process (docs/perf-log.md
+# has the measurement): a config within it of the fastest is not measurably slower, so a
+# difference within it never splits an entry.
 MARGIN = 0.02
-# One timing of a config reads up to 10-15% high when the GPU has just been idle (a power-capped
-# H200 boosts, then settles: 2026-11-30, 2048 keys, d128: 650-658 in one timing after
-# a pause, 568-572 alternated). So the sweep only shortlists: at each length the configs within FINALIST_SPREAD
-# of its fastest (at most FINALISTS); the shortlists of all lengths together are alternated at
-# every length, and only alternated numbers decide.
+# One timing of a config reads high when the GPU has just been idle (a power-capped GPU boosts,
+# then settles; docs/perf-log.md). So the sweep only shortlists: at each length the configs
+# within FINALIST_SPREAD of its fastest (at most FINALISTS); the shortlists of all lengths
+# together are alternated at every length, and only alternated numbers decide.
 FINALIST_SPREAD = 0.10
 FINALISTS = 6
 
