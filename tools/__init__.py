@@ -1,2 +1,3 @@
-"""Tools beside the package: the mutation engine and runner, the precompile step (run as scripts,
-or imported from the repository root as `tools.*`)."""
+"""Tools beside the package, run from the repository root as `python -m tools.NAME`: the mutation
+engine (`ast_mutants`, `equivalent_mutants`) and runner (`mutants`), the precompile step, the
+same-kernels proof and the code-generation rules. They read suite/, never tests/."""
