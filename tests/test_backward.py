@@ -66,6 +66,40 @@ def test_closed_form_with_an_lse_gradient_matches_autograd(causal):
         torch.testing.assert_close(g, w, msg=name)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(-1, -1), (1, 0), (0, 2), (2, 1)], ids=str)
+@pytest.mark.parametrize("softcap", [0.0, 0.7])
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["", "sinks"])
+def test_the_variants_closed_form_matches_autograd(causal, window, softcap, with_sinks):
+    # Windows that keep a key on every row (rows without one have no autograd gradient), a cap
+    # that saturates scores of order 1, a sink per head; with an LSE gradient, which the sink
+    # gradient reads through D.
+    q, k, v = float64_inputs(5, 7, seed=11)
+    gen = torch.Generator().manual_seed(5)
+    dout = torch.randn(q.shape, dtype=torch.float64, generator=gen)
+    grad_lse = torch.randn(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float64, generator=gen)
+    sinks = torch.tensor([0.3, -1.0, 1.5, 0.0], dtype=torch.float64, requires_grad=True) if with_sinks else None
+    options = dict(window_size=window, softcap=softcap, sinks=sinks)
+    out, lse = attention_ref(q, k, v, causal, SCALE, compute_dtype=torch.float64, **options)
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    want = torch.autograd.grad((out, lse), inputs, (dout, grad_lse))
+    detached = dict(options, sinks=None if sinks is None else sinks.detach())
+    got = attention_backward_ref(
+        q.detach(),
+        k.detach(),
+        v.detach(),
+        dout,
+        causal,
+        SCALE,
+        compute_dtype=torch.float64,
+        grad_lse=grad_lse,
+        **detached,
+    )
+    assert len(got) == len(inputs)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want, strict=False):
+        torch.testing.assert_close(g, w, msg=name)
+
+
 @pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(4, 4), (6, 3), (2, 5)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_closed_form_passes_finite_differences(seqlen_q, seqlen_k, causal):
@@ -108,6 +142,31 @@ def test_judge_passes_the_baseline_and_fails_a_wrong_gradient(dtype, causal):
     for name, grads in wrong.items():
         verdict = judge_backward(q, k, v, dout, grads, causal)
         assert not verdict.passed and not verdict.bounds[name].admits(verdict.reports[name]), f"{name}: {verdict}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_judge_of_the_variants_passes_the_baseline_and_fails_their_slips(dtype):
+    # A window, a softcap that bends the scores (|s| ~ 1-3 against 2) and a sink per head: the
+    # baseline passes; dS without the cap's slope, and dsinks without D (its sign or size), fail.
+    q, k, v = random_qkv(2, 70, 90, 4, 2, 64, dtype, seed=3, device="cpu")
+    q = q * 3  # scores of a few units: the cap's slope is far from 1
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    sinks = torch.tensor([0.5, -1.0, 1.0, 2.0])
+    options = dict(window_size=(20, 5), softcap=2.0, sinks=sinks)
+    baseline = attention_backward_ref(q, k, v, dout, False, upcast=False, **options)
+    verdict = judge_backward(q, k, v, dout, baseline, False, **options)
+    assert verdict.passed and set(verdict.bounds) == {"dq", "dk", "dv", "dsinks"}, str(verdict)
+    dq, dk, dv, dsinks = baseline
+    uncapped = attention_backward_ref(q, k, v, dout, False, upcast=False, **dict(options, softcap=0.0))
+    wrong = {
+        "dq": (uncapped[0], dk, dv, dsinks),  # the cap's slope left out of dS
+        "dsinks": (dq, dk, dv, -dsinks),  # D's sign
+    }
+    for name, grads in wrong.items():
+        verdict = judge_backward(q, k, v, dout, grads, False, **options)
+        assert not verdict.passed and not verdict.bounds[name].admits(verdict.reports[name]), f"{name}: {verdict}"
+    with pytest.raises(ValueError, match="grads: expected 4 gradients"):
+        judge_backward(q, k, v, dout, baseline[:3], False, **options)
 
 
 def emulated_gradients(q, k, v, dout, causal, softmax_scale=None, **blocks):

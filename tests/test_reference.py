@@ -10,37 +10,82 @@ import torch
 from fa_kernel.reference import attention_flops, attention_ref, error_report, judge, output_bound, visible_keys
 
 
-def naive_attention(q, k, v, causal, scale):
-    """Row by row in fp64, straight from the definition (bottom-right causal, GQA by groups)."""
+def naive_attention(q, k, v, causal, scale, window=(-1, -1), softcap=0.0, sinks=None):
+    """Row by row in fp64, straight from the definition (bottom-right causal, GQA by groups; a
+    window around each row's diagonal, the cap on each scaled score, a sink in each row's sum)."""
     batch, seqlen_q, nheads, _ = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.full((batch, nheads, seqlen_q), -math.inf, dtype=torch.float64)
+    left, right = window[0], 0 if causal else window[1]
     for b in range(batch):
         for h in range(nheads):
             kv = h // (nheads // nheads_kv)
             for i in range(seqlen_q):
-                last = i + seqlen_k - seqlen_q if causal else seqlen_k - 1
-                if last < 0:
+                diagonal = i + seqlen_k - seqlen_q
+                keys = [
+                    j
+                    for j in range(seqlen_k)
+                    if (right < 0 or j <= diagonal + right) and (left < 0 or j >= diagonal - left)
+                ]
+                sink = [] if sinks is None else [float(sinks[h])]
+                scores = k[b, keys, kv].double() @ q[b, i, h].double() * scale
+                if softcap > 0:
+                    scores = softcap * torch.tanh(scores / softcap)
+                if not keys and not sink:
                     continue
-                scores = k[b, : last + 1, kv].double() @ q[b, i, h].double() * scale
-                weights = torch.softmax(scores, dim=0)
-                out[b, i, h] = weights @ v[b, : last + 1, kv].double()
-                lse[b, h, i] = torch.logsumexp(scores, dim=0)
+                lse[b, h, i] = torch.logsumexp(torch.cat([scores, torch.tensor(sink, dtype=torch.float64)]), dim=0)
+                if keys:
+                    out[b, i, h] = torch.exp(scores - lse[b, h, i]) @ v[b, keys, kv].double()
     return out, lse
+
+
+def random_inputs(seqlen_q, seqlen_k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, seqlen_q, 4, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, seqlen_k, 2, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, seqlen_k, 2, 8, generator=gen, dtype=torch.float64)
+    return q, k, v
 
 
 @pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(5, 5), (3, 7), (7, 3), (1, 4)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_reference_matches_the_definition(seqlen_q, seqlen_k, causal):
-    gen = torch.Generator().manual_seed(seqlen_q * 10 + seqlen_k)
-    q = torch.randn(2, seqlen_q, 4, 8, generator=gen, dtype=torch.float64)
-    k = torch.randn(2, seqlen_k, 2, 8, generator=gen, dtype=torch.float64)
-    v = torch.randn(2, seqlen_k, 2, 8, generator=gen, dtype=torch.float64)
+    q, k, v = random_inputs(seqlen_q, seqlen_k, seqlen_q * 10 + seqlen_k)
     out, lse = attention_ref(q, k, v, causal, 0.3, compute_dtype=torch.float64)
     want_out, want_lse = naive_attention(q, k, v, causal, 0.3)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse.double(), want_lse)
+
+
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(5, 5), (3, 7), (7, 3), (1, 4)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(0, 0), (1, -1), (-1, 1), (2, 0), (0, 2), (9, 9)], ids=str)
+@pytest.mark.parametrize("softcap", [0.0, 0.5])
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["", "sinks"])
+def test_the_variants_match_the_definition(seqlen_q, seqlen_k, causal, window, softcap, with_sinks):
+    # Windows of one key, one side, both, and wider than the sequence; a cap that saturates
+    # (scores of order 1 against a cap of 0.5); a sink per head, one of them -inf (no sink).
+    q, k, v = random_inputs(seqlen_q, seqlen_k, seqlen_q * 10 + seqlen_k)
+    sinks = torch.tensor([0.5, -1.0, 2.0, -math.inf]) if with_sinks else None
+    options = dict(window_size=window, softcap=softcap, sinks=sinks)
+    out, lse = attention_ref(q, k, v, causal, 0.3, compute_dtype=torch.float64, **options)
+    want_out, want_lse = naive_attention(q, k, v, causal, 0.3, window, softcap, sinks)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse.double(), want_lse)
+    # The same-precision baseline computes the same attention (fp32 here: within fp32's error).
+    baseline, baseline_lse = attention_ref(q.float(), k.float(), v.float(), causal, 0.3, upcast=False, **options)
+    torch.testing.assert_close(baseline.double(), want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(baseline_lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_outside_its_window_outputs_zero_and_its_lse_is_the_sink_or_minus_inf():
+    q, k, v = random_inputs(4, 2, 0)
+    out, lse = attention_ref(q, k, v, window_size=(0, 0))  # rows 0 and 1: diagonals -2 and -1
+    assert torch.all(out[:, :2] == 0) and torch.all(lse[..., :2] == -math.inf)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 3.0])
+    out, lse = attention_ref(q, k, v, window_size=(0, 0), sinks=sinks)
+    assert torch.all(out[:, :2] == 0) and torch.equal(lse[0, :, 0], sinks)
 
 
 def test_bottom_right_causal_alignment():
@@ -183,3 +228,26 @@ def test_infinite_scores():
     out, lse = attention_ref(q, k, v)
     assert torch.isnan(out[0, 0]).all() and torch.isnan(lse[0, 0, 0])
     assert torch.all(out[0, 1] == 0) and lse[0, 0, 1] == -math.inf
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_judge_of_the_variants_passes_the_baseline_and_fails_their_slips(dtype):
+    # The slips a kernel of the variants could make: the cap applied before the scale, a window
+    # edge one key off, the sink left out of the LSE (and so out of the weights).
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 40, 2, 64, generator=gen).to(dtype) for _ in range(3))
+    scale, sinks = 0.125 * 3, torch.tensor([0.5, 1.5])
+    options = dict(window_size=(6, 2), softcap=2.0, sinks=sinks)
+    out, lse = attention_ref(q, k, v, False, scale, upcast=False, **options)
+    assert judge(q, k, v, out, lse, False, scale, **options).passed
+    # The cap before the scale: scale·c·tanh(q·k / c), which is a cap of scale·c on the scaled score.
+    cap_first = dict(options, softcap=2.0 * scale)
+    slips = {
+        "cap before the scale": attention_ref(q, k, v, False, scale, upcast=False, **cap_first),
+        "left edge one key wider": attention_ref(
+            q, k, v, False, scale, upcast=False, **dict(options, window_size=(7, 2))
+        ),
+        "sink left out": attention_ref(q, k, v, False, scale, upcast=False, **dict(options, sinks=None)),
+    }
+    for name, (wrong_out, wrong_lse) in slips.items():
+        assert not judge(q, k, v, wrong_out, wrong_lse, False, scale, **options).passed, name

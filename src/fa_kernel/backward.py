@@ -90,7 +90,7 @@ def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, blo
     """Whether the tile holds a (key, row) pair the rule hides, rows past seqlen_q included: every
     other tile takes P = exp2(...) without the select (the select at every element of every tile
     cost the causal gradient a third of its time: docs/performance.md)."""
-    needs_mask = visibility.tile_needs_mask(kv_start, block_n, q_start, block_m)
+    needs_mask = visibility.tile_needs_mask(kv_start, block_n, q_start, block_m, rows_checked=True)
     # As an int: on the bool, TileLang 0.1.15's thread sync fails to lower some non-causal
     # builds (head_dim 64 on 128-row tiles: "a shared-memory sync inside a divergent region").
     return T.if_then_else(needs_mask, 1, 0) == 1

@@ -109,7 +109,7 @@ def forward_program(
     def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
         """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
         `mask_written`) where the tile needs one, else onto zero."""
-        if visibility.tile_needs_mask(kv_start, block_n, q_start):
+        if visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
             if not mask_written:
                 write_mask(acc_s, kv_start, q_start)
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
@@ -371,7 +371,7 @@ def forward_program(
             # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
             # nothing but its GEMM may write acc_s once that is in flight.
             next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(block, tile_round + 1)
-            if visibility.tile_needs_mask(0, block_n, next_q_start):
+            if visibility.tile_needs_mask(0, block_n, next_q_start, block_m):
                 write_mask(acc_s, 0, next_q_start)
         T.mbarrier_wait_parity(pipe.v_full[last_stage], ring_slot(last)[1])
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)

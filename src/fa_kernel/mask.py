@@ -1,9 +1,11 @@
 """Which keys a query row sees: the one visibility rule every kernel applies, and what each
 derives from it (the tiles that need a mask, the tiles a block of rows visits).
 
-Query row i of seqlen_q sees key j of seqlen_k iff j < seqlen_k and, causal, j <= i + seqlen_k -
-seqlen_q: aligned to the bottom-right corner, as flash-attn >= 2.1 (`reference.visible_keys` is
-the same rule in torch). A kernel applies it in one of two forms, the same rule either way:
+Query row i of seqlen_q sees key j of seqlen_k iff j < seqlen_k and j lies in the row's window
+around its diagonal d(i) = i + seqlen_k - seqlen_q (the bottom-right corner, as flash-attn >= 2.1):
+d(i) - left <= j where a left edge is set, j <= d(i) + right where a right edge is (causal: right
+= 0). `reference.visible_keys` is the same rule in torch. A kernel applies it in one of two forms,
+the same rule either way:
 
 - `sees`, a select: the gradient and split-KV kernels give a hidden key P = 0 (or a score of
   -inf) by a select, so a NaN or Inf score of a key a row cannot see never reaches the row;
@@ -12,7 +14,9 @@ the same rule in torch). A kernel applies it in one of two forms, the same rule 
   what that costs a hidden NaN).
 
 Every method builds TileLang expressions from the sizes it was made with (Python ints work too:
-`tests/test_mask.py` checks the forms against each other and the reference).
+`tests/test_mask.py` checks the forms against each other and the reference). An edge that is not
+set adds no term to any expression (TVM folds a `+ 0` away: causal builds the expressions it
+built before windows).
 """
 
 from __future__ import annotations
@@ -24,49 +28,82 @@ import tilelang.language as T
 
 @dataclass(frozen=True)
 class Visibility:
-    """The rule for a launch of `seqlen_q` query rows against `seqlen_k` keys."""
+    """The rule for a launch of `seqlen_q` query rows against `seqlen_k` keys: causal, and a
+    sliding window's edges (None: no edge on that side; causal is right = 0)."""
 
     seqlen_q: object
     seqlen_k: object
     causal: bool
+    left: int | None = None
+    right: int | None = None
+
+    @property
+    def right_edge(self) -> int | None:
+        """How far right of its diagonal a row sees (None: to the last key)."""
+        return 0 if self.causal else self.right
+
+    @property
+    def limits_right(self) -> bool:
+        return self.right_edge is not None
+
+    @property
+    def limits_left(self) -> bool:
+        return self.left is not None
 
     def last_key(self, row):
-        """The last key `row` sees, causal (keys past seqlen_k aside)."""
-        return row + (self.seqlen_k - self.seqlen_q)
+        """The last key `row` sees where the right edge is set (keys past seqlen_k aside)."""
+        return row + (self.seqlen_k - self.seqlen_q) + self.right_edge
+
+    def first_key(self, row):
+        """The first key `row` sees where the left edge is set (keys before 0 aside)."""
+        return row + (self.seqlen_k - self.seqlen_q) - self.left
 
     def keys_before(self, row_end):
-        """Causal: the rows before `row_end` see no key from this one on."""
-        return row_end + (self.seqlen_k - self.seqlen_q)
+        """Right edge: the rows before `row_end` see no key from this one on."""
+        return self.last_key(row_end)
 
     def first_row(self, key):
-        """Causal: the first row that sees `key` (rows before it see none of the keys from it on)."""
-        return key - (self.seqlen_k - self.seqlen_q)
+        """Right edge: the first row that sees `key` (rows before it see none of the keys from it on)."""
+        return key - (self.seqlen_k - self.seqlen_q) - self.right_edge
 
-    def sees(self, key, row, *, last_key=None, rows_checked: bool = False):
-        """Whether `row` sees `key`, for a select. `last_key`: the row's last key where the kernel
-        keeps it (else last_key(row)); `rows_checked`: rows past seqlen_q see nothing (a kernel
-        whose tiles reach past the last row and whose sums run over rows)."""
+    def rows_before(self, key_end):
+        """Left edge: the rows from this one on see no key before `key_end`."""
+        return key_end - (self.seqlen_k - self.seqlen_q) + self.left
+
+    def sees(self, key, row, *, last_key=None, first_key=None, rows_checked: bool = False):
+        """Whether `row` sees `key`, for a select. `last_key`, `first_key`: the row's edges where
+        the kernel keeps them (else last_key(row), first_key(row)); `rows_checked`: rows past
+        seqlen_q see nothing (a kernel whose tiles reach past the last row and whose sums run
+        over rows)."""
         visible = key < self.seqlen_k
         if rows_checked:
             visible = T.And(visible, row < self.seqlen_q)
-        if self.causal:
+        if self.limits_right:
             visible = T.And(visible, key <= (self.last_key(row) if last_key is None else last_key))
+        if self.limits_left:
+            visible = T.And(visible, key >= (self.first_key(row) if first_key is None else first_key))
         return visible
 
     def hides(self, key, row):
         """Whether `row` does not see `key`, for an additive mask (-inf where it hides)."""
-        if self.causal:
-            return T.Or(key > self.last_key(row), key >= self.seqlen_k)
-        return key >= self.seqlen_k
+        hidden = key >= self.seqlen_k
+        if self.limits_right:
+            hidden = T.Or(key > self.last_key(row), hidden)
+        if self.limits_left:
+            hidden = T.Or(hidden, key < self.first_key(row))
+        return hidden
 
-    def tile_needs_mask(self, kv_start, block_n: int, q_start, block_m: int | None = None):
-        """Whether the tile of `block_n` keys from kv_start holds a key some of its rows (from
-        q_start) do not see: a key past seqlen_k or, causal, its last key after its first row's
-        last; with `block_m`, rows past seqlen_q too (`sees`' rows_checked). Uniform over the
-        tile, so the test costs no divergence; a tile that needs none skips the mask."""
+    def tile_needs_mask(self, kv_start, block_n: int, q_start, block_m: int, *, rows_checked: bool = False):
+        """Whether the tile of `block_n` keys from kv_start and `block_m` rows from q_start holds
+        a key some of its rows do not see: a key past seqlen_k, right of its first row's last
+        key, or left of its last row's first key; with `rows_checked`, rows past seqlen_q too
+        (`sees`' rows_checked). Uniform over the tile, so the test costs no divergence; a tile
+        that needs none skips the mask."""
         needs_mask = kv_start + block_n > self.seqlen_k
-        if block_m is not None:
+        if rows_checked:
             needs_mask = T.Or(needs_mask, q_start + block_m > self.seqlen_q)
-        if self.causal:
+        if self.limits_right:
             needs_mask = T.Or(needs_mask, kv_start + block_n - 1 > self.last_key(q_start))
+        if self.limits_left:
+            needs_mask = T.Or(needs_mask, kv_start < self.first_key(q_start + block_m - 1))
         return needs_mask

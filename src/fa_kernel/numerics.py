@@ -12,3 +12,10 @@ LN2 = math.log(2.0)
 # fp16 (65504); precision is not at stake, since every weight is relative to the old max, which
 # the normalisation cancels, and a max that rose weights the new keys up, not down.
 STALE_SUM_LIMIT = 4096.0
+
+# The kernels' tanh (softcap) is 1 - 2 / (2^(2x·LOG2E) + 1): MUFU's ex2.approx (relative error
+# 2^-22, PTX ISA), the exponent's fp32 rounding (2x·LOG2E <= 26 before tanh saturates in fp32:
+# 26·ln2·2^-24 relative in the power) and a fast division (2 ulp), each damped by
+# d tanh / d(power) <= 1/2: an absolute error of tanh below 2^-20, so a capped score errs by at
+# most softcap·TANH_ERROR more than the scaled score it caps (tanh is 1-Lipschitz).
+TANH_ERROR = 2.0**-20

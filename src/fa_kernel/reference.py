@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from fa_kernel.numerics import TANH_ERROR
+
 
 def attention_ref(
     q: torch.Tensor,
@@ -23,6 +25,10 @@ def attention_ref(
     softmax_scale: float | None = None,
     upcast: bool = True,
     compute_dtype: torch.dtype = torch.float32,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain attention over [batch, seqlen, nheads, headdim] inputs; returns (out, lse).
 
@@ -43,26 +49,27 @@ def attention_ref(
     undefined, NaN output and LSE; a row whose every score is -inf (no key, or -Inf inputs)
     outputs 0 with LSE -inf; P.V is a GEMM over all keys, so a NaN or Inf in V reaches every
     row that has a key, through 0 times NaN where the key is hidden.
+
+    The variants, as flash-attn has them: `window_size` = (left, right) keys around each row's
+    diagonal (`visible_keys`); `softcap` > 0 turns each scaled score s into softcap·tanh(s /
+    softcap), before the mask; `sinks` [nheads] (fp32) adds exp(sinks[h]) to every row's softmax
+    denominator with no value, so the LSE includes it, P sums to less than 1, and a row that
+    sees no key has output 0 and LSE sinks[h].
     """
     dtype = q.dtype
     seqlen_q, nheads, head_dim = q.shape[1], q.shape[2], q.shape[3]
     seqlen_k = k.shape[1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    visible = visible_keys(seqlen_q, seqlen_k, causal, device=q.device)
+    visible = visible_keys(seqlen_q, seqlen_k, causal, device=q.device, window_size=window_size)
     if upcast:
         q, k, v = (t.to(compute_dtype) for t in (q, k, v))
-        scores = masked_scores(q, k, causal, softmax_scale)
+        scores = masked_scores(q, k, causal, softmax_scale, window_size=window_size, softcap=softcap)
     else:
         scores = _matmul_fp32_accumulate(q.transpose(1, 2), _repeat_kv(k, nheads).permute(0, 2, 3, 1)) * softmax_scale
-        scores = scores.masked_fill(~visible, -math.inf)
-    # logsumexp says +inf where a score is +inf, but the softmax there is inf/inf: the row is
-    # NaN, its LSE with it, as a max-subtracted LSE (the kernel's) gives.
-    lse = torch.logsumexp(scores, dim=-1).masked_fill(scores.amax(dim=-1) == math.inf, math.nan).float()
-    # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0, also
-    # where the P.V GEMM would carry a NaN of V into it as 0 times NaN.
-    no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
-    probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
+        scores = capped(scores, softcap).masked_fill(~visible, -math.inf)
+    lse, probs, no_key = _softmax_with_sinks(scores, sinks)
+    lse = lse.float()
     if upcast:
         out = torch.einsum("bhqk,bkhd->bqhd", probs, _repeat_kv(v, nheads))
         return out.masked_fill(no_key.transpose(1, 2), 0.0), lse
@@ -82,21 +89,65 @@ def _matmul_fp32_accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()
 
 
-def masked_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
-    """[batch, nheads, seqlen_q, seqlen_k]: scaled scores in q's dtype, -inf where a query may
-    not see a key; K heads are shared by query-head groups (GQA)."""
+def masked_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool,
+    softmax_scale: float,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """[batch, nheads, seqlen_q, seqlen_k]: scaled (and capped) scores in q's dtype, -inf where a
+    query may not see a key; K heads are shared by query-head groups (GQA)."""
     scores = torch.einsum("bqhd,bkhd->bhqk", q, _repeat_kv(k, q.shape[2]).to(q.dtype)) * softmax_scale
-    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
-    return scores.masked_fill(~visible, -math.inf)
+    visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device, window_size=window_size)
+    return capped(scores, softcap).masked_fill(~visible, -math.inf)
 
 
-def visible_keys(seqlen_q: int, seqlen_k: int, causal: bool, device=None) -> torch.Tensor:
-    """[seqlen_q, seqlen_k] bool: may query i attend to key j (bottom-right causal)."""
-    if not causal:
-        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+def capped(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    """softcap·tanh(scores / softcap) where softcap > 0 (Gemma 2's logit cap), else the scores."""
+    return softcap * torch.tanh(scores / softcap) if softcap > 0 else scores
+
+
+def _softmax_with_sinks(
+    scores: torch.Tensor, sinks: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(lse, P, rows that see no key) of masked scores [b, h, q, k], each row's denominator
+    joined by exp(sinks[h]) where sinks are given (a logit without a value)."""
+    if sinks is not None:
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        joined = torch.cat([scores, sink], dim=-1)
+    else:
+        joined = scores
+    # logsumexp says +inf where a score is +inf, but the softmax there is inf/inf: the row is
+    # NaN, its LSE with it, as a max-subtracted LSE (the kernel's) gives.
+    lse = torch.logsumexp(joined, dim=-1).masked_fill(joined.amax(dim=-1) == math.inf, math.nan)
+    # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0, also
+    # where the P.V GEMM would carry a NaN of V into it as 0 times NaN.
+    no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
+    probs = torch.softmax(joined, dim=-1)[..., : scores.shape[-1]].masked_fill(no_key, 0.0)
+    return lse, probs, no_key
+
+
+def visible_keys(
+    seqlen_q: int, seqlen_k: int, causal: bool, device=None, window_size: tuple[int, int] = (-1, -1)
+) -> torch.Tensor:
+    """[seqlen_q, seqlen_k] bool: may query i attend to key j. Around row i's diagonal
+    d = i + seqlen_k - seqlen_q (bottom-right), key j is seen iff d - left <= j <= d + right,
+    each side only where its edge is not -1 (flash-attn's window_size = (left, right));
+    causal is right = 0, whatever window_size's right."""
+    left, right = window_size
+    right = 0 if causal else right
     rows = torch.arange(seqlen_q, device=device)[:, None]
     cols = torch.arange(seqlen_k, device=device)[None, :]
-    return cols <= rows + (seqlen_k - seqlen_q)
+    diagonal = rows + (seqlen_k - seqlen_q)
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        visible &= cols <= diagonal + right
+    if left >= 0:
+        visible &= cols >= diagonal - left
+    return visible
 
 
 def random_qkv(
@@ -223,14 +274,20 @@ def output_bound(
 
 
 def _output_bound_terms(
-    ref: torch.Tensor, baseline: torch.Tensor, dtype: torch.dtype, seqlen_k: int, dominant_term: float | torch.Tensor
+    ref: torch.Tensor,
+    baseline: torch.Tensor,
+    dtype: torch.dtype,
+    seqlen_k: int,
+    dominant_term: float | torch.Tensor,
+    extra: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
-    """[baseline error, rounding error, atol] of output_bound, float64 on ref's device."""
+    """[baseline error, rounding error, atol] of output_bound, float64 on ref's device; `extra`:
+    an error of the kernel's own the baseline does not make (judge's softcap term)."""
     baseline_err = _error_figures(baseline, ref)[0]
     largest_output = _largest_finite_abs(ref)
     rounding_err = torch.maximum(_error_figures(ref.to(dtype), ref)[0], unit_roundoff(dtype) * largest_output)
     flush_to_zero = (seqlen_k + 1) * torch.finfo(torch.float32).tiny
-    atol = 2 * baseline_err + rounding_err + unit_roundoff(dtype) * dominant_term + flush_to_zero
+    atol = 2 * baseline_err + rounding_err + unit_roundoff(dtype) * dominant_term + flush_to_zero + extra
     return torch.stack([baseline_err, rounding_err, atol])
 
 
@@ -249,13 +306,14 @@ def lse_bound(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> Bound:
     return Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=_lse_atol(q, k, softmax_scale).item(), rtol=0.0)
 
 
-def _lse_atol(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """lse_bound's atol, float64 on q's device."""
+def _lse_atol(q: torch.Tensor, k: torch.Tensor, softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
+    """lse_bound's atol, float64 on q's device; a softcap's tanh adds softcap·TANH_ERROR to each
+    score's error (the cap itself is 1-Lipschitz: it does not grow the dot product's)."""
     u = torch.finfo(torch.float32).eps / 2
     head_dim, seqlen_k = q.shape[-1], k.shape[1]
     abs_dots = torch.einsum("bqhd,bkhd->bhqk", q.float().abs(), _repeat_kv(k, q.shape[2]).float().abs())
     score_err = head_dim * u * _largest_finite_abs(abs_dots) * softmax_scale
-    return score_err + seqlen_k * u + 2 * 2.0**-22
+    return score_err + seqlen_k * u + 2 * 2.0**-22 + softcap * TANH_ERROR
 
 
 def _largest_finite_abs(t: torch.Tensor) -> torch.Tensor:
@@ -298,25 +356,38 @@ def judge(
     lse: torch.Tensor | None = None,
     causal: bool = False,
     softmax_scale: float | None = None,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> Verdict:
     """Judge a kernel's (out, lse) for these inputs against the fp32 reference, with the
-    output bound from the same-precision baseline and the fp32 LSE bound."""
+    output bound from the same-precision baseline and the fp32 LSE bound (attention_ref's
+    variants alike).
+
+    With a softcap the baseline computes tanh exactly in fp32 and the kernel by ex2 and a fast
+    division: each capped score may err by softcap·TANH_ERROR more, which moves the LSE by as
+    much and an output by at most twice that times max|v| (a perturbation δ of a row's scores
+    moves its weights by P∘(δ − P·δ), at most 2·max δ in sum)."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    ref, ref_lse = attention_ref(q, k, v, causal, scale)
-    baseline, _ = attention_ref(q, k, v, causal, scale, upcast=False)
+    options = dict(window_size=window_size, softcap=softcap, sinks=sinks)
+    ref, ref_lse = attention_ref(q, k, v, causal, scale, **options)
+    baseline, _ = attention_ref(q, k, v, causal, scale, upcast=False, **options)
     # Largest attention weight in any row is exp(max score - lse); times max|v| it is the
     # largest single term of any output.
+    scores = masked_scores(q.float(), k.float(), causal, scale, window_size=window_size, softcap=softcap)
     peak_weight = _largest_finite_abs(
-        torch.exp(masked_scores(q.float(), k.float(), causal, scale).amax(dim=-1) - ref_lse).nan_to_num(0.0)
-        if q.numel() and k.numel()
-        else q.new_zeros(0)
+        torch.exp(scores.amax(dim=-1) - ref_lse).nan_to_num(0.0) if q.numel() and k.numel() else q.new_zeros(0)
     )
-    bound_terms = _output_bound_terms(ref, baseline, q.dtype, k.shape[1], peak_weight * _largest_finite_abs(v))
+    tanh_term = 2 * softcap * TANH_ERROR * _largest_finite_abs(v)
+    bound_terms = _output_bound_terms(
+        ref, baseline, q.dtype, k.shape[1], peak_weight * _largest_finite_abs(v), extra=tanh_term
+    )
     rtol = 2 * unit_roundoff(q.dtype)
     # Everything on the device, read back in one transfer (one sync per judged launch).
     parts = [bound_terms, _error_figures(out, ref, bound_terms[2], rtol)]
     if lse is not None:
-        lse_atol = _lse_atol(q, k, scale)
+        lse_atol = _lse_atol(q, k, scale, softcap)
         parts += [lse_atol[None], _error_figures(lse, ref_lse, lse_atol)]
     figures = torch.cat(parts).tolist()
     baseline_err, rounding_err, atol = figures[:3]
@@ -368,9 +439,14 @@ def attention_backward_ref(
     upcast: bool = True,
     compute_dtype: torch.dtype = torch.float32,
     grad_lse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv): the gradient of attention_ref's output against `dout` (and of its LSE
-    against `grad_lse` [batch, nheads, seqlen_q], where given), from its closed form.
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv), and dsinks [nheads] where `sinks` are given: the gradient of attention_ref's
+    output against `dout` (and of its LSE against `grad_lse` [batch, nheads, seqlen_q], where
+    given), from its closed form.
 
     With S = softmax_scale·Q·Kᵀ (masked), P = softmax(S) and O = P·V:
         dV = Pᵀ·dO,   dP = dO·Vᵀ,   D = rowsum(dO∘O) − dLSE,   dS = P∘(dP − D),
@@ -378,6 +454,9 @@ def attention_backward_ref(
     (∂LSE_i/∂S_ij = P_ij, so an LSE gradient joins dS as −D).
     GQA sums dK and dV over each K/V head's group of query heads. A row that sees no key has
     P = 0: it adds nothing to dK and dV and its dQ is 0, never NaN.
+    A softcap S = c·tanh(S₀ / c) of the scaled scores S₀ passes dS on times its slope
+    1 − tanh²(S₀ / c); a window only hides more keys. A sink's weight P_sink = exp(sink − LSE)
+    has no value, so dsink_h = −Σ over the head's rows of P_sink·D.
 
     upcast=True is the reference: every step in `compute_dtype`, gradients returned in it.
     upcast=False is the same-precision baseline: the inputs, O, and P and dS where they feed a
@@ -386,7 +465,9 @@ def attention_backward_ref(
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    return _BackwardParts.of(q, k, v, dout, causal, softmax_scale, upcast, compute_dtype, grad_lse).gradients()
+    options = dict(window_size=window_size, softcap=softcap, sinks=sinks)
+    parts = _BackwardParts.of(q, k, v, dout, causal, softmax_scale, upcast, compute_dtype, grad_lse, **options)
+    return parts.gradients()
 
 
 @dataclass(frozen=True)
@@ -399,26 +480,47 @@ class _BackwardParts:
     vh: torch.Tensor
     dout_h: torch.Tensor
     out_h: torch.Tensor  # O as the forward of this precision gives it
-    probs: torch.Tensor  # P, 0 on rows that see no key
+    probs: torch.Tensor  # P, 0 on rows that see no key (the sink's weight not among them)
     grad_probs: torch.Tensor  # dP = dO·Vᵀ
     delta: torch.Tensor  # D = rowsum(dO∘O)
     softmax_scale: float
     upcast: bool
     dtype: torch.dtype  # the inputs'
     nheads_kv: int
+    cap_slope: torch.Tensor | None  # 1 − tanh²(S₀ / softcap) where capped
+    sink_probs: torch.Tensor | None  # P_sink = exp(sink − LSE) [b, h, q, 1] where sinks are given
 
     @classmethod
-    def of(cls, q, k, v, dout, causal, softmax_scale, upcast, compute_dtype, grad_lse=None) -> _BackwardParts:
+    def of(
+        cls,
+        q,
+        k,
+        v,
+        dout,
+        causal,
+        softmax_scale,
+        upcast,
+        compute_dtype,
+        grad_lse=None,
+        *,
+        window_size=(-1, -1),
+        softcap=0.0,
+        sinks=None,
+    ) -> _BackwardParts:
         nheads = q.shape[2]
         qh, dout_h = q.transpose(1, 2), dout.transpose(1, 2)
         kh, vh = (_repeat_kv(t, nheads).transpose(1, 2) for t in (k, v))
         if upcast:
             qh, kh, vh, dout_h = (t.to(compute_dtype) for t in (qh, kh, vh, dout_h))
         matmul = _backward_matmul(upcast)
-        visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device)
-        scores = (matmul(qh, kh.transpose(-1, -2)) * softmax_scale).masked_fill(~visible, -math.inf)
-        no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
-        probs = torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0)
+        visible = visible_keys(q.shape[1], k.shape[1], causal, device=q.device, window_size=window_size)
+        raw = matmul(qh, kh.transpose(-1, -2)) * softmax_scale
+        cap_slope = 1 - torch.tanh(raw / softcap) ** 2 if softcap > 0 else None
+        scores = capped(raw, softcap).masked_fill(~visible, -math.inf)
+        lse, probs, _ = _softmax_with_sinks(scores, sinks)
+        sink_probs = None
+        if sinks is not None:
+            sink_probs = torch.exp(sinks.to(probs.dtype).view(1, -1, 1, 1) - lse.to(probs.dtype).unsqueeze(-1))
         # O as attention_ref gives it in this precision (P down-cast before P.V in the baseline).
         out_h = matmul(probs if upcast else probs.to(q.dtype), vh)
         out_h = out_h if upcast else out_h.to(q.dtype)
@@ -426,17 +528,38 @@ class _BackwardParts:
         if grad_lse is not None:
             delta = delta - grad_lse.to(probs.dtype).unsqueeze(-1)
         grad_probs = matmul(dout_h, vh.transpose(-1, -2))
-        return cls(qh, kh, vh, dout_h, out_h, probs, grad_probs, delta, softmax_scale, upcast, q.dtype, k.shape[2])
+        return cls(
+            qh,
+            kh,
+            vh,
+            dout_h,
+            out_h,
+            probs,
+            grad_probs,
+            delta,
+            softmax_scale,
+            upcast,
+            q.dtype,
+            k.shape[2],
+            cap_slope,
+            sink_probs,
+        )
 
-    def gradients(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gradients(self) -> tuple[torch.Tensor, ...]:
+        """(dq, dk, dv), and dsinks (fp32, or the compute dtype) where there are sinks."""
         matmul = _backward_matmul(self.upcast)
         probs, grad_scores = self.probs, self.probs * (self.grad_probs - self.delta)
+        if self.cap_slope is not None:
+            grad_scores = grad_scores * self.cap_slope
         if not self.upcast:  # P and dS enter their GEMMs in the input dtype, as a kernel's do
             probs, grad_scores = probs.to(self.dtype), grad_scores.to(self.dtype)
         dq = (matmul(grad_scores, self.kh) * self.softmax_scale).transpose(1, 2)
         dk = self.per_kv_head(matmul(grad_scores.transpose(-1, -2), self.qh) * self.softmax_scale)
         dv = self.per_kv_head(matmul(probs.transpose(-1, -2), self.dout_h))
-        return (dq, dk, dv) if self.upcast else (dq.to(self.dtype), dk.to(self.dtype), dv.to(self.dtype))
+        grads = (dq, dk, dv) if self.upcast else (dq.to(self.dtype), dk.to(self.dtype), dv.to(self.dtype))
+        if self.sink_probs is None:
+            return grads
+        return (*grads, -(self.sink_probs * self.delta).sum(dim=(0, 2, 3)))
 
     def per_kv_head(self, grad: torch.Tensor) -> torch.Tensor:
         """[b, nheads, s, d] summed over each GQA group -> [b, s, nheads_kv, d]."""
@@ -476,37 +599,45 @@ def judge_backward(
     causal: bool = False,
     softmax_scale: float | None = None,
     grad_lse: torch.Tensor | None = None,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> BackwardVerdict:
-    """Judge (dq, dk, dv) with flash-attn's rule for gradients: each within twice the error of
-    the same-precision baseline, plus 2·max|(g + 0.3 − 0.3) − g| over the reference gradient g
-    rounded to the input dtype (a gradient the baseline happens to get exact must still be
-    rounded once), plus the fp32 error a kernel may add where the baseline had none
+    """Judge (dq, dk, dv), and dsinks where there are sinks, with flash-attn's rule for
+    gradients: each within twice the error of the same-precision baseline, plus
+    2·max|(g + 0.3 − 0.3) − g| over the reference gradient g rounded to the input dtype (a
+    gradient the baseline happens to get exact must still be rounded once; dsinks is fp32 and
+    takes none), plus the fp32 error a kernel may add where the baseline had none
     (`_gradient_fp32_terms`). `grad_lse`: an upstream gradient of the LSE as well (None: 0).
     Every figure is computed on the device and read back at once."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    parts = _BackwardParts.of(q, k, v, dout, causal, scale, True, torch.float32, grad_lse)
+    options = dict(window_size=window_size, softcap=softcap, sinks=sinks)
+    parts = _BackwardParts.of(q, k, v, dout, causal, scale, True, torch.float32, grad_lse, **options)
     reference = parts.gradients()
-    baseline = _BackwardParts.of(q, k, v, dout, causal, scale, False, torch.float32, grad_lse).gradients()
-    fp32_terms = _gradient_fp32_terms(parts, _lse_atol(q, k, scale))
+    baseline = _BackwardParts.of(q, k, v, dout, causal, scale, False, torch.float32, grad_lse, **options).gradients()
+    fp32_terms = _gradient_fp32_terms(parts, _lse_atol(q, k, scale, softcap), softcap)
+    if len(grads) != len(reference):
+        raise ValueError(f"grads: expected {len(reference)} gradients ({', '.join(GRADIENTS)}), got {len(grads)}")
     figures = []
     for grad, ref, base, fp32_term in zip(grads, reference, baseline, fp32_terms, strict=True):
-        rounded = ref.to(q.dtype)
+        rounded = ref.to(q.dtype) if ref.dim() > 1 else ref
         rounding_err = 2 * _largest_finite_abs((rounded + 0.3) - 0.3 - rounded)
         baseline_err = _error_figures(base, ref)[0]
         atol = 2 * baseline_err + rounding_err + fp32_term
         figures += [torch.stack([baseline_err, rounding_err, atol]), _error_figures(grad, ref, atol)]
     values = torch.cat(figures).tolist()
     reports, bounds = {}, {}
-    for index, (name, ref) in enumerate(zip(GRADIENTS, reference, strict=True)):
+    for index, (name, ref) in enumerate(zip(GRADIENTS + ("dsinks",), reference, strict=False)):
         baseline_err, rounding_err, atol, *report = values[8 * index : 8 * index + 8]
         bounds[name] = Bound(baseline_max_abs=baseline_err, rounding_max_abs=rounding_err, atol=atol, rtol=0.0)
         reports[name] = _report(report, ref.numel())
     return BackwardVerdict(reports, bounds)
 
 
-def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor) -> list[torch.Tensor]:
-    """[dq, dk, dv]: worst-case errors of a backward kernel that the baseline may not show,
-    from the reference's `parts` and the forward's LSE bound.
+def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor, softcap: float = 0.0) -> list[torch.Tensor]:
+    """[dq, dk, dv] (and dsinks where there are sinks): worst-case errors of a backward kernel
+    that the baseline may not show, from the reference's `parts` and the forward's LSE bound.
 
     dS = P∘(dP − D) is a difference of two fp32 dot products of length D (dP = dO·Vᵀ by a GEMM,
     D = rowsum(dO∘O) by a sum) that cancel where P is near one-hot, and the kernel recomputes P
@@ -519,7 +650,12 @@ def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor) -> list[
     D is summed from the forward's O, rounded to the input dtype: |ΔO| ≤ u'·|O| elementwise (u'
     that dtype's unit roundoff; the forward's fp32 error before the rounding is orders smaller),
     so |ΔD| ≤ Σ u'·|dO∘O| more in E. The baseline shows none of it where P is one-hot: its O is
-    then a row of V, exact in the input dtype (large logits: dQ 0.034 off with a bound of 0.009)."""
+    then a row of V, exact in the input dtype (large logits: dQ 0.034 off with a bound of 0.009).
+
+    A softcap scales dS by its slope 1 − tanh², which the kernel's tanh (numerics.TANH_ERROR)
+    moves by at most 2·TANH_ERROR: E becomes E·slope + |dS|·2·TANH_ERROR. dsinks =
+    −Σ P_sink·D over a head's rows: P_sink errs by a relative 2·lse_atol and D as above, and
+    the fp32 sum of the head's n rows adds n·u·Σ|P_sink·D|."""
     u = torch.finfo(torch.float32).eps / 2
     head_dim, scale = parts.qh.shape[-1], parts.softmax_scale
     dout_h, out_h, probs = parts.dout_h, parts.out_h, parts.probs
@@ -529,11 +665,19 @@ def _gradient_fp32_terms(parts: _BackwardParts, lse_atol: torch.Tensor) -> list[
     )
     delta_err = unit_roundoff(parts.dtype) * (dout_h * out_h).abs().sum(-1, keepdim=True)
     grad_s_err = probs * (dots + delta_err + (parts.grad_probs - parts.delta).abs() * p_rel)
-    terms = (
+    if parts.cap_slope is not None:
+        grad_scores = probs * (parts.grad_probs - parts.delta)
+        grad_s_err = grad_s_err * parts.cap_slope + grad_scores.abs() * 2 * TANH_ERROR
+    terms = [
         scale * (grad_s_err @ parts.kh.abs()),
         scale * parts.per_kv_head(grad_s_err.transpose(-1, -2) @ parts.qh.abs()),
         parts.per_kv_head((probs * p_rel).transpose(-1, -2) @ dout_h.abs()),
-    )
+    ]
+    if parts.sink_probs is not None:
+        delta_dot_err = head_dim * u * (dout_h * out_h).abs().sum(-1, keepdim=True)
+        per_row = parts.sink_probs * (delta_dot_err + delta_err + parts.delta.abs() * p_rel)
+        rows = parts.delta.shape[0] * parts.delta.shape[2]
+        terms.append(per_row.sum(dim=(0, 2, 3)) + rows * u * (parts.sink_probs * parts.delta).abs().sum(dim=(0, 2, 3)))
     return [_largest_finite_abs(term) for term in terms]
 
 
