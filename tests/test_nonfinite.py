@@ -25,6 +25,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.configs import TileConfig, select_config
 from fa_kernel.emulator import attention_tiled
 from fa_kernel.interface import tile_config_for
+from fa_kernel.numerics import STALE_SUM_LIMIT
 from fa_kernel.reference import judge, visible_keys
 from tests.properties import assert_same
 from tests.shards import shard_examples, shard_params
@@ -317,3 +318,29 @@ def test_nonfinite_inputs_follow_the_reference(target, value, tensor, head_dim, 
     verdict = judge(q, k, v, out, lse, causal)
     assert verdict.passed, str(verdict)
     assert not torch.isfinite(out).all(), "the non-finite input should reach the output"
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_row_whose_first_tile_is_all_minus_inf_keeps_every_later_tile(target, head_dim):
+    # Row 0's scores are -inf on the whole first K/V tile (q > 0 against keys of -inf in one
+    # dimension); on the second their sum stays within STALE_SUM_LIMIT (so the row keeps its
+    # max, -inf, with 0 standing in for it); on the third it passes the limit (the max moves),
+    # with about as much weight as the second. Moving the max must rescale what the second tile
+    # added against the stand-in, not drop it.
+    impl = TARGETS[target]
+    config = impl.config(head_dim, False, 600)
+    block_n = config.block_n
+    seqlen_k = 3 * block_n
+    q = torch.zeros(1, 1, NHEADS, head_dim)
+    k = torch.zeros(1, seqlen_k, NHEADS_KV, head_dim)
+    v = torch.randn(1, seqlen_k, NHEADS_KV, head_dim, generator=torch.Generator().manual_seed(0))
+    q[..., 0], q[..., 1] = 1.0, 1.0
+    k[:, :block_n, :, 0] = -math.inf
+    limit = math.log(STALE_SUM_LIMIT / block_n)  # a tile of equal scores at this sums to the limit
+    k[:, block_n : 2 * block_n, :, 1] = (limit - 0.2) * math.sqrt(head_dim)
+    k[:, 2 * block_n :, :, 1] = (limit + 0.2) * math.sqrt(head_dim)
+    q, k, v = (t.to(torch.bfloat16).to(impl.device) for t in (q, k, v))
+    out, lse = impl.attend(q, k, v, False)
+    verdict = judge(q, k, v, out, lse, False)
+    assert verdict.passed, str(verdict)

@@ -48,7 +48,9 @@ from tools.mutants.triage import (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.mutants", description=tools.mutants.__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.mutants", description=tools.mutants.__doc__.split("\n\n")[0].replace("\n", " ")
+    )
     parser.add_argument("--target", choices=sorted(PYTEST_ARGS), default="kernel")
     parser.add_argument("--generated", action="store_true", help="the generated mutants (tools/ast_mutants.py)")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop (no GPU)")

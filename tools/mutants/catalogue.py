@@ -158,8 +158,8 @@ KERNEL_MUTANTS = [
         # The forward's additive mask hides no key past seqlen_k (without causal).
         "no_boundary_mask",
         "mask.py",
-        "return key >= self.seqlen_k",
-        "return key < 0",
+        "hidden = key >= self.seqlen_k",
+        "hidden = key < 0",
         within="hides",
     ),
     Mutant("causal_off_by_one", "mask.py", "key > self.last_key(row)", "key >= self.last_key(row)", within="hides"),
@@ -173,12 +173,9 @@ KERNEL_MUTANTS = [
     Mutant(
         "causal_top_left",
         "mask.py",
-        "return row + (self.seqlen_k - self.seqlen_q)",
-        "return row",
-        more=(
-            ("return row_end + (self.seqlen_k - self.seqlen_q)", "return row_end"),
-            ("return key - (self.seqlen_k - self.seqlen_q)", "return key"),
-        ),
+        "return row + (self.seqlen_k - self.seqlen_q) + self.right_edge",
+        "return row + self.right_edge",
+        more=(("return key - (self.seqlen_k - self.seqlen_q) - self.right_edge", "return key - self.right_edge"),),
     ),
     Mutant(
         "causal_loop_one_short",
@@ -499,28 +496,33 @@ EMULATOR_MUTANTS = [
     Mutant(
         "alpha_from_new_max",
         "emulator.py",
-        "torch.exp2(row_max_prev * scale_log2 - row_max_scaled)",
-        "torch.exp2(row_max * scale_log2 - row_max_scaled)",
+        "torch.exp2(torch.clamp(stale_scaled - row_max_scaled, max=0.0))",
+        "torch.exp2(torch.clamp(row_max * scale_log2 - row_max_scaled, max=0.0))",
     ),
-    Mutant("no_boundary_mask", "emulator.py", "masked = k_idx >= seqlen_k", "masked = k_idx < 0"),
+    Mutant(
+        "no_boundary_mask",
+        "emulator.py",
+        "masked = ((k_idx >= seqlen_k) | edges.hidden(k_idx, all_rows))[:rows]",
+        "masked = ((k_idx < 0) | edges.hidden(k_idx, all_rows))[:rows]",
+    ),
     Mutant(
         "mask_only_past_the_end",
         "emulator.py",
-        "needs_mask = needs_mask or kv_start + block_n - 1 > q_start + diagonal_offset",
+        "needs_mask = needs_mask or kv_start + block_n - 1 > q_start + diagonal_offset + edges.right",
         "needs_mask = needs_mask",
     ),
     Mutant(
         "causal_off_by_one",
         "emulator.py",
-        "(k_idx > q_idx + diagonal_offset)",
-        "(k_idx >= q_idx + diagonal_offset)",
-        within="_attend_one_head",
+        "hidden |= keys > diagonals + self.right",
+        "hidden |= keys >= diagonals + self.right",
+        within="hidden",
     ),
     Mutant(
         "causal_loop_one_short",
         "emulator.py",
-        "last_visible = q_start + block_m + diagonal_offset",
-        "last_visible = q_start + diagonal_offset",
+        "last_visible = q_start + block_m + diagonal_offset + edges.right",
+        "last_visible = q_start + diagonal_offset + edges.right",
     ),
     Mutant(
         "scale_without_log2e",
@@ -555,5 +557,69 @@ EMULATOR_MUTANTS = [
         "emulator.py",
         "range(kv_head * group_size, (kv_head + 1) * group_size)",
         "range(kv_head * group_size, kv_head * group_size + 1)",
+    ),
+    # The variants (window, softcap, sinks; judged by tests/test_variants.py), forward and backward.
+    Mutant(
+        "window_left_edge_off_by_one",
+        "emulator.py",
+        "hidden |= keys < diagonals - self.left",
+        "hidden |= keys <= diagonals - self.left",
+        within="hidden",
+    ),
+    Mutant(
+        # The walk starts at the tile of the block's last row's first key, not its first row's.
+        "window_walk_starts_late",
+        "emulator.py",
+        "first_block = min(max(0, q_start + diagonal_offset - edges.left) // block_n, num_kv_blocks - 1)",
+        "first_block = min(max(0, q_start + block_m - 1 + diagonal_offset - edges.left) // block_n, num_kv_blocks - 1)",
+    ),
+    Mutant(
+        # The left edge cuts no tile: only the right edge and the end decide the mask.
+        "window_left_edge_unmasked",
+        "emulator.py",
+        "needs_mask = needs_mask or kv_start < q_start + block_m - 1 + diagonal_offset - edges.left",
+        "needs_mask = needs_mask",
+    ),
+    Mutant(
+        "softcap_before_the_scale",
+        "emulator.py",
+        "inner, outer = softmax_scale / softcap, softcap / softmax_scale",
+        "inner, outer = 1 / softcap, softcap",
+    ),
+    Mutant(
+        # The cap after an additive mask: a hidden key's -inf comes out of tanh as -softcap.
+        "softcap_over_the_mask",
+        "emulator.py",
+        "acc_s = cap(q_tile @ k_tile.T)\nif masked is not None:\n    acc_s = acc_s.masked_fill(masked, -math.inf)",
+        "if masked is not None:\n    acc_s = acc_s.masked_fill(masked, -math.inf)\n"
+        "acc_s = cap(acc_s + q_tile @ k_tile.T)",
+    ),
+    Mutant(
+        "sink_left_out_of_the_sum",
+        "emulator.py",
+        "row_sum = row_sum * kept + torch.exp2(sink_log2 - joint_max)",
+        "row_sum = row_sum * kept",
+    ),
+    Mutant(
+        # The first tile a row sees after tiles hidden from it drops what the rows before added.
+        "stale_max_from_minus_inf",
+        "emulator.py",
+        "kv_block > first_block",
+        "kv_block > 0",
+    ),
+    Mutant(
+        "backward_window_rows_one_short",
+        "emulator.py",
+        "end_q = max(0, min(seqlen_q, kv_start + keys - diagonal_offset + edges.left))",
+        "end_q = max(0, min(seqlen_q, kv_start + keys - diagonal_offset + edges.left - 1))",
+    ),
+    Mutant(
+        "backward_softcap_without_its_slope", "emulator.py", "grad_s = grad_s * (1 - tanh * tanh)", "grad_s = grad_s"
+    ),
+    Mutant(
+        "dsinks_without_delta",
+        "emulator.py",
+        "dsinks = -(sink_probs * delta.transpose(1, 2)).sum(dim=(0, 2))",
+        "dsinks = -sink_probs.sum(dim=(0, 2))",
     ),
 ]

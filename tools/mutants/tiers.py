@@ -54,10 +54,11 @@ PYTEST_ARGS = {
     "emulator": [
         "tests/test_boundary_sweep.py",
         "tests/test_nonfinite.py",
+        "tests/test_variants.py",
         "tests/test_properties.py",
         "tests/test_backward.py",
         "-k",
-        "emulator or tiled_backward",
+        "emulat or tiled_backward",
     ],
 }
 

@@ -1,0 +1,125 @@
+"""Sliding windows, softcap and sinks in the emulators (the kernels' specification), on the CPU:
+each within the judge's bound of the fp32 reference, on cases drawn from the variants' own edges.
+
+The window's edges are placed on the tiles' boundaries, one key either side of them, at 0 and 1,
+and wider than the sequence; windows that leave rows with no key (their output 0, their LSE the
+sink or -inf); causal together with a window. Softcaps of 0.05 (every score saturated), 1 and 30
+(Gemma 2's), on scores of order one and on large ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from fa_kernel.configs import TileConfig
+from fa_kernel.emulator import attention_backward_tiled, attention_tiled
+from fa_kernel.reference import judge, judge_backward, random_qkv
+
+# Small tiles, so that short sequences hold many of them: the edges' cases are about tiles.
+CONFIG = TileConfig(64, 32, 2, 128)
+BLOCK_M, BLOCK_N = CONFIG.block_m, CONFIG.block_n
+# (seqlen_q, seqlen_k): off the tile grid both ways, more queries than keys, and the reverse.
+LENGTHS = [(100, 150), (150, 100), (64, 96)]
+
+
+def edge_windows() -> list[tuple[int, int]]:
+    """(left, right) with an edge at 0, 1, a tile's width ±1 and beyond the sequence, on each side."""
+    near = [0, 1, BLOCK_N - 1, BLOCK_N, BLOCK_N + 1, 1000]
+    return [(left, -1) for left in near] + [(-1, right) for right in near] + [(BLOCK_N, 1), (1, BLOCK_N - 1)]
+
+
+def sinks_for(nheads: int, seed: int) -> torch.Tensor:
+    return torch.randn(nheads, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+@pytest.mark.parametrize("lengths", LENGTHS, ids=str)
+@pytest.mark.parametrize("window", edge_windows(), ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_emulated_window_within_the_bound(lengths, window, causal):
+    seqlen_q, seqlen_k = lengths
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, 2, 1, 64, torch.float16, seed=seqlen_q + window[0], device="cpu")
+    out, lse = attention_tiled(q, k, v, causal=causal, config=CONFIG, window_size=window)
+    verdict = judge(q, k, v, out, lse, causal, window_size=window)
+    assert verdict.passed, str(verdict)
+
+
+@pytest.mark.parametrize("softcap", [0.05, 1.0, 30.0])
+@pytest.mark.parametrize("logits", [1.0, 20.0], ids=["unit", "large"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_emulated_softcap_within_the_bound(softcap, logits, dtype):
+    q, k, v = random_qkv(1, 100, 150, 2, 1, 64, dtype, seed=int(softcap * 10), device="cpu")
+    q = (q.float() * logits).to(dtype)
+    out, lse = attention_tiled(q, k, v, causal=True, config=CONFIG, softcap=softcap)
+    verdict = judge(q, k, v, out, lse, True, softcap=softcap)
+    assert verdict.passed, str(verdict)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (0, 0), (3, -1)], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_emulated_sinks_within_the_bound_and_rows_without_a_key_get_the_sink_alone(window, causal):
+    # 150 queries on 100 keys, causal: the first 50 rows see no key; a window (0, 0) leaves
+    # every row one key or none. Sinks of either sign, larger than every score and smaller.
+    q, k, v = random_qkv(1, 150, 100, 4, 2, 64, torch.bfloat16, seed=7, device="cpu")
+    sinks = torch.tensor([-3.0, 0.0, 2.5, 40.0])
+    out, lse = attention_tiled(q, k, v, causal=causal, config=CONFIG, window_size=window, sinks=sinks)
+    verdict = judge(q, k, v, out, lse, causal, window_size=window, sinks=sinks)
+    assert verdict.passed, str(verdict)
+    if causal:
+        assert torch.all(out[:, :50] == 0) and torch.equal(lse[0, :, 0], sinks)
+
+
+def test_a_row_without_a_key_and_without_a_sink_is_zero_with_lse_minus_inf():
+    q, k, v = random_qkv(1, 70, 40, 2, 2, 64, torch.float16, seed=1, device="cpu")
+    out, lse = attention_tiled(q, k, v, causal=True, config=CONFIG, window_size=(5, -1))
+    assert torch.all(out[:, :30] == 0) and torch.all(lse[..., :30] == -math.inf)
+    assert judge(q, k, v, out, lse, True, window_size=(5, -1)).passed
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap", "with_sinks"),
+    [
+        *(((left, right), 0.0, False) for left, right in [(BLOCK_M, -1), (BLOCK_N + 1, 0), (0, 1), (-1, BLOCK_M - 1)]),
+        ((-1, -1), 2.0, False),
+        ((-1, -1), 0.0, True),
+        ((40, 3), 2.0, True),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lengths", [(130, 200), (200, 130)], ids=str)
+def test_emulated_backward_of_the_variants_within_the_bound(window, softcap, with_sinks, causal, lengths):
+    # The backward walks only the query tiles whose windows reach a K/V tile: a tile range
+    # off by one drops a row's gradient, which the bound sees.
+    seqlen_q, seqlen_k = lengths
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, 4, 2, 64, torch.bfloat16, seed=seqlen_q, device="cpu")
+    q = (q.float() * 3).to(q.dtype)  # scores of a few units: the cap bends them
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(q.dtype)
+    options = dict(window_size=window, softcap=softcap, sinks=sinks_for(4, 3) if with_sinks else None)
+    out, lse = attention_tiled(q, k, v, causal=causal, config=CONFIG, **options)
+    grads = attention_backward_tiled(q, k, v, out, lse, dout, causal=causal, block_m=BLOCK_M, block_n=BLOCK_N, **options)
+    verdict = judge_backward(q, k, v, dout, grads, causal, **options)
+    assert verdict.passed, str(verdict)
+
+
+def test_the_walks_skip_exactly_the_tiles_outside_every_window():
+    # The work grows with the window, not the sequence: at 2048 keys and a window of 64, each
+    # row block visits the few tiles its windows cross (counted by the emulator's own loop
+    # bounds, as the kernel will), and nothing it skips holds a visible key.
+    from fa_kernel.reference import visible_keys
+
+    seqlen = 2048
+    left = 64
+    visible = visible_keys(seqlen, seqlen, True, window_size=(left, -1))
+    for q_start in range(0, seqlen, BLOCK_M):
+        first_key = max(0, q_start - left)
+        first_block = first_key // BLOCK_N
+        last_block = -(-(q_start + BLOCK_M) // BLOCK_N)
+        rows = visible[q_start : q_start + BLOCK_M]
+        seen = rows.any(dim=0).nonzero().flatten()
+        assert first_block * BLOCK_N <= seen.min() and seen.max() < last_block * BLOCK_N
+        assert last_block - first_block <= -(-(left + BLOCK_M) // BLOCK_N) + 1
+    assert list(itertools.islice(edge_windows(), 1)) == [(0, -1)]
