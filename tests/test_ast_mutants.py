@@ -90,7 +90,7 @@ def test_known_mutants_exist(mutants):
     limit = _find(mutants, "<module>", "constant", "STALE_SUM_LIMIT = 4096.0", "STALE_SUM_LIMIT = 8192.0")
     assert limit.id == "numerics-STALE_SUM_LIMIT-constant-1"
     # Python-level branches are the kernel's too.
-    _find(mutants, "tile_needs_mask", "guard_never", "self.causal", "False")
+    _find(mutants, "tile_needs_mask", "guard_never", "self.limits_right", "False")
     # A guard of tile logic, and an index that is computed (not a bare name).
     _find(
         mutants,

@@ -79,30 +79,61 @@ def test_a_row_without_a_key_and_without_a_sink_is_zero_with_lse_minus_inf():
     assert judge(q, k, v, out, lse, True, window_size=(5, -1)).passed
 
 
-@pytest.mark.parametrize(
-    ("window", "softcap", "with_sinks"),
-    [
-        *(((left, right), 0.0, False) for left, right in [(BLOCK_M, -1), (BLOCK_N + 1, 0), (0, 1), (-1, BLOCK_M - 1)]),
-        ((-1, -1), 2.0, False),
-        ((-1, -1), 0.0, True),
-        ((40, 3), 2.0, True),
-    ],
-    ids=str,
-)
+def backward_edge_windows(seqlen_q: int, seqlen_k: int) -> list[tuple[int, int]]:
+    """(left, right) whose edges put the query walk of a K/V tile (attention_backward_tiled) on a
+    query tile's boundary, one row before it and one after: the left edge ends the walk of the
+    first K/V tile there, the right edge starts it there."""
+    offset = seqlen_k - seqlen_q
+    windows = []
+    first_end = min(BLOCK_N, seqlen_k) - offset  # the first K/V tile's rows end at first_end + left
+    left = -first_end % BLOCK_M or BLOCK_M
+    windows += [(left + step, -1) for step in (-1, 0, 1) if left + step >= 0]
+    start = -offset  # the first K/V tile's rows start at -offset - right
+    if start > 0:
+        right = start % BLOCK_M
+        windows += [(-1, right + step) for step in (-1, 0, 1) if right + step >= 0]
+    return windows
+
+
+BACKWARD_CASES = [
+    *(
+        (lengths, window, 0.0, False)
+        for lengths in [(130, 200), (200, 130)]
+        for window in [*backward_edge_windows(*lengths), (0, 1)]
+    ),
+    ((130, 200), (-1, -1), 2.0, False),
+    ((200, 130), (-1, -1), 0.0, True),
+    ((130, 200), (40, 3), 2.0, True),
+]
+
+
+@pytest.mark.parametrize(("lengths", "window", "softcap", "with_sinks"), BACKWARD_CASES, ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("lengths", [(130, 200), (200, 130)], ids=str)
-def test_emulated_backward_of_the_variants_within_the_bound(window, softcap, with_sinks, causal, lengths):
-    # The backward walks only the query tiles whose windows reach a K/V tile: a tile range
-    # off by one drops a row's gradient, which the bound sees.
+def test_emulated_backward_of_the_variants_within_the_bound(lengths, window, softcap, with_sinks, causal):
+    # The backward walks only the query tiles whose windows reach a K/V tile: a walk off by a
+    # row drops a row's gradient, which the bound sees.
     seqlen_q, seqlen_k = lengths
     q, k, v = random_qkv(1, seqlen_q, seqlen_k, 4, 2, 64, torch.bfloat16, seed=seqlen_q, device="cpu")
     q = (q.float() * 3).to(q.dtype)  # scores of a few units: the cap bends them
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(q.dtype)
     options = dict(window_size=window, softcap=softcap, sinks=sinks_for(4, 3) if with_sinks else None)
     out, lse = attention_tiled(q, k, v, causal=causal, config=CONFIG, **options)
-    grads = attention_backward_tiled(q, k, v, out, lse, dout, causal=causal, block_m=BLOCK_M, block_n=BLOCK_N, **options)
+    grads = attention_backward_tiled(
+        q, k, v, out, lse, dout, causal=causal, block_m=BLOCK_M, block_n=BLOCK_N, **options
+    )
     verdict = judge_backward(q, k, v, dout, grads, causal, **options)
     assert verdict.passed, str(verdict)
+
+
+def test_the_backward_edge_windows_sit_on_the_query_tiles():
+    for seqlen_q, seqlen_k in [(130, 200), (200, 130)]:
+        offset = seqlen_k - seqlen_q
+        for left, right in backward_edge_windows(seqlen_q, seqlen_k):
+            if left >= 0:
+                end = min(BLOCK_N, seqlen_k) - offset + left
+                assert end % BLOCK_M in (BLOCK_M - 1, 0, 1), (left, end)
+            if right >= 0:
+                assert (-offset - right) % BLOCK_M in (BLOCK_M - 1, 0, 1), right
 
 
 def test_the_walks_skip_exactly_the_tiles_outside_every_window():

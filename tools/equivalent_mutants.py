@@ -208,6 +208,11 @@ EMULATOR_EVERY_ROW_TAKES_ITS_MAX = Reason(
     "decides only the rounding (REFERENCE_MAX_IS_FREE)",
     EMULATOR_ROUNDING_CHECK,
 )
+EMULATOR_STALE_FROM_THE_FIRST_TILE = Reason(
+    "the emulator's stale-max path on the walk's first tile too: every row's max before it is -inf, and "
+    "a row without a max takes the tile's, as the path's absence has it: the same values",
+    EMULATOR_CHECK,
+)
 EMULATOR_STALE_LIMIT_ONE_OFF = Reason(
     "the emulator's stale-max test one off or inclusive: a row keeps the max from before a tile while "
     "its sum is within the limit give or take one, as STALE_SUM_LIMIT one off would have it; which max "
@@ -220,12 +225,6 @@ EMULATOR_MAX_NEVER_FALLS = Reason(
     "a key both sides are -inf, as they are unmutated: alpha's select is taken for the same rows",
     EMULATOR_CHECK,
 )
-ROW_COMPUTED_TWICE = Reason(
-    "each query block also computes the next block's first row, which the next block writes again, "
-    "and the last block's slice ends at seqlen_q",
-    EMULATOR_CHECK,
-)
-
 # The stale-max vote as the mutants' keys spell it.
 VOTE = "T.call_extern('int32', 'warpgroup_any', VOTE_BARRIERS[0] + thread // 128, row_over)"
 
@@ -243,14 +242,10 @@ EQUIVALENT: dict[str, Reason] = {
     },
     "interface.py:_attention:guard_never:t.is_contiguous()->False": CONTIGUOUS_IS_ITSELF,
     # ---- the emulator's tile loop (tools/mutants/ --generated --target emulator)
-    "emulator.py:_attend_one_head:off_by_one:q[q_start:q_start + block_m]->q[q_start:q_start + block_m + 1]": (
-        ROW_COMPUTED_TWICE
-    ),
     "emulator.py:_attend_one_head:off_by_one:kv_start + block_n > seqlen_k->kv_start + block_n + 1 > seqlen_k": (
         EMULATOR_MASKS_MORE_TILES
     ),
     "emulator.py:_attend_one_head:guard_always:needs_mask->True": EMULATOR_MASKS_MORE_TILES,
-    "emulator.py:_attend_one_head:guard_always:causal->True#2": EMULATOR_MASKS_MORE_TILES,  # the diagonal's test
     **{
         f"emulator.py:_attend_one_head:off_by_one:{name} == -math.inf->{rewrite.format(name)}{site}": (
             EMULATOR_MINUS_INFINITY_PLUS_ONE
@@ -275,21 +270,34 @@ EQUIVALENT: dict[str, Reason] = {
             "off_by_one:stale_sum > STALE_SUM_LIMIT->stale_sum > STALE_SUM_LIMIT - 1",
         )
     },
-    "emulator.py:_attend_one_head:guard_never:kv_block > 0->False": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
-    "emulator.py:_attend_one_head:off_by_one:kv_block > 0->kv_block - 1 > 0": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
-    "emulator.py:_attend_one_head:off_by_one:kv_block > 0->kv_block > 1": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
+    "emulator.py:_attend_one_head:guard_never:kv_block > first_block->False": EMULATOR_EVERY_ROW_TAKES_ITS_MAX,
+    "emulator.py:_attend_one_head:off_by_one:kv_block > first_block->kv_block - 1 > first_block": (
+        EMULATOR_EVERY_ROW_TAKES_ITS_MAX
+    ),
+    "emulator.py:_attend_one_head:off_by_one:kv_block > first_block->kv_block > first_block + 1": (
+        EMULATOR_EVERY_ROW_TAKES_ITS_MAX
+    ),
+    **{
+        f"emulator.py:_attend_one_head:{rewrite}": EMULATOR_STALE_FROM_THE_FIRST_TILE
+        for rewrite in (
+            "guard_always:kv_block > first_block->True",
+            "off_by_one:kv_block > first_block->kv_block + 1 > first_block",
+            "relational:kv_block > first_block->kv_block >= first_block",
+            "off_by_one:kv_block > first_block->kv_block > first_block - 1",
+        )
+    },
     "emulator.py:_attend_one_head:relational:kv_start + block_n > seqlen_k->kv_start + block_n >= seqlen_k": (
         EMULATOR_MASKS_MORE_TILES
     ),
     "emulator.py:_attend_one_head:off_by_one:kv_start + block_n > seqlen_k->kv_start + block_n > seqlen_k - 1": (
         EMULATOR_MASKS_MORE_TILES
     ),
-    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset->"
-    "kv_start + block_n - 1 + 1 > q_start + diagonal_offset": EMULATOR_MASKS_MORE_TILES,
-    "emulator.py:_attend_one_head:relational:kv_start + block_n - 1 > q_start + diagonal_offset->"
-    "kv_start + block_n - 1 >= q_start + diagonal_offset": EMULATOR_MASKS_MORE_TILES,
-    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset->"
-    "kv_start + block_n - 1 > q_start + diagonal_offset - 1": EMULATOR_MASKS_MORE_TILES,
+    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset + edges.right->"
+    "kv_start + block_n - 1 + 1 > q_start + diagonal_offset + edges.right": EMULATOR_MASKS_MORE_TILES,
+    "emulator.py:_attend_one_head:relational:kv_start + block_n - 1 > q_start + diagonal_offset + edges.right->"
+    "kv_start + block_n - 1 >= q_start + diagonal_offset + edges.right": EMULATOR_MASKS_MORE_TILES,
+    "emulator.py:_attend_one_head:off_by_one:kv_start + block_n - 1 > q_start + diagonal_offset + edges.right->"
+    "kv_start + block_n - 1 > q_start + diagonal_offset + edges.right - 1": EMULATOR_MASKS_MORE_TILES,
     # ---- the kernel
     # past the end: tiles ending one key earlier (or at seqlen_k) get the mask too
     # non-causal launches test the diagonal too, and write_mask writes only the seqlen_k mask

@@ -173,25 +173,22 @@ def _attend_one_head(
                     acc_s = acc_s.masked_fill(masked, -math.inf)  # a select, after the cap
 
             row_max_prev = row_max
-            # The max P~ so far was taken against: 0 stands in for a row with no visible key yet.
-            stale_scaled = torch.where(row_max_prev == -math.inf, 0.0, row_max_prev * scale_log2)
             # amax passes a NaN score on where the kernel's max skips it; either way the NaN
             # reaches row_sum through its exponential, so the row ends NaN in both.
             row_max = torch.maximum(row_max_prev, acc_s.amax(dim=-1))
             if kv_block > first_block:
-                # P~ against the max before this tile first (the first tile of the walk has
-                # none): a row keeps that max while its sum stays within the limit (the kernel
-                # then needs no row max for the tile).
+                # P~ against the max before this tile first (the walk's first tile has none): a
+                # row keeps that max while its sum stays within the limit (the kernel then needs
+                # no row max for the tile). Only a max it has: a row that has seen no key yet
+                # (its earlier tiles hidden from it, or -inf) takes this tile's, or its keys'
+                # weights, taken against a stand-in, could all underflow to 0.
+                stale_scaled = torch.where(row_max_prev == -math.inf, 0.0, row_max_prev * scale_log2)
                 stale_sum = torch.exp2(acc_s * scale_log2 - stale_scaled[:, None]).sum(dim=-1)
-                row_max = torch.where(stale_sum > STALE_SUM_LIMIT, row_max, row_max_prev)
+                moves = (stale_sum > STALE_SUM_LIMIT) | (row_max_prev == -math.inf)
+                row_max = torch.where(moves, row_max, row_max_prev)
             # 0 stands in for the max of a row with no visible key yet: -inf - 0, not NaN.
             row_max_scaled = torch.where(row_max == -math.inf, 0.0, row_max * scale_log2)
-            # What the row added so far was taken against stale_scaled, the stand-in included (a
-            # row that kept it over visible keys has a sum); a max only rises, so the exponent is
-            # at most 0, which also keeps a row with nothing yet from exp2 of a large positive.
-            alpha = torch.where(
-                row_max == row_max_prev, 1.0, torch.exp2(torch.clamp(stale_scaled - row_max_scaled, max=0.0))
-            )
+            alpha = torch.where(row_max == row_max_prev, 1.0, torch.exp2(row_max_prev * scale_log2 - row_max_scaled))
             acc_s = torch.exp2(acc_s * scale_log2 - row_max_scaled[:, None])
             row_sum = row_sum * alpha + acc_s.sum(dim=-1)
             acc_p = acc_s.to(q.dtype)  # the only down-cast

@@ -63,14 +63,16 @@ def online_softmax(block_m: int, block_n: int, head_dim: int) -> OnlineSoftmax:
         """Fold tile S into the row state; leaves P~ (fp32) in acc_s and alpha for the output. With
         `stale_sum` (the row sums of P~ against the max before the tile), a row whose sum is within
         STALE_SUM_LIMIT keeps that max, and gets bitwise what that pass gave it (the forward's
-        stale max, kernel.py)."""
+        stale max, kernel.py); a row with no max yet takes the tile's (what it summed against the
+        stand-in 0 may have underflowed)."""
         row_max, row_max_prev, row_max_scaled = rows.row_max, rows.row_max_prev, rows.row_max_scaled
         alpha, tile_sum, row_sum = rows.alpha, rows.tile_sum, rows.row_sum
         T.copy(row_max, row_max_prev)
         T.reduce_max(acc_s, row_max, dim=1, clear=False)
         for i in T.Parallel(block_m):
             if stale_sum is not None:
-                row_max[i] = T.if_then_else(stale_sum[i] > STALE_SUM_LIMIT, row_max[i], row_max_prev[i])
+                moves = T.Or(stale_sum[i] > STALE_SUM_LIMIT, row_max_prev[i] == neg_inf)
+                row_max[i] = T.if_then_else(moves, row_max[i], row_max_prev[i])
             row_max_scaled[i] = T.if_then_else(row_max[i] == neg_inf, 0, row_max[i] * scale_log2)
             # Exactly 1 where the max stayed (the subtraction, fused into an FMA, need not give 0).
             alpha[i] = T.if_then_else(

@@ -475,7 +475,7 @@ EMULATOR_MUTANTS = [
     Mutant(
         "stale_max_never_replaced",
         "emulator.py",
-        "row_max = torch.where(stale_sum > STALE_SUM_LIMIT, row_max, row_max_prev)",
+        "row_max = torch.where(moves, row_max, row_max_prev)",
         "row_max = row_max_prev",
     ),
     Mutant(
@@ -496,8 +496,8 @@ EMULATOR_MUTANTS = [
     Mutant(
         "alpha_from_new_max",
         "emulator.py",
-        "torch.exp2(torch.clamp(stale_scaled - row_max_scaled, max=0.0))",
-        "torch.exp2(torch.clamp(row_max * scale_log2 - row_max_scaled, max=0.0))",
+        "torch.exp2(row_max_prev * scale_log2 - row_max_scaled)",
+        "torch.exp2(row_max * scale_log2 - row_max_scaled)",
     ),
     Mutant(
         "no_boundary_mask",
@@ -599,13 +599,6 @@ EMULATOR_MUTANTS = [
         "emulator.py",
         "row_sum = row_sum * kept + torch.exp2(sink_log2 - joint_max)",
         "row_sum = row_sum * kept",
-    ),
-    Mutant(
-        # The first tile a row sees after tiles hidden from it drops what the rows before added.
-        "stale_max_from_minus_inf",
-        "emulator.py",
-        "kv_block > first_block",
-        "kv_block > 0",
     ),
     Mutant(
         "backward_window_rows_one_short",
