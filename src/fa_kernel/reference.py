@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -370,7 +371,7 @@ def judge(
     much and an output by at most twice that times max|v| (a perturbation δ of a row's scores
     moves its weights by P∘(δ − P·δ), at most 2·max δ in sum)."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    options = dict(window_size=window_size, softcap=softcap, sinks=sinks)
+    options: dict[str, Any] = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     ref, ref_lse = attention_ref(q, k, v, causal, scale, **options)
     baseline, _ = attention_ref(q, k, v, causal, scale, upcast=False, **options)
     # Largest attention weight in any row is exp(max score - lse); times max|v| it is the
@@ -465,7 +466,7 @@ def attention_backward_ref(
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    options = dict(window_size=window_size, softcap=softcap, sinks=sinks)
+    options: dict[str, Any] = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     parts = _BackwardParts.of(q, k, v, dout, causal, softmax_scale, upcast, compute_dtype, grad_lse, **options)
     return parts.gradients()
 
@@ -612,7 +613,7 @@ def judge_backward(
     (`_gradient_fp32_terms`). `grad_lse`: an upstream gradient of the LSE as well (None: 0).
     Every figure is computed on the device and read back at once."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    options = dict(window_size=window_size, softcap=softcap, sinks=sinks)
+    options: dict[str, Any] = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     parts = _BackwardParts.of(q, k, v, dout, causal, scale, True, torch.float32, grad_lse, **options)
     reference = parts.gradients()
     baseline = _BackwardParts.of(q, k, v, dout, causal, scale, False, torch.float32, grad_lse, **options).gradients()
