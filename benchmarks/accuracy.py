@@ -13,7 +13,8 @@ each). A mismatch count going from 0 to anything fails the gate.
 import torch
 
 from fa_kernel.interface import flash_attn_func
-from fa_kernel.reference import GRADIENTS, BackwardVerdict, ErrorReport, judge, judge_backward
+from fa_kernel.reference import ErrorReport, judge
+from fa_kernel.reference_backward import GRADIENTS, BackwardVerdict, judge_backward
 from fa_kernel.workbench.bench import Shape
 
 from .cases import DTYPES, require_cuda

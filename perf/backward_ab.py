@@ -33,7 +33,8 @@ from fa_kernel import flash_attn_func
 from fa_kernel.backward import compiled_backward, compiled_preprocess, dq_row, padded_rows
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
-from fa_kernel.reference import judge_backward, random_qkv
+from fa_kernel.reference import random_qkv
+from fa_kernel.reference_backward import judge_backward
 from fa_kernel.workbench.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
 from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab

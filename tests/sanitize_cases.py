@@ -75,7 +75,8 @@ def run(case: Case) -> bool:
 
     from fa_kernel import flash_attn_func
     from fa_kernel.interface import tile_config_for
-    from fa_kernel.reference import judge, judge_backward, random_qkv
+    from fa_kernel.reference import judge, random_qkv
+    from fa_kernel.reference_backward import judge_backward
     from fa_kernel.workbench.bench import split_kv_call
 
     batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = case.shape

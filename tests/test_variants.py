@@ -17,7 +17,8 @@ import torch
 
 from fa_kernel.configs import TileConfig
 from fa_kernel.emulator import attention_backward_tiled, attention_tiled
-from fa_kernel.reference import judge, judge_backward, random_qkv
+from fa_kernel.reference import judge, random_qkv
+from fa_kernel.reference_backward import judge_backward
 
 # Small tiles, so that short sequences hold many of them: the edges' cases are about tiles.
 CONFIG = TileConfig(64, 32, 2, 128)

@@ -331,8 +331,7 @@ def forward_program(
         softmax.exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
         row_over = 0
         for i in T.Parallel(block_m):
-            # A row with no max yet (its keys so far hidden, or -inf) takes this tile's: its P~,
-            # against the stand-in 0, could all underflow (softmax.fold_tile).
+            # A row with no max yet takes this tile's: its P~ could underflow (softmax.fold_tile).
             if T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, rows.row_max[i] == neg_inf):
                 row_over = 1
         T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p and acc_o may be overwritten

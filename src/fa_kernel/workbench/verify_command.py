@@ -13,7 +13,8 @@ from rich.progress import track
 
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS, compile_arch, flash_attn_func
-from fa_kernel.reference import GRADIENTS, judge, judge_backward
+from fa_kernel.reference import judge
+from fa_kernel.reference_backward import GRADIENTS, judge_backward
 from fa_kernel.workbench.bench import Shape
 from fa_kernel.workbench.builds import kernels_build, quiet_tilelang, served_build, shipped_builds
 from fa_kernel.workbench.console import (
