@@ -6,7 +6,7 @@ bottom-right causal alignment), 8 query heads on 2 K/V heads (the GQA head mappi
 case's tile config changes between the two key counts (configs.key_ranges; head_dim 128
 non-causal: its short-sequence entry serves up to 2048 keys), the two run different configs. The tolerance is
 `reference.judge`'s: twice the error of the same computation done by PyTorch in the input
-dtype, plus one rounding (`reference.judge_backward`'s for the gradients: flash-attn's rule for
+dtype, plus one rounding (`reference_backward.judge_backward`'s for the gradients: flash-attn's rule for
 each). A mismatch count going from 0 to anything fails the gate.
 """
 
@@ -64,7 +64,7 @@ class Accuracy(_RaggedGQA):
 
 class BackwardAccuracy(_RaggedGQA):
     """The gradients for a fixed upstream gradient, through flash_attn_func's autograd, judged
-    as `reference.judge_backward` does: each of dq, dk, dv against the fp32 reference backward,
+    as `reference_backward.judge_backward` does: each of dq, dk, dv against the fp32 reference backward,
     within flash-attn's rule for gradients."""
 
     def _judged(self) -> BackwardVerdict:

@@ -4,7 +4,7 @@ From the repository root on the GPU machine:
 
     python -m perf.backward_ab [--variants NAME ...] [--rounds 5] [--repeats 20]
 
-Every variant's kernel is first judged on odd shapes against `reference.judge_backward`; then
+Every variant's kernel is first judged on odd shapes against `reference_backward.judge_backward`; then
 the main kernel alone (dQ's accumulator zeroed before each call, as the launch does; the
 preprocess and dQ's cast are the same for all) is timed on each shape, the variants alternated
 over rounds in this one process (`bench.alternated`, `bench.cuda_median_ms`). TFLOP/s as

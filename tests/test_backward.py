@@ -1,4 +1,4 @@
-"""The backward's groundwork, on the CPU: the reference backward (reference.attention_backward_ref)
+"""The backward's groundwork, on the CPU: the reference backward (reference_backward.attention_backward_ref)
 checked against autograd and finite differences, the gradient judge seen failing wrong
 gradients, and the emulator's tiled backward (the kernel's specification) judged by it."""
 

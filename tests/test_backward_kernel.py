@@ -1,5 +1,5 @@
 """The backward kernels on a GPU: each gradient within flash-attn's bound of the fp32 reference
-(reference.judge_backward), on the kernel's own boundaries, drawn cases, and through autograd,
+(reference_backward.judge_backward), on the kernel's own boundaries, drawn cases, and through autograd,
 eager and under torch.compile.
 
 The kernels are launched into outputs filled with NaN (`interface.backward_into`), so that an

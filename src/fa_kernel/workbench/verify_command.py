@@ -115,7 +115,7 @@ def _verify_forward(shape: tuple, dtype: torch.dtype, causal: bool) -> list[str]
 
 def _verify_gradients(shape: tuple, dtype: torch.dtype, causal: bool) -> list[str]:
     """One case's gradients through flash_attn_func (autograd) for a random upstream gradient,
-    each of dq, dk, dv within reference.judge_backward's bound."""
+    each of dq, dk, dv within reference_backward.judge_backward's bound."""
     case = _verify_shape(shape, dtype, causal)
     q, k, v = (t.requires_grad_() for t in _verify_inputs(case))
     out, _ = flash_attn_func(q, k, v, causal=causal, return_lse=True)
