@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -251,3 +252,53 @@ def test_judge_of_the_variants_passes_the_baseline_and_fails_their_slips(dtype):
     }
     for name, (wrong_out, wrong_lse) in slips.items():
         assert not judge(q, k, v, wrong_out, wrong_lse, False, scale, **options).passed, name
+
+
+def test_a_ragged_batch_is_each_sequence_on_its_own():
+    # Lengths 0, 1 and long beside each other, queries and keys of different counts; each
+    # sequence is a batch of one to attention_ref (its own bottom-right diagonal and window),
+    # and perturbing one sequence's keys moves no other sequence's output (no cross-talk).
+    from fa_kernel.reference import attention_varlen_ref
+
+    gen = torch.Generator().manual_seed(3)
+    lengths_q, lengths_k = [3, 0, 1, 9], [5, 2, 1, 4]
+    cu_q = torch.tensor([0, *itertools.accumulate(lengths_q)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(lengths_k)], dtype=torch.int32)
+    q = torch.randn(sum(lengths_q), 4, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(sum(lengths_k), 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    options = dict(window_size=(2, -1), compute_dtype=torch.float64)
+    out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, True, 0.3, **options)
+    assert out.shape == q.shape and lse.shape == (4, sum(lengths_q))
+    for i in range(len(lengths_q)):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        want_out, want_lse = naive_attention(q[None, rows], k[None, keys], v[None, keys], True, 0.3, (2, -1))
+        torch.testing.assert_close(out[rows], want_out[0])
+        torch.testing.assert_close(lse[:, rows].double(), want_lse[0])
+    k2 = k.clone()
+    k2[cu_k[3] : cu_k[4]] += 1.0  # the last sequence's keys
+    out2, _ = attention_varlen_ref(q, k2, v, cu_q, cu_k, True, 0.3, **options)
+    assert torch.equal(out2[: cu_q[3]], out[: cu_q[3]]) and not torch.equal(out2[cu_q[3] :], out[cu_q[3] :])
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_a_paged_cache_is_its_requests_keys_in_page_order(page_size):
+    # Pages handed out out of order and one page shared by two requests; lengths at a page
+    # boundary, one past it, one short of it, and 0.
+    from fa_kernel.reference import attention_paged_ref, paged_keys
+
+    gen = torch.Generator().manual_seed(4)
+    num_blocks, nheads_kv = 8, 2
+    k_cache, v_cache = (torch.randn(num_blocks, page_size, nheads_kv, 8, generator=gen) for _ in range(2))
+    block_table = torch.tensor([[5, 2, 7], [2, 0, 1], [3, 6, 4], [1, 1, 1]], dtype=torch.int32)
+    cache_seqlens = torch.tensor([2 * page_size, 2 * page_size + 1, page_size - 1, 0], dtype=torch.int32)
+    keys = paged_keys(k_cache, block_table, cache_seqlens)
+    assert [len(each) for each in keys] == cache_seqlens.tolist()
+    assert torch.equal(keys[1][page_size : 2 * page_size], k_cache[0]) and torch.equal(keys[1][-1], k_cache[1, 0])
+    q = torch.randn(4, 3, 4, 8, generator=gen)
+    out, lse = attention_paged_ref(q, k_cache, v_cache, block_table, cache_seqlens, causal=True)
+    for b in range(4):
+        values = paged_keys(v_cache, block_table, cache_seqlens)[b]
+        want_out, want_lse = attention_ref(q[b : b + 1], keys[b][None], values[None], causal=True)
+        torch.testing.assert_close(out[b : b + 1], want_out)
+        torch.testing.assert_close(lse[b : b + 1], want_lse)
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == -math.inf)  # no key: 0 and -inf

@@ -123,7 +123,9 @@ def softmax_with_sinks(
         joined = scores
     # logsumexp says +inf where a score is +inf, but the softmax there is inf/inf: the row is
     # NaN, its LSE with it, as a max-subtracted LSE (the kernel's) gives.
-    lse = torch.logsumexp(joined, dim=-1).masked_fill(joined.amax(dim=-1) == math.inf, math.nan)
+    lse = torch.logsumexp(joined, dim=-1)  # -inf over no keys at all
+    if joined.shape[-1]:
+        lse = lse.masked_fill(joined.amax(dim=-1) == math.inf, math.nan)
     # softmax of an all -inf row is NaN; such a row attends to nothing and outputs 0, also
     # where the P.V GEMM would carry a NaN of V into it as 0 times NaN.
     no_key = (scores == -math.inf).all(dim=-1, keepdim=True)
@@ -149,6 +151,69 @@ def visible_keys(
     if left >= 0:
         visible &= cols >= diagonal - left
     return visible
+
+
+def attention_varlen_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ragged batch, as flash-attn's varlen functions take it: q [total_q, nheads, headdim], k
+    and v [total_k, nheads_kv, headdim], sequence i in rows cu_seqlens[i]:cu_seqlens[i + 1]
+    (int32 [batch + 1], from 0). Each sequence attends on its own: its own bottom-right causal
+    alignment and window, no key of another sequence. Returns (out [total_q, nheads, headdim],
+    lse [nheads, total_q]); `options` are attention_ref's (upcast, window_size, softcap,
+    sinks...). A sequence of length 0 is valid."""
+    outs, lses = [], []
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        (q_start, q_end), (k_start, k_end) = bounds_q[i : i + 2], bounds_k[i : i + 2]
+        out, lse = attention_ref(
+            q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end], causal, softmax_scale, **options
+        )
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1)
+
+
+def paged_keys(cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor) -> list[torch.Tensor]:
+    """Each request's keys (or values) [cache_seqlens[b], nheads_kv, headdim], gathered from a
+    paged cache [num_blocks, page_size, nheads_kv, headdim] by its row of block_table [batch,
+    max_blocks]: page block_table[b, i] holds its keys i·page_size onward."""
+    page_size = cache.shape[1]
+    gathered = []
+    for pages, length in zip(block_table.tolist(), cache_seqlens.tolist(), strict=True):
+        used = pages[: -(-length // page_size)] if length else []
+        gathered.append(cache[used].flatten(0, 1)[:length])
+    return gathered
+
+
+def attention_paged_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q [batch, seqlen_q, nheads, headdim] against a paged KV cache, as
+    flash-attn's `flash_attn_with_kvcache` takes it (`paged_keys`): request b sees its
+    cache_seqlens[b] keys, its queries aligned to their end (bottom-right). Returns (out, lse
+    [batch, nheads, seqlen_q]); `options` are attention_ref's."""
+    keys, values = paged_keys(k_cache, block_table, cache_seqlens), paged_keys(v_cache, block_table, cache_seqlens)
+    outs, lses = [], []
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        out, lse = attention_ref(q[b : b + 1], k[None], v[None], causal, softmax_scale, **options)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
 
 
 def random_qkv(
