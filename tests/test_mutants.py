@@ -495,3 +495,17 @@ def test_a_failing_tier_is_a_kill_however_pytest_stops_and_never_for_want_of_mem
     assert runner.failure_not_a_kill(2, "ERROR collecting tests/test_kernel.py", []).startswith("pytest exited 2")
     out_of_memory = "FAILED tests/test_kernel.py::test_x - torch.OutOfMemoryError: CUDA out of memory."
     assert runner.failure_not_a_kill(1, out_of_memory, failed) == "a test ran out of GPU memory"
+
+
+def test_pruning_the_triage_cache_keeps_what_the_sources_use_and_drops_the_rest(tmp_path):
+    # An entry of the unmutated kernel.py at the triage builds is live; one of a source that no
+    # longer exists (an edit since) goes.
+    import hashlib
+    import json
+
+    context = hashlib.sha256(repr(triage.triage_builds(132)).encode()).hexdigest()
+    live = triage.short_digest(f"{context}\n{(mutants.PACKAGE / 'kernel.py').read_text()}")
+    cache = tmp_path / "triage.json"
+    cache.write_text(json.dumps({live: ["a"], triage.GENERATED + live: {"0": "b"}, "0123456789abcdef": ["c"]}))
+    assert triage.prune_cache(cache, 132) == (2, 1)
+    assert set(json.loads(cache.read_text())) == {live, triage.GENERATED + live}

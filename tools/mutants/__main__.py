@@ -41,6 +41,7 @@ from tools.mutants.triage import (
     GENERATED_FILES,
     GPU_TARGETS,
     PROGRAM_BUILDERS,
+    prune_cache,
     recorded_equivalents,
     triage,
     triage_programs,
@@ -176,6 +177,9 @@ def main() -> int:
             flush=True,
         )
         if args.triage_only:
+            if args.triage_cache is not None and args.triage_cache.exists():
+                kept, dropped = prune_cache(args.triage_cache, args.sm_count)
+                print(f"triage cache: {kept} entries kept, {dropped} no source uses any more dropped")
             for mutant in mutants:
                 verdict = settled.get(mutant.id, ("to run", ""))[0]
                 builds = f"  [{len(changed[mutant.id])} sweep builds]" if mutant.id in changed else ""

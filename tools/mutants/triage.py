@@ -332,6 +332,35 @@ def save_triage(cache: Path | None, stored: dict) -> None:
         cache.with_suffix(".tmp").replace(cache)
 
 
+def live_keys(sm_count: int) -> set[str]:
+    """The triage cache's keys that the sources as they are use: kernel.py's and its mutants'
+    (hand-written and generated) PrimFunc digests and generated code, at `sm_count`'s triage
+    builds, and the gradient and split-KV files' program digests, theirs and their mutants'."""
+    from tools.ast_mutants import FILES, generate
+    from tools.mutants.catalogue import KERNEL_MUTANTS
+
+    forward_context = hashlib.sha256(repr(triage_builds(sm_count)).encode()).hexdigest()
+    contexts = {"kernel.py": forward_context}
+    for file in PROGRAM_BUILDERS:
+        contexts[file] = hashlib.sha256(f"{file} {program_builds(file)!r}".encode()).hexdigest()
+    mutants = [*KERNEL_MUTANTS, *generate(files=(*FILES, *PROGRAM_BUILDERS))]
+    keys = set()
+    for file, context in contexts.items():
+        sources = [(PACKAGE / file).read_text(), *(m.mutated_source() for m in mutants if m.file == file)]
+        for source in sources:
+            keys.add(short_digest(f"{context}\n{source}"))
+    return keys | {GENERATED + key for key in keys}
+
+
+def prune_cache(cache: Path, sm_count: int) -> tuple[int, int]:
+    """Drop the entries of `cache` no source uses any more (live_keys): (kept, dropped)."""
+    stored = json.loads(cache.read_text())
+    live = live_keys(sm_count)
+    kept = {key: value for key, value in stored.items() if key in live}
+    save_triage(cache, kept)
+    return len(kept), len(stored) - len(kept)
+
+
 def same_generated_code(
     original_source, changed_at, builds, jobs, stored, key, cache, compute
 ) -> tuple[dict[str, bool], dict[str, str]]:
