@@ -159,15 +159,27 @@ def test_contiguous_is_the_tensor_itself_where_it_already_is():
 
 
 @pytest.mark.gpu
-def test_the_rounding_check_sees_a_mutant_that_computes_other_attention(tmp_path):
+def test_the_rounding_check_sees_a_mutant_that_computes_other_attention(tmp_path, monkeypatch):
     # tools/bitwise_sweep.py's `close`, the check of the ROUNDING equivalents, against a real bug:
-    # alpha = 1 where the row max rose by exactly one, on the integer maxima that show it.
+    # alpha = 1 where the row max rose by exactly one, on the integer maxima that show it. The
+    # bug is softmax.py's: the kernel is loaded beside the package with that module mutated.
+    import sys
+
     from suite.boundaries import sweep_builds
     from tools import bitwise_sweep
 
-    mutant = next(m for m in generate() if m.id == "kernel-online_softmax-off_by_one-10")
+    key = "softmax.py:fold_tile:off_by_one:row_max[i] == row_max_prev[i]->row_max[i] == row_max_prev[i] + 1"
+    (mutant,) = [m for m in generate() if m.key == key]
+    softmax_path = tmp_path / "softmax_alpha_off_by_one.py"
+    softmax_path.write_text(mutant.mutated_source())
+    monkeypatch.setitem(
+        sys.modules,
+        "softmax_alpha_off_by_one",
+        bitwise_sweep.load_kernel_module(softmax_path, "softmax_alpha_off_by_one"),
+    )
+    kernel_source = (PACKAGE / "kernel.py").read_text()
     path = tmp_path / "kernel.py"
-    path.write_text(mutant.mutated_source())
+    path.write_text(kernel_source.replace("from fa_kernel.softmax import", "from softmax_alpha_off_by_one import", 1))
     mutated = bitwise_sweep.load_kernel_module(path, "kernel_alpha_off_by_one")
     build = sweep_builds()[0]
     assert bitwise_sweep.not_close(build, mutated, shapes="unit_steps")

@@ -441,9 +441,14 @@ def judge(
     baseline, _ = attention_ref(q, k, v, causal, scale, upcast=False, **options)
     # Largest attention weight in any row is exp(max score - lse); times max|v| it is the
     # largest single term of any output.
-    scores = masked_scores(q.float(), k.float(), causal, scale, window_size=window_size, softcap=softcap)
+    # A temporary: the judge of a long sequence holds [b, h, q, k] tensors enough.
     peak_weight = largest_finite_abs(
-        torch.exp(scores.amax(dim=-1) - ref_lse).nan_to_num(0.0) if q.numel() and k.numel() else q.new_zeros(0)
+        torch.exp(
+            masked_scores(q.float(), k.float(), causal, scale, window_size=window_size, softcap=softcap).amax(dim=-1)
+            - ref_lse
+        ).nan_to_num(0.0)
+        if q.numel() and k.numel()
+        else q.new_zeros(0)
     )
     tanh_term = 2 * softcap * TANH_ERROR * largest_finite_abs(v)
     bound_terms = _output_bound_terms(

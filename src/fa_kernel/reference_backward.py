@@ -116,6 +116,7 @@ class _BackwardParts:
         raw = matmul(qh, kh.transpose(-1, -2)) * softmax_scale
         cap_slope = 1 - torch.tanh(raw / softcap) ** 2 if softcap > 0 else None
         scores = capped(raw, softcap).masked_fill(~visible, -math.inf)
+        del raw  # [b, h, q, k]: not held while the rest is computed
         lse, probs, _ = softmax_with_sinks(scores, sinks)
         sink_probs = None
         if sinks is not None:
