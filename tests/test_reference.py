@@ -266,8 +266,8 @@ def test_a_ragged_batch_is_each_sequence_on_its_own():
     cu_k = torch.tensor([0, *itertools.accumulate(lengths_k)], dtype=torch.int32)
     q = torch.randn(sum(lengths_q), 4, 8, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(sum(lengths_k), 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    options = dict(window_size=(2, -1), compute_dtype=torch.float64)
-    out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, True, 0.3, **options)
+    options = dict(causal=True, softmax_scale=0.3, window_size=(2, -1), compute_dtype=torch.float64)
+    out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **options)
     assert out.shape == q.shape and lse.shape == (4, sum(lengths_q))
     for i in range(len(lengths_q)):
         rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
@@ -276,7 +276,7 @@ def test_a_ragged_batch_is_each_sequence_on_its_own():
         torch.testing.assert_close(lse[:, rows].double(), want_lse[0])
     k2 = k.clone()
     k2[cu_k[3] : cu_k[4]] += 1.0  # the last sequence's keys
-    out2, _ = attention_varlen_ref(q, k2, v, cu_q, cu_k, True, 0.3, **options)
+    out2, _ = attention_varlen_ref(q, k2, v, cu_q, cu_k, **options)
     assert torch.equal(out2[: cu_q[3]], out[: cu_q[3]]) and not torch.equal(out2[cu_q[3] :], out[cu_q[3] :])
 
 

@@ -159,23 +159,19 @@ def attention_varlen_ref(
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
-    causal: bool = False,
-    softmax_scale: float | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A ragged batch, as flash-attn's varlen functions take it: q [total_q, nheads, headdim], k
     and v [total_k, nheads_kv, headdim], sequence i in rows cu_seqlens[i]:cu_seqlens[i + 1]
     (int32 [batch + 1], from 0). Each sequence attends on its own: its own bottom-right causal
     alignment and window, no key of another sequence. Returns (out [total_q, nheads, headdim],
-    lse [nheads, total_q]); `options` are attention_ref's (upcast, window_size, softcap,
-    sinks...). A sequence of length 0 is valid."""
+    lse [nheads, total_q]); `options` are attention_ref's keywords (causal, softmax_scale,
+    window_size, softcap, sinks...). A sequence of length 0 is valid."""
     outs, lses = [], []
     bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for i in range(len(bounds_q) - 1):
         (q_start, q_end), (k_start, k_end) = bounds_q[i : i + 2], bounds_k[i : i + 2]
-        out, lse = attention_ref(
-            q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end], causal, softmax_scale, **options
-        )
+        out, lse = attention_ref(q[None, q_start:q_end], k[None, k_start:k_end], v[None, k_start:k_end], **options)
         outs.append(out[0])
         lses.append(lse[0])
     return torch.cat(outs), torch.cat(lses, dim=-1)
@@ -199,18 +195,16 @@ def attention_paged_ref(
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
     cache_seqlens: torch.Tensor,
-    causal: bool = False,
-    softmax_scale: float | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [batch, seqlen_q, nheads, headdim] against a paged KV cache, as
     flash-attn's `flash_attn_with_kvcache` takes it (`paged_keys`): request b sees its
     cache_seqlens[b] keys, its queries aligned to their end (bottom-right). Returns (out, lse
-    [batch, nheads, seqlen_q]); `options` are attention_ref's."""
+    [batch, nheads, seqlen_q]); `options` are attention_ref's keywords (causal, ...)."""
     keys, values = paged_keys(k_cache, block_table, cache_seqlens), paged_keys(v_cache, block_table, cache_seqlens)
     outs, lses = [], []
     for b, (k, v) in enumerate(zip(keys, values, strict=True)):
-        out, lse = attention_ref(q[b : b + 1], k[None], v[None], causal, softmax_scale, **options)
+        out, lse = attention_ref(q[b : b + 1], k[None], v[None], **options)
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)
