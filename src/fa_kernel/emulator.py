@@ -72,7 +72,7 @@ def attention_tiled(
                 scale_log2,
                 _Edges.of(causal, window_size),
                 config,
-                _cap(softcap, softmax_scale),
+                _Cap.of(softcap, softmax_scale),
                 sink,
             )
     return out, lse
@@ -90,6 +90,11 @@ class _Edges(NamedTuple):
         left, right = window_size
         return cls(None if left < 0 else left, 0 if causal else (None if right < 0 else right))
 
+    @property
+    def limit(self) -> bool:
+        """Whether any edge is set (else every key before seqlen_k is seen)."""
+        return self.left is not None or self.right is not None
+
     def hidden(self, keys: torch.Tensor, diagonals: torch.Tensor) -> torch.Tensor:
         """[rows, keys]: which keys (past seqlen_k aside) rows of these diagonals do not see."""
         hidden = torch.zeros(diagonals.shape[0], keys.shape[1], dtype=torch.bool)
@@ -100,12 +105,21 @@ class _Edges(NamedTuple):
         return hidden
 
 
-def _cap(softcap: float, softmax_scale: float):
-    """The softcap on raw scores x = q·k: (c / scale)·tanh(x·scale / c), in fp32 (None: no cap)."""
-    if softcap <= 0:
-        return None
-    inner, outer = softmax_scale / softcap, softcap / softmax_scale
-    return lambda x: outer * torch.tanh(x * inner)
+class _Cap(NamedTuple):
+    """The softcap on raw scores x = q·k, in their units: (c / scale)·tanh(x·scale / c), the same
+    computation in the forward and in the backward's recomputed scores."""
+
+    inner: float  # scale / c
+    outer: float  # c / scale
+
+    @classmethod
+    def of(cls, softcap: float, softmax_scale: float) -> _Cap | None:
+        return cls(softmax_scale / softcap, softcap / softmax_scale) if softcap > 0 else None
+
+    def apply(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the capped scores, their tanh: the backward's slope is 1 − tanh²)."""
+        tanh = torch.tanh(raw * self.inner)
+        return self.outer * tanh, tanh
 
 
 def _attend_one_head(
@@ -115,7 +129,7 @@ def _attend_one_head(
     scale_log2: float,
     edges: _Edges,
     config: TileConfig,
-    cap=None,
+    cap: _Cap | None = None,
     sink: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One (batch, head): q [seqlen_q, head_dim], k and v [seqlen_k, head_dim] -> (out, lse)."""
@@ -168,7 +182,7 @@ def _attend_one_head(
                     acc_s = acc_s.masked_fill(masked, -math.inf)
                 acc_s = acc_s + q_tile @ k_tile.T
             else:
-                acc_s = cap(q_tile @ k_tile.T)
+                acc_s = cap.apply(q_tile @ k_tile.T)[0]
                 if masked is not None:
                     acc_s = acc_s.masked_fill(masked, -math.inf)  # a select, after the cap
 
@@ -255,7 +269,7 @@ def attention_backward_tiled(
     lse_log2 = torch.where(lse == -math.inf, math.inf, lse * LOG2E)
     delta = (dout.float() * out.float()).sum(dim=-1)  # [batch, seqlen_q, nheads]
     edges = _Edges.of(causal, window_size)
-    inner = softmax_scale / softcap if softcap > 0 else None  # the cap's tanh argument per raw score
+    cap = _Cap.of(softcap, softmax_scale)
     dq = torch.zeros(q.shape, dtype=torch.float32)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -282,14 +296,14 @@ def attention_backward_tiled(
                         do_tile = dout[b, rows, head].float()
                         q_idx = torch.arange(q_start, q_start + q_tile.shape[0])[:, None]
                         acc_s = q_tile @ k_tile.T
-                        if inner is not None:
-                            tanh = torch.tanh(acc_s * inner)
-                            acc_s = tanh / inner
-                        acc_s = acc_s.masked_fill(edges.hidden(k_idx, q_idx + diagonal_offset), -math.inf)
+                        if cap is not None:
+                            acc_s, tanh = cap.apply(acc_s)
+                        if edges.limit:
+                            acc_s = acc_s.masked_fill(edges.hidden(k_idx, q_idx + diagonal_offset), -math.inf)
                         probs = torch.exp2(acc_s * scale_log2 - lse_log2[b, head, rows][:, None])
                         acc_dv += probs.to(q.dtype).float().T @ do_tile
                         grad_s = probs * (do_tile @ v_tile.T - delta[b, rows, head][:, None])
-                        if inner is not None:
+                        if cap is not None:
                             grad_s = grad_s * (1 - tanh * tanh)
                         grad_s = grad_s.to(q.dtype).float()
                         acc_dk += grad_s.T @ q_tile

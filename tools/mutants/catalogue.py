@@ -583,16 +583,17 @@ EMULATOR_MUTANTS = [
     Mutant(
         "softcap_before_the_scale",
         "emulator.py",
-        "inner, outer = softmax_scale / softcap, softcap / softmax_scale",
-        "inner, outer = 1 / softcap, softcap",
+        "cls(softmax_scale / softcap, softcap / softmax_scale)",
+        "cls(1 / softcap, softcap)",
     ),
     Mutant(
         # The cap after an additive mask: a hidden key's -inf comes out of tanh as -softcap.
         "softcap_over_the_mask",
         "emulator.py",
-        "acc_s = cap(q_tile @ k_tile.T)\nif masked is not None:\n    acc_s = acc_s.masked_fill(masked, -math.inf)",
+        "acc_s = cap.apply(q_tile @ k_tile.T)[0]\n"
+        "if masked is not None:\n    acc_s = acc_s.masked_fill(masked, -math.inf)",
         "if masked is not None:\n    acc_s = acc_s.masked_fill(masked, -math.inf)\n"
-        "acc_s = cap(acc_s + q_tile @ k_tile.T)",
+        "acc_s = cap.apply(acc_s + q_tile @ k_tile.T)[0]",
     ),
     Mutant(
         "sink_left_out_of_the_sum",
