@@ -41,6 +41,7 @@ class Mutant:
 JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
 PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
 NONFINITE = ("tests/test_nonfinite.py",)
+ROW_WITHOUT_MAX = ("tests/test_nonfinite.py::test_a_row_whose_first_tile_is_all_minus_inf_keeps_every_later_tile",)
 GUARD_REGIONS = ("tests/test_guard_regions.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
@@ -106,6 +107,23 @@ KERNEL_MUTANTS = [
         "row_over = 1",
         "row_over = 0",
         first=JUMPS,
+    ),
+    Mutant(
+        # A row with no max yet is not voted over: its next tile stays against the stand-in 0, and
+        # the tile that moves its max drops it (alpha from -inf).
+        "row_without_max_not_voted",
+        "kernel.py",
+        "T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, rows.row_max[i] == neg_inf)",
+        "rows.tile_sum[i] > STALE_SUM_LIMIT",
+        first=ROW_WITHOUT_MAX,
+    ),
+    Mutant(
+        # The vote passes, but fold_tile keeps the stand-in for a row with no max yet.
+        "row_without_max_keeps_stand_in",
+        "softmax.py",
+        "T.Or(stale_sum[i] > STALE_SUM_LIMIT, row_max_prev[i] == neg_inf)",
+        "stale_sum[i] > STALE_SUM_LIMIT",
+        first=ROW_WITHOUT_MAX,
     ),
     Mutant(
         # A limit past fp16's range: P~ up to 2^17 is kept, and its down-cast overflows.
