@@ -49,6 +49,7 @@ from fa_kernel.pipeline import (
     consumer_registers,
     own_output_buffer,
 )
+from fa_kernel.scheduler import tile_scheduler
 from fa_kernel.softmax import RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 
@@ -170,65 +171,21 @@ def forward_program(
                 leader_scope_threads=storing_threads,
             )
 
-    # ---- the tile scheduler: which work tiles a thread block runs, and which K/V tiles ----
+    # ---- the tile scheduler (scheduler.py): each thread block's work tiles, and their K/V tiles ----
 
-    # A work tile is one block of query rows of one (batch, head). The per-tile grid is
-    # (query block, head, batch); the persistent grid numbers the tiles in that order, query
-    # block fastest, so the thread blocks running at once share their K/V in L2.
-    q_blocks = T.ceildiv(seqlen_q, block_m)
-    num_tiles = q_blocks * heads * batch
-    # Persistent: one thread block per SM walks the tiles, a round of `workers` at a time; its
-    # producer loads the next tile's Q and K/V while the consumers finish the last one.
-    workers = T.min(sm_count, num_tiles)
-
-    def place_in_round(worker, tile_round):
-        """Round r covers tiles [r * workers, (r + 1) * workers) in snake order: a thread
-        block's place reverses every round, so (causal) heavy and light tiles even out over a
-        thread block's rounds instead of some blocks drawing the heavy ones."""
-        return T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
-
-    def work_tile(block, tile_round):
-        """(batch, head, K/V head, first query row, K/V tiles to visit) of thread block
-        `block`'s tile_round-th work tile."""
-        if config.persistent:
-            tile = tile_round * workers + place_in_round(block[0], tile_round)
-            q_block, head, b = tile % q_blocks, tile // q_blocks % heads, tile // (q_blocks * heads)
-        else:
-            q_block, head, b = block
-        if causal:
-            # Later query blocks see more keys: run them first, so the short ones fill the
-            # tail of the grid.
-            q_block = q_blocks - 1 - q_block
-        kv_head = head // (heads // heads_kv)  # GQA/MQA: a group of query heads shares a K/V head
-        q_start = q_block * block_m
-        num_kv_blocks = T.ceildiv(seqlen_k, block_n)
-        if causal:
-            # Tiles right of this block's last visible key are never loaded. At least one tile
-            # is: every TMA load issued must be waited for before the block exits (a load in
-            # flight would land in the next block's shared memory), and the consumers' loop is
-            # written for one tile or more. The mask zeroes that tile.
-            num_kv_blocks = T.max(
-                1, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
-            )
-        return b, head, kv_head, q_start, num_kv_blocks
-
-    def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup):
-        """K/V tiles the rows of consumer warpgroup `warpgroup` see, of the block's num_kv_blocks
-        (which its last rows see): causal, up to the tile with its last row's last visible key;
-        rows past seqlen_q (the last query block's), one, as every block visits at least one.
-        The tiles after them are fully masked for these rows: they would add exact zeros.
-
-        Under the overlapped epilogue every warpgroup visits every tile: it releases the tiles
-        past its rows only after its last P.V, and the next work tile's S_0, issued before that
-        P.V completes, waits for a K that one of those releases lets the producer load."""
-        if overlap_epilogue:
-            return num_kv_blocks
-        first_row = q_start + warpgroup * rows_per_warpgroup
-        visible = num_kv_blocks
-        if causal:
-            last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)
-            visible = T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(last_rows_end), block_n))
-        return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)
+    schedule = tile_scheduler(
+        batch=batch,
+        heads=heads,
+        heads_kv=heads_kv,
+        visibility=visibility,
+        config=config,
+        rows_per_warpgroup=rows_per_warpgroup,
+        sm_count=sm_count,
+    )
+    q_blocks, num_tiles, workers = schedule.q_blocks, schedule.num_tiles, schedule.workers
+    place_in_round, work_tile, warpgroup_kv_blocks = (
+        schedule.place_in_round, schedule.work_tile, schedule.warpgroup_kv_blocks
+    )  # fmt: skip
 
     # ---- the producer warpgroup ----
 

@@ -1,0 +1,99 @@
+"""The forward's tile scheduler: which work tiles a thread block runs, in which order, and which
+K/V tiles each of them (and each consumer warpgroup's rows in it) visits.
+
+A work tile is one block of `block_m` query rows of one (batch, head). The per-tile grid is
+(query block, head, batch); the persistent grid numbers the tiles in that order, query block
+fastest, so the thread blocks running at once share their K/V in L2, and one thread block per
+SM walks them, a round of `workers` at a time (its producer loads the next tile's Q and K/V
+while the consumers finish the last one). The K/V tiles a work tile visits come from the
+visibility rule (mask.py): tiles past its last row's last visible key are never loaded.
+
+Every value is a TileLang expression of the launch's sizes; the kernel keeps a work tile's in
+registers (pipeline.WorkTile), so each division here runs once per tile.
+"""
+
+from typing import NamedTuple
+
+import tilelang.language as T
+
+from fa_kernel.configs import TileConfig
+from fa_kernel.mask import Visibility
+
+
+class TileScheduler(NamedTuple):
+    q_blocks: object  # query blocks per (batch, head)
+    num_tiles: object  # work tiles of the launch
+    workers: object  # thread blocks of the persistent grid
+    place_in_round: object  # (worker, tile_round) -> its place among the round's tiles
+    work_tile: object  # (block, tile_round) -> (b, head, kv_head, q_start, num_kv_blocks)
+    warpgroup_kv_blocks: object  # (q_start, num_kv_blocks, warpgroup) -> the tiles its rows see
+
+
+def tile_scheduler(
+    *,
+    batch,
+    heads,
+    heads_kv,
+    visibility: Visibility,
+    config: TileConfig,
+    rows_per_warpgroup: int,
+    sm_count: int,
+) -> TileScheduler:
+    """The scheduler of a launch of `batch` x `heads` over `visibility`'s lengths, with
+    `config`'s tiles, on `sm_count` SMs."""
+    block_m, block_n = config.block_m, config.block_n
+    seqlen_q, seqlen_k = visibility.seqlen_q, visibility.seqlen_k
+    q_blocks = T.ceildiv(seqlen_q, block_m)
+    num_tiles = q_blocks * heads * batch
+    workers = T.min(sm_count, num_tiles)
+
+    def place_in_round(worker, tile_round):
+        """Round r covers tiles [r * workers, (r + 1) * workers) in snake order: a thread
+        block's place reverses every round, so (causal) heavy and light tiles even out over a
+        thread block's rounds instead of some blocks drawing the heavy ones."""
+        return T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
+
+    def work_tile(block, tile_round):
+        """(batch, head, K/V head, first query row, K/V tiles to visit) of thread block
+        `block`'s tile_round-th work tile."""
+        if config.persistent:
+            tile = tile_round * workers + place_in_round(block[0], tile_round)
+            q_block, head, b = tile % q_blocks, tile // q_blocks % heads, tile // (q_blocks * heads)
+        else:
+            q_block, head, b = block
+        if visibility.limits_right:
+            # Later query blocks see more keys: run them first, so the short ones fill the
+            # tail of the grid.
+            q_block = q_blocks - 1 - q_block
+        kv_head = head // (heads // heads_kv)  # GQA/MQA: a group of query heads shares a K/V head
+        q_start = q_block * block_m
+        num_kv_blocks = T.ceildiv(seqlen_k, block_n)
+        if visibility.limits_right:
+            # Tiles right of this block's last visible key are never loaded. At least one tile
+            # is: every TMA load issued must be waited for before the block exits (a load in
+            # flight would land in the next block's shared memory), and the consumers' loop is
+            # written for one tile or more. The mask zeroes that tile.
+            num_kv_blocks = T.max(
+                1, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
+            )
+        return b, head, kv_head, q_start, num_kv_blocks
+
+    def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup):
+        """K/V tiles the rows of consumer warpgroup `warpgroup` see, of the block's num_kv_blocks
+        (which its last rows see): causal, up to the tile with its last row's last visible key;
+        rows past seqlen_q (the last query block's), one, as every block visits at least one.
+        The tiles after them are fully masked for these rows: they would add exact zeros.
+
+        Under the overlapped epilogue every warpgroup visits every tile: it releases the tiles
+        past its rows only after its last P.V, and the next work tile's S_0, issued before that
+        P.V completes, waits for a K that one of those releases lets the producer load."""
+        if config.overlap_epilogue:
+            return num_kv_blocks
+        first_row = q_start + warpgroup * rows_per_warpgroup
+        visible = num_kv_blocks
+        if visibility.limits_right:
+            last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)
+            visible = T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(last_rows_end), block_n))
+        return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)
+
+    return TileScheduler(q_blocks, num_tiles, workers, place_in_round, work_tile, warpgroup_kv_blocks)
