@@ -42,10 +42,10 @@ def attention_tiled(
 
     `config` defaults to the tiles the kernel uses on the H200 (sm_90, 132 SMs) for this shape.
     The variants are reference.attention_ref's: a window's tiles outside every row's edges are
-    never loaded, and only tiles an edge cuts get a mask; a softcap turns each raw score x into
-    (c / scale)·tanh(x·scale / c), the cap in the raw score's units, so the online softmax runs
+    never loaded, and only tiles an edge cuts get a mask; a softcap c keeps each raw score x as
+    tanh(x·scale / c), with c·log2e as the exponent's scale (_Cap), so the online softmax runs
     as it does without one, and the mask is then a select after it (an additive -inf before
-    the GEMM would come out of tanh as -c); a sink joins each row's sum once, at the
+    the GEMM would come out of tanh as -1); a sink joins each row's sum once, at the
     normalisation, against the larger of its max and the sink.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
@@ -58,6 +58,7 @@ def attention_tiled(
     config = config or select_config("sm_90", head_dim, causal, k.shape[1], grid)
     out = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen_q, dtype=torch.float32)
+    edges, cap = _Edges.of(causal, window_size), _Cap.of(softcap, softmax_scale)
     # One (batch, head) at a time, as the kernel's grid does: every head then runs the very
     # same torch ops on same-shaped tensors, so results do not depend on a head's position
     # (CPU kernels vectorise across a whole tensor and treat its tail differently).
@@ -69,10 +70,10 @@ def attention_tiled(
                 q[b, :, head],
                 k[b, :, kv_head],
                 v[b, :, kv_head],
-                scale_log2,
-                _Edges.of(causal, window_size),
+                scale_log2 if cap is None else cap.scale_log2,
+                edges,
                 config,
-                _Cap.of(softcap, softmax_scale),
+                cap,
                 sink,
             )
     return out, lse
@@ -106,20 +107,21 @@ class _Edges(NamedTuple):
 
 
 class _Cap(NamedTuple):
-    """The softcap on raw scores x = q·k, in their units: (c / scale)·tanh(x·scale / c), the same
-    computation in the forward and in the backward's recomputed scores."""
+    """The softcap c on raw scores x = q·k: the softmax takes c·tanh(x·scale / c). The kernels
+    keep the tanh as the score and fold c into the exponent's scale (c·log2e in place of
+    scale·log2e), in the forward and in the backward's recomputed scores alike; the backward's
+    slope is then 1 − tanh²."""
 
     inner: float  # scale / c
-    outer: float  # c / scale
+    scale_log2: float  # c·log2e
 
     @classmethod
     def of(cls, softcap: float, softmax_scale: float) -> _Cap | None:
-        return cls(softmax_scale / softcap, softcap / softmax_scale) if softcap > 0 else None
+        return cls(softmax_scale / softcap, softcap * LOG2E) if softcap > 0 else None
 
-    def apply(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the capped scores, their tanh: the backward's slope is 1 − tanh²)."""
-        tanh = torch.tanh(raw * self.inner)
-        return self.outer * tanh, tanh
+    def apply(self, raw: torch.Tensor) -> torch.Tensor:
+        """The scores as the kernels keep them: tanh(x·scale / c)."""
+        return torch.tanh(raw * self.inner)
 
 
 def _attend_one_head(
@@ -182,7 +184,7 @@ def _attend_one_head(
                     acc_s = acc_s.masked_fill(masked, -math.inf)
                 acc_s = acc_s + q_tile @ k_tile.T
             else:
-                acc_s = cap.apply(q_tile @ k_tile.T)[0]
+                acc_s = cap.apply(q_tile @ k_tile.T)
                 if masked is not None:
                     acc_s = acc_s.masked_fill(masked, -math.inf)  # a select, after the cap
 
@@ -270,6 +272,8 @@ def attention_backward_tiled(
     delta = (dout.float() * out.float()).sum(dim=-1)  # [batch, seqlen_q, nheads]
     edges = _Edges.of(causal, window_size)
     cap = _Cap.of(softcap, softmax_scale)
+    if cap is not None:
+        scale_log2 = cap.scale_log2
     dq = torch.zeros(q.shape, dtype=torch.float32)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -297,7 +301,7 @@ def attention_backward_tiled(
                         q_idx = torch.arange(q_start, q_start + q_tile.shape[0])[:, None]
                         acc_s = q_tile @ k_tile.T
                         if cap is not None:
-                            acc_s, tanh = cap.apply(acc_s)
+                            acc_s = tanh = cap.apply(acc_s)
                         if edges.limit:
                             acc_s = acc_s.masked_fill(edges.hidden(k_idx, q_idx + diagonal_offset), -math.inf)
                         probs = torch.exp2(acc_s * scale_log2 - lse_log2[b, head, rows][:, None])
