@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "fa_kernel"
-FILES = ("kernel.py", "pipeline.py", "mask.py", "softmax.py", "numerics.py", "interface.py", "configs.py")
+FILES = ("kernel.py", "scheduler.py", "pipeline.py", "mask.py", "softmax.py", "numerics.py", "interface.py", "configs.py")
 OPERATORS = ("relational", "off_by_one", "min_max", "or_and", "guard_always", "guard_never", "constant")
 
 
@@ -78,6 +78,7 @@ class Scope:
 
 SCOPES = {
     "kernel.py": Scope(("forward_program",), constants=True),
+    "scheduler.py": Scope(("tile_scheduler",), constants=False),
     "pipeline.py": Scope(("consumer_registers", "own_output_buffer"), constants=True),
     # The kernels' shared parts: the visibility rule (a class: its methods) and the online softmax.
     "mask.py": Scope(("Visibility",), constants=False),

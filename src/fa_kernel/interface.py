@@ -25,6 +25,7 @@ from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, 
 from fa_kernel.device import device_facts, device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
+from fa_kernel.variants import PLAIN, Variants, exponent_scale, launch_arguments
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -40,6 +41,9 @@ def flash_attn_func(
     causal: bool = False,
     return_lse: bool = False,
     deterministic: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q kᵀ · softmax_scale) v, computed by the FlashAttention forward kernel, or for a
     decode step (a GQA group's queries fit 64 rows; causal only with one query) by the split-KV
@@ -59,6 +63,12 @@ def flash_attn_func(
         deterministic: the gradients bitwise the same from run to run: dq summed in a fixed
             order by a kernel of its own (two GEMMs more than the atomic sum). The forward
             is deterministic either way.
+        window_size: (left, right), -1 for no limit on that side (flash-attn's): query i
+            sees key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q +
+            right. causal=True is right = 0, and both may be given.
+        softcap: where > 0, each scaled score s becomes softcap * tanh(s / softcap).
+        sinks: None, or fp32 [nheads] on q's device: row i of head h gains exp(sinks[h]) in
+            its softmax denominator (no value is added for it); the LSE includes it.
 
     headdim 64, 128 and 256 are supported, on Hopper GPUs (H100, H200); seqlen_q, seqlen_k
     and batch can be any size, including 0 (an empty result, nothing launched). Inputs
@@ -87,17 +97,26 @@ def flash_attn_func(
     softmax_scale = _check_inputs(q, k, v, softmax_scale, causal)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    left, right = _check_variants(q, window_size, softcap, sinks)
+    softcap = float(softcap)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
         _check_backward_head_dim(q.shape[-1])
+        if Variants.of(causal, (left, right), softcap, sinks) != PLAIN:
+            raise ValueError(
+                "window_size, softcap, sinks: expected the defaults where a gradient is needed (the backward "
+                f"kernels have no variants yet), got window_size={window_size}, softcap={softcap}, sinks "
+                f"{'given' if sinks is not None else 'None'}; call under torch.no_grad() for the forward alone"
+            )
+    variant_args = (left, right, softcap, sinks)
     if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v)):
         # Traced (torch.compile, export), or a tensor subclass (fake tensors among them): the
         # custom op, which they see as one node with its fake and its gradient.
-        out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal, deterministic)
+        out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal, deterministic, *variant_args)
     elif needs_grad:
         out, lse = _EagerAttention.apply(q, k, v, softmax_scale, causal, deterministic)
     else:
-        out, lse = _attention(q, k, v, softmax_scale, causal)
+        out, lse = _attention(q, k, v, softmax_scale, causal, *variant_args)
     return (out, lse) if return_lse else out
 
 
@@ -216,6 +235,31 @@ def _check_inputs(q, k, v, softmax_scale, causal) -> float:
     return float(softmax_scale)
 
 
+def _check_variants(q, window_size, softcap, sinks) -> tuple[int, int]:
+    """Validate the variants' arguments; return the window's (left, right) as ints."""
+    if (
+        not isinstance(window_size, (tuple, list))
+        or len(window_size) != 2
+        or not all(isinstance(edge, numbers.Integral) and not isinstance(edge, bool) for edge in window_size)
+    ):
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
+    if any(edge < -1 for edge in window_size):
+        raise ValueError(f"window_size: expected each edge >= -1 (-1: no limit), got {tuple(window_size)}")
+    if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool):
+        raise TypeError(f"softcap: expected a real number, got {type(softcap).__name__}")
+    if not (math.isfinite(float(softcap)) and float(softcap) >= 0):
+        raise ValueError(f"softcap: expected a finite number >= 0 (0: no cap), got {softcap}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor):
+            raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
+        if sinks.shape != (q.shape[2],) or sinks.dtype != torch.float32 or sinks.device != q.device:
+            raise ValueError(
+                f"sinks: expected a float32 tensor of shape ({q.shape[2]},) (q's nheads) on {q.device}, got "
+                f"{sinks.dtype} of shape {tuple(sinks.shape)} on {sinks.device}"
+            )
+    return int(window_size[0]), int(window_size[1])
+
+
 def _check_backward_head_dim(head_dim: int) -> None:
     if head_dim not in BACKWARD_TILES:
         raise ValueError(
@@ -237,43 +281,72 @@ def _require_hopper(device: torch.device) -> None:
 
 @torch.library.custom_op("fa_kernel::forward", mutates_args=(), device_types="cuda")
 def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, deterministic: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # `deterministic` is the gradient's (the autograd formula reads it); the forward always is.
-    return _attention(q, k, v, softmax_scale, causal)
+    return _attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sinks)
 
 
 def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of validated inputs: the forward op's body."""
     if q.numel() == 0:
         return _outputs_like(q)
     if k.shape[1] == 0:
-        # No keys at all: every row is fully masked (and a zero-length TMA box is invalid).
+        # No keys at all: every row is fully masked (and a zero-length TMA box is invalid): output
+        # 0, and the LSE -inf, or the sink's alone.
         out, lse = _outputs_like(q)
-        return out.zero_(), lse.fill_(-math.inf)
+        return out.zero_(), lse.fill_(-math.inf) if sinks is None else lse.copy_(sinks[None, :, None].expand_as(lse))
     # The kernels assume dense BSHD strides; this is the one documented copy.
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     batch, seqlen_q, heads, _ = q.shape
     sm_count, arch = device_target(q.device)
-    if serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count):
+    window_size = (window_left, window_right)
+    variants = Variants.of(causal, window_size, softcap, sinks)
+    if variants == PLAIN and serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count):
         return split_kv_attention(q, k, v, softmax_scale, causal, sm_count, arch)
-    return forward_kernel_attention(q, k, v, softmax_scale, causal)
+    return forward_kernel_attention(q, k, v, softmax_scale, causal, window_size, softcap, sinks)
 
 
 def forward_kernel_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) by the forward kernel, in the config the table gives for seqlen_k and the
     launch's grid, whatever flash_attn_func would choose: q, k, v dense [batch, seqlen, heads,
     head_dim] on one Hopper GPU as flash_attn_func checks and makes them, seqlen_k >= 1."""
     out, lse = _outputs_like(q)
     batch, seqlen_q, heads, head_dim = q.shape
+    variants = Variants.of(causal, window_size, softcap, sinks)
     build = kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1], launch=(batch, heads, seqlen_q))
-    kernel = compiled_forward(**build)
+    kernel = compiled_forward(**build, variants=variants)
+    variant_args = launch_arguments(variants, window_size, softcap, softmax_scale, sinks)
     with torch.cuda.device(q.device):
-        kernel(q, k, v, out, lse, softmax_scale * LOG2E)
+        kernel(q, k, v, out, lse, exponent_scale(softmax_scale, softcap), *variant_args)
     return out, lse
 
 
@@ -286,7 +359,7 @@ def _outputs_like(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @_forward.register_fake
-def _forward_fake(q, k, v, softmax_scale, causal, deterministic=False):
+def _forward_fake(q, k, v, softmax_scale, causal, deterministic=False, *variant_args):
     return _outputs_like(q)
 
 
@@ -366,12 +439,13 @@ def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, det
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, softmax_scale, causal, deterministic = inputs
+    q, k, v, softmax_scale, causal, deterministic, *variant_args = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.deterministic = deterministic
+    ctx.variants = Variants.of(causal, variant_args[:2], *variant_args[2:]) if variant_args else PLAIN
 
 
 def _saved_gradients(ctx, grad_out, grad_lse, backward: Callable) -> tuple:
@@ -379,12 +453,15 @@ def _saved_gradients(ctx, grad_out, grad_lse, backward: Callable) -> tuple:
     if grad_out is None:  # only the LSE was used
         grad_out = torch.zeros_like(out)
     dq, dk, dv = backward(grad_out, grad_lse, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv
 
 
 def _forward_gradient(ctx, grad_out, grad_lse):
     # The forward op's autograd formula: under torch.compile the backward is traced as an op too.
-    return _saved_gradients(ctx, grad_out, grad_lse, torch.ops.fa_kernel.backward)
+    if ctx.variants != PLAIN:  # flash_attn_func refuses these before the forward; the op called directly
+        raise ValueError("window_size, softcap, sinks: the backward kernels have no variants yet")
+    # None for the op's other seven inputs (the scale, flags and variants).
+    return *_saved_gradients(ctx, grad_out, grad_lse, torch.ops.fa_kernel.backward), *[None] * 7
 
 
 torch.library.register_autograd("fa_kernel::forward", _forward_gradient, setup_context=_setup_context)
@@ -407,4 +484,4 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return _saved_gradients(ctx, grad_out, grad_lse, _gradients)
+        return *_saved_gradients(ctx, grad_out, grad_lse, _gradients), None, None, None

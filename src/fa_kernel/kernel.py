@@ -33,7 +33,7 @@ import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
 from fa_kernel.mask import Visibility
-from fa_kernel.numerics import LN2, STALE_SUM_LIMIT
+from fa_kernel.numerics import LN2, LOG2E, STALE_SUM_LIMIT
 from fa_kernel.pipeline import (
     H100_SM_COUNT,
     OUTPUT_BARRIERS,
@@ -52,6 +52,7 @@ from fa_kernel.pipeline import (
 from fa_kernel.scheduler import tile_scheduler
 from fa_kernel.softmax import RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
+from fa_kernel.variants import PLAIN, Variants
 
 # Its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer warpgroup wait for the
 # others at each work tile's end, where only the V ring needs it; mbarriers order the rest.
@@ -65,11 +66,13 @@ def forward_program(
     dtype: str,
     config: TileConfig,
     sm_count: int = H100_SM_COUNT,
+    variants: Variants = PLAIN,
 ):
     """The kernel as a TileLang PrimFunc.
 
     Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], Output [B, Sq, H, D],
-    LSE [B, H, Sq] (fp32, natural log) and scale_log2 = softmax_scale * log2(e).
+    LSE [B, H, Sq] (fp32, natural log) and scale_log2 = softmax_scale * log2(e); then those of
+    the `variants` compiled in (variants.launch_arguments).
     """
     batch, seqlen_q, seqlen_k, heads, heads_kv = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv")
     block_m, block_n, stages = config.block_m, config.block_n, config.num_stages
@@ -95,9 +98,23 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
+    # ---- the variants (variants.py): a kernel parameter each, only where compiled in ----
+
+    window_left, window_right = T.dynamic("window_left, window_right")
+    softcap_log2 = T.dynamic("softcap_log2", "float32")  # 2·log2e·scale / c
+
+    def parameter(value, compiled: bool):
+        return value if compiled else None  # a parameter annotated None is none of the kernel's
+
     # ---- the mask: the visibility rule (mask.py), written into the score accumulator ----
 
-    visibility = Visibility(seqlen_q, seqlen_k, causal)
+    visibility = Visibility(
+        seqlen_q,
+        seqlen_k,
+        causal,
+        left=parameter(window_left, variants.window_left),
+        right=parameter(window_right, variants.window_right),
+    )
 
     @T.macro
     def write_mask(acc_s, kv_start, q_start):
@@ -109,13 +126,36 @@ def forward_program(
     @T.macro
     def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
         """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
-        `mask_written`) where the tile needs one, else onto zero."""
-        if visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
+        `mask_written`) where the tile needs one, else onto zero; under a softcap always onto
+        zero (capped_scores masks after the cap)."""
+        if variants.softcap:
+            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+        elif visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
             if not mask_written:
                 write_mask(acc_s, kv_start, q_start)
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
         else:
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+
+    def cap(score):
+        """tanh(x·scale / c) as 1 - 2 / (2^(2x·log2e·scale / c) + 1) (numerics.TANH_ERROR)."""
+        return 1 - 2 / (T.exp2(score * softcap_log2) + 1)
+
+    @T.macro
+    def cap_and_mask(acc_s, kv_start, q_start):
+        if visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
+            for i, j in T.Parallel(block_m, block_n):
+                acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, cap(acc_s[i, j]))
+        else:
+            for i, j in T.Parallel(block_m, block_n):
+                acc_s[i, j] = cap(acc_s[i, j])
+
+    def capped_scores(acc_s, kv_start, q_start):
+        """softcap: the scores become their tanh (c·log2e is then scale_log2), and the mask a
+        select after it, where the tile needs one (an additive -inf would come out as -1).
+        (Without one nothing: no macro call, which would bind its arguments in the program.)"""
+        if variants.softcap:
+            cap_and_mask(acc_s, kv_start, q_start)
 
     # ---- the online softmax (softmax.py): fp32 row state, exp2 with the scale folded in ----
 
@@ -187,21 +227,28 @@ def forward_program(
         schedule.place_in_round, schedule.work_tile, schedule.warpgroup_kv_blocks
     )  # fmt: skip
 
+    def walk_start(kv_first, kv_block):
+        """The first key of a work tile's kv_block-th K/V tile (left edge: from its kv_first-th)."""
+        return (kv_block if kv_first is None else kv_first + kv_block) * block_n
+
     # ---- the producer warpgroup ----
 
     @T.macro
     def producer(pipe, tile, kv_before: T.Ref, Q, K, V, block, rounds):
         """TMA loads of each work tile's Q and K/V tiles, never more than `stages` tiles ahead."""
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
+        kv_first = tile.kv_first
         T.set_max_nreg(PRODUCER_REGISTERS, 0)
         for tile_round in T.serial(rounds):
             b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            if visibility.limits_left:
+                kv_first = schedule.first_kv_block(q_start)
             T.mbarrier_wait_parity(pipe.q_empty, (tile_round & 1) ^ 1)
             T.tma_copy(Q[b, q_start : q_start + block_m, head, :], pipe.Q, barrier=pipe.q_full)
             T.mbarrier_arrive(pipe.q_full)
             for kv_block in T.serial(num_kv_blocks):
                 stage, phase = ring_slot(kv_before + kv_block)
-                kv_start = kv_block * block_n
+                kv_start = walk_start(kv_first, kv_block)
                 load_tile(K, b, kv_start, kv_head, pipe.K, pipe.k_empty, pipe.k_full, stage, phase)
                 if not o_buffer and kv_block == 0:
                     T.mbarrier_wait_parity(pipe.o_stored, (tile_round & 1) ^ 1)  # last tile's O
@@ -215,20 +262,25 @@ def forward_program(
         """overlap_epilogue: the first work tile's S_0; every later one is issued under the
         epilogue of the tile before it."""
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
+        kv_first = tile.kv_first
         b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
+        if visibility.limits_left:
+            kv_first = schedule.first_kv_block(q_start)
         T.mbarrier_wait_parity(pipe.q_full, 0)
         T.mbarrier_wait_parity(pipe.k_full[0], 0)
-        issue_scores(pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, 0, q_start)
+        issue_scores(pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, walk_start(kv_first, 0), q_start)
 
     @T.macro
     def start_work_tile(pipe, regs, tile, block, thread, tile_round):
         """The work tile's row state and Q, and (take_turns) warpgroup 0's first turn."""
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
-        own_kv_blocks = regs.own_kv_blocks
+        own_kv_blocks, kv_first = regs.own_kv_blocks, tile.kv_first
         if not overlap_epilogue:
             b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            if visibility.limits_left:
+                kv_first = schedule.first_kv_block(q_start)
             T.fill(regs.acc_o, 0)
-        own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128)  # noqa: F841 (a register store)
+        own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128, kv_first)  # noqa: F841 (a register store)
         softmax.start_rows(regs.rows)
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.q_full, tile_round & 1)
@@ -248,10 +300,12 @@ def forward_program(
             tile.q_start,
             regs.own_kv_blocks,
         )
+        kv_first = tile.kv_first
+        kv_start = walk_start(kv_first, 0)
         first_stage = ring_slot(kv_before)[0]
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.k_full[first_stage], ring_slot(kv_before)[1])
-            issue_scores(pipe.Q, ring_stage(pipe.K, first_stage), acc_s, 0, q_start)
+            issue_scores(pipe.Q, ring_stage(pipe.K, first_stage), acc_s, kv_start, q_start)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
         if overlap_epilogue:
@@ -261,6 +315,7 @@ def forward_program(
         T.mbarrier_arrive(pipe.k_empty[first_stage])
         if own_kv_blocks == 1:
             T.mbarrier_arrive(pipe.q_empty)  # (as in kv_step)
+        capped_scores(acc_s, kv_start, q_start)
         softmax.fold_tile(acc_s, regs.rows, scale_log2)
         T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
@@ -273,7 +328,8 @@ def forward_program(
         q_start, num_kv_blocks, own_kv_blocks = tile.q_start, tile.num_kv_blocks, regs.own_kv_blocks
         stage, phase = ring_slot(kv_before + kv_block)
         prev_stage, prev_phase = ring_slot(kv_before + kv_block - 1)
-        kv_start = kv_block * block_n
+        kv_first = tile.kv_first
+        kv_start = walk_start(kv_first, kv_block)
         T.mbarrier_wait_parity(pipe.k_full[stage], phase)
         if take_turns:
             wait_turn(thread)
@@ -284,6 +340,7 @@ def forward_program(
             pass_turn(thread, kv_block, num_kv_blocks)
         T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+        capped_scores(acc_s, kv_start, q_start)
         # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
         softmax.exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
         row_over = 0
@@ -303,6 +360,7 @@ def forward_program(
             issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+            capped_scores(acc_s, kv_start, q_start)
             softmax.fold_tile(acc_s, rows, scale_log2, stale_sum=rows.tile_sum)
             softmax.rescale_output(acc_o, rows.alpha)
         else:
@@ -323,14 +381,18 @@ def forward_program(
             regs.acc_s, regs.acc_p, regs.acc_o, tile.num_kv_blocks, regs.own_kv_blocks
         )  # fmt: skip
         next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = next_tile.registers()
+        next_kv_first = next_tile.kv_first
         last = kv_before + own_kv_blocks - 1  # counted over this thread block's life
         last_stage = ring_slot(last)[0]
         if overlap_epilogue:
             # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
             # nothing but its GEMM may write acc_s once that is in flight.
             next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(block, tile_round + 1)
-            if visibility.tile_needs_mask(0, block_n, next_q_start, block_m):
-                write_mask(acc_s, 0, next_q_start)
+            if visibility.limits_left:
+                next_kv_first = schedule.first_kv_block(next_q_start)
+            next_start = walk_start(next_kv_first, 0)
+            if not variants.softcap and visibility.tile_needs_mask(next_start, block_n, next_q_start, block_m):
+                write_mask(acc_s, next_start, next_q_start)
         T.mbarrier_wait_parity(pipe.v_full[last_stage], ring_slot(last)[1])
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
         if overlap_epilogue:
@@ -345,7 +407,7 @@ def forward_program(
                 pipe.Q,
                 ring_stage(pipe.K, ring_slot(next_first)[0]),
                 acc_s,
-                0,
+                walk_start(next_kv_first, 0),
                 next_q_start,
                 mask_written=True,
             )
@@ -374,16 +436,21 @@ def forward_program(
             T.mbarrier_arrive(pipe.v_empty[stage])
 
     @T.macro
-    def epilogue(pipe, regs, tile, LSE, Output, thread):
+    def epilogue(pipe, regs, tile, LSE, Output, Sinks, thread):
         """One normalisation after the loop, the LSE, and O's TMA store. The normalisation runs
         on O's way into shared memory, except for the V ring without the overlapped epilogue,
         where it runs in place before the sync (while the other warpgroups finish). Under the
-        overlapped epilogue S_0 is in flight, and nothing but wgmma may write an accumulator."""
+        overlapped epilogue S_0 is in flight, and nothing but wgmma may write an accumulator.
+        Sinks: each row's sink joins its sum here (softmax.join_sink), once."""
         acc_o, row_sum = regs.acc_o, regs.rows.row_sum
         b, head, q_start = tile.b, tile.head, tile.q_start
+        kept = None  # what acc_o's weights keep of their worth once a sink joined (alpha)
+        if variants.sinks:
+            softmax.join_sink(regs.rows, Sinks[head] * LOG2E)
+            kept = regs.rows.alpha
         if not (overlap_epilogue or o_buffer):
             for i, d in T.Parallel(block_m, head_dim):
-                acc_o[i, d] = softmax.normalised(acc_o, row_sum, i, d)
+                acc_o[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
         for i in T.Parallel(block_m):
             if q_start + i < seqlen_q:
                 LSE[b, head, q_start + i] = T.if_then_else(
@@ -398,7 +465,7 @@ def forward_program(
             T.tma_store_wait(0)
             T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
             for i, d in T.Parallel(block_m, head_dim):
-                pipe.O[i, d] = softmax.normalised(acc_o, row_sum, i, d)
+                pipe.O[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
             T.fence_proxy_async()
             T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
             store_output(pipe.O, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
@@ -407,7 +474,7 @@ def forward_program(
             T.sync_threads(OUTPUT_BARRIERS[0], consumers)
             if overlap_epilogue:
                 for i, d in T.Parallel(block_m, head_dim):
-                    pipe.V[i, d] = softmax.normalised(acc_o, row_sum, i, d)
+                    pipe.V[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
             else:
                 T.copy(acc_o, pipe.V[0:block_m, :])
             T.fence_proxy_async()
@@ -424,8 +491,14 @@ def forward_program(
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = next_tile.registers()
         b, head, kv_head, q_start, num_kv_blocks = (next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks)  # noqa: F841
+        if visibility.limits_left:
+            kv_first, next_kv_first = tile.kv_first, next_tile.kv_first
+            kv_first = next_kv_first  # noqa: F841
 
     # ---- the kernel: shared memory, registers, and who runs which part ----
+
+    def buffer_of(register):
+        return None if register is None else register.buffer
 
     @T.prim_func
     def flash_attention_forward(
@@ -435,6 +508,10 @@ def forward_program(
         Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
         LSE: T.Tensor([batch, heads, seqlen_q], accum),
         scale_log2: T.float32,
+        window_left: parameter(window_left, variants.window_left),
+        window_right: parameter(window_right, variants.window_right),
+        softcap_log2: parameter(softcap_log2, variants.softcap),
+        Sinks: parameter(T.Tensor([heads], accum), variants.sinks),
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=WARPGROUP_ANY) as block:
@@ -484,6 +561,7 @@ def forward_program(
             kv_head = T.alloc_var(T.int32)
             q_start = T.alloc_var(T.int32)
             num_kv_blocks = T.alloc_var(T.int32)
+            kv_first = T.alloc_var(T.int32) if visibility.limits_left else None
             own_kv_blocks = T.alloc_var(T.int32)  # of those, the ones this warpgroup's rows see
             # The next one, known before the current tile's epilogue (overlap_epilogue).
             next_b = T.alloc_var(T.int32)
@@ -491,6 +569,7 @@ def forward_program(
             next_kv_head = T.alloc_var(T.int32)
             next_q_start = T.alloc_var(T.int32)
             next_num_kv_blocks = T.alloc_var(T.int32)
+            next_kv_first = T.alloc_var(T.int32) if visibility.limits_left and overlap_epilogue else None
 
             thread = T.get_thread_binding()
             # Work tiles of this thread block: every full round, and the last, partial one if
@@ -505,9 +584,16 @@ def forward_program(
                 Q_shared, K_shared, V_shared, O_shared, q_full, q_empty, o_stored, k_full, k_empty, v_full, v_empty
             )
             # The macros take T.alloc_var registers as their buffers (.buffer), to write them.
-            tile = WorkTile(b.buffer, head.buffer, kv_head.buffer, q_start.buffer, num_kv_blocks.buffer)
+            tile = WorkTile(
+                b.buffer, head.buffer, kv_head.buffer, q_start.buffer, num_kv_blocks.buffer, buffer_of(kv_first)
+            )
             next_tile = WorkTile(
-                next_b.buffer, next_head.buffer, next_kv_head.buffer, next_q_start.buffer, next_num_kv_blocks.buffer
+                next_b.buffer,
+                next_head.buffer,
+                next_kv_head.buffer,
+                next_q_start.buffer,
+                next_num_kv_blocks.buffer,
+                buffer_of(next_kv_first),
             )
             rows = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
             regs = ConsumerRegisters(acc_s, acc_p, acc_o, rows, row_over.buffer, own_kv_blocks.buffer)
@@ -526,7 +612,7 @@ def forward_program(
                     last_kv_tile(pipe, regs, tile, next_tile, kv_before, block, rounds, tile_round)
                     if not overlap_epilogue:
                         release_unread_tiles(pipe, regs, tile, kv_before, thread)
-                    epilogue(pipe, regs, tile, LSE, Output, thread)
+                    epilogue(pipe, regs, tile, LSE, Output, Sinks, thread)
                     kv_before = kv_before + num_kv_blocks
                     if overlap_epilogue:
                         advance(tile, next_tile)
@@ -547,11 +633,14 @@ def compiled_forward(
     config: TileConfig,
     arch: str | None = None,
     sm_count: int = H100_SM_COUNT,
+    variants: Variants = PLAIN,
 ):
     """The compiled kernel, cached in this process; TileLang's disk cache spans processes.
 
     `arch` None compiles for the current CUDA device; a name such as "sm_90a" compiles for
     that architecture without needing a GPU (nvcc only).
     """
-    program = forward_program(head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count)
+    program = forward_program(
+        head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count, variants=variants
+    )
     return compile_program(program, arch, PASS_CONFIGS)

@@ -66,13 +66,14 @@ class Pipeline:
 @dataclass(frozen=True)
 class WorkTile:
     """A work tile, in T.alloc_var registers: its batch, query head, K/V head, first query row
-    and the K/V tiles its block visits."""
+    and the K/V tiles its block visits (with a left edge, from its kv_first-th; else None)."""
 
     b: object
     head: object
     kv_head: object
     q_start: object
     num_kv_blocks: object
+    kv_first: object = None
 
     def registers(self) -> tuple:
         """(b, head, kv_head, q_start, num_kv_blocks): a macro binds its names to these buffers,

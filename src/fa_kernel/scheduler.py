@@ -26,7 +26,8 @@ class TileScheduler(NamedTuple):
     workers: object  # thread blocks of the persistent grid
     place_in_round: object  # (worker, tile_round) -> its place among the round's tiles
     work_tile: object  # (block, tile_round) -> (b, head, kv_head, q_start, num_kv_blocks)
-    warpgroup_kv_blocks: object  # (q_start, num_kv_blocks, warpgroup) -> the tiles its rows see
+    first_kv_block: object  # (q_start) -> left edge: the K/V tile the block's walk starts at
+    warpgroup_kv_blocks: object  # (q_start, num_kv_blocks, warpgroup, kv_first) -> the tiles its rows see
 
 
 def tile_scheduler(
@@ -54,8 +55,8 @@ def tile_scheduler(
         return T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
 
     def work_tile(block, tile_round):
-        """(batch, head, K/V head, first query row, K/V tiles to visit) of thread block
-        `block`'s tile_round-th work tile."""
+        """(batch, head, K/V head, first query row, K/V tiles to visit: from first_kv_block's
+        with a left edge, else from the first) of thread block `block`'s tile_round-th work tile."""
         if config.persistent:
             tile = tile_round * workers + place_in_round(block[0], tile_round)
             q_block, head, b = tile % q_blocks, tile // q_blocks % heads, tile // (q_blocks * heads)
@@ -67,6 +68,13 @@ def tile_scheduler(
             q_block = q_blocks - 1 - q_block
         kv_head = head // (heads // heads_kv)  # GQA/MQA: a group of query heads shares a K/V head
         q_start = q_block * block_m
+        num_kv_blocks = kv_end(q_start)
+        if visibility.limits_left:
+            num_kv_blocks = num_kv_blocks - first_kv_block(q_start)
+        return b, head, kv_head, q_start, num_kv_blocks
+
+    def kv_end(q_start):
+        """The K/V tile after the last one the block of rows from q_start visits."""
         num_kv_blocks = T.ceildiv(seqlen_k, block_n)
         if visibility.limits_right:
             # Tiles right of this block's last visible key are never loaded. At least one tile
@@ -76,11 +84,18 @@ def tile_scheduler(
             num_kv_blocks = T.max(
                 1, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
             )
-        return b, head, kv_head, q_start, num_kv_blocks
+        return num_kv_blocks
 
-    def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup):
+    def first_kv_block(q_start):
+        """Left edge: the first K/V tile the block visits, its first row's first key's; tiles
+        before it are never loaded (its later rows' windows start later still). Never past its
+        last tile: one tile always is."""
+        return T.min(T.max(0, visibility.first_key(q_start)) // block_n, kv_end(q_start) - 1)
+
+    def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup, kv_first=None):
         """K/V tiles the rows of consumer warpgroup `warpgroup` see, of the block's num_kv_blocks
-        (which its last rows see): causal, up to the tile with its last row's last visible key;
+        from its tile kv_first (left edge; else 0), which its last rows see: with a right edge,
+        up to the tile with its last row's last visible key;
         rows past seqlen_q (the last query block's), one, as every block visits at least one.
         The tiles after them are fully masked for these rows: they would add exact zeros.
 
@@ -93,7 +108,8 @@ def tile_scheduler(
         visible = num_kv_blocks
         if visibility.limits_right:
             last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)
-            visible = T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(last_rows_end), block_n))
+            visible_end = T.ceildiv(visibility.keys_before(last_rows_end), block_n)
+            visible = T.min(num_kv_blocks, visible_end if kv_first is None else visible_end - kv_first)
         return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)
 
-    return TileScheduler(q_blocks, num_tiles, workers, place_in_round, work_tile, warpgroup_kv_blocks)
+    return TileScheduler(q_blocks, num_tiles, workers, place_in_round, work_tile, first_kv_block, warpgroup_kv_blocks)

@@ -38,7 +38,8 @@ class OnlineSoftmax(NamedTuple):
     exponentials: Callable[..., Any]  # (acc_s, row_max_scaled, tile_sum, scale_log2): P~ in place, its row sums
     fold_tile: Callable[..., Any]  # (acc_s, rows, scale_log2, stale_sum=None): a tile's scores into the state
     rescale_output: Callable[..., Any]  # (acc_o, alpha): the output accumulator to the new max
-    normalised: Callable[..., Any]  # (acc_o, row_sum, i, d) -> O[i, d] after the one normalisation
+    join_sink: Callable[..., Any]  # (rows, sink_log2): a sink joins each row's sum, before `normalised`
+    normalised: Callable[..., Any]  # (acc_o, row_sum, i, d, kept=None) -> O[i, d] after the one normalisation
     log2_sum: Callable[..., Any]  # (rows, i) -> the row's LSE in log2 units, for a row that saw a key
 
 
@@ -87,12 +88,24 @@ def online_softmax(block_m: int, block_n: int, head_dim: int) -> OnlineSoftmax:
         for i, d in T.Parallel(block_m, head_dim):
             acc_o[i, d] *= alpha[i]
 
-    def normalised(acc_o, row_sum, i, d):
-        """O[i, d] after the one normalisation; a row that saw no key is 0. A NaN row sum is not
-        0: the NaN reaches O (docs/nonfinite.md)."""
-        return T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])
+    @T.macro
+    def join_sink(rows, sink_log2):
+        """A sink (its logit times log2e) joins each row's sum, against the larger of the row's
+        max and itself (neither overflows); alpha keeps what acc_o's weights are worth against
+        that, for `normalised`. The row's state is then its LSE's, sink included."""
+        for i in T.Parallel(block_m):
+            joint_max = T.max(rows.row_max_scaled[i], sink_log2)
+            rows.alpha[i] = T.exp2(rows.row_max_scaled[i] - joint_max)
+            rows.row_sum[i] = rows.row_sum[i] * rows.alpha[i] + T.exp2(sink_log2 - joint_max)
+            rows.row_max_scaled[i] = joint_max
+
+    def normalised(acc_o, row_sum, i, d, kept=None):
+        """O[i, d] after the one normalisation (after join_sink: its alpha as `kept`); a row that
+        saw no key is 0. A NaN row sum is not 0: the NaN reaches O (docs/nonfinite.md)."""
+        weighted = acc_o[i, d] if kept is None else acc_o[i, d] * kept[i]
+        return T.if_then_else(row_sum[i] == 0, 0, weighted / row_sum[i])
 
     def log2_sum(rows, i):
         return rows.row_max_scaled[i] + T.log2(rows.row_sum[i])
 
-    return OnlineSoftmax(start_rows, exponentials, fold_tile, rescale_output, normalised, log2_sum)
+    return OnlineSoftmax(start_rows, exponentials, fold_tile, rescale_output, join_sink, normalised, log2_sum)

@@ -197,14 +197,14 @@ KERNEL_MUTANTS = [
     ),
     Mutant(
         "causal_loop_one_short",
-        "kernel.py",
+        "scheduler.py",
         "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
         "T.ceildiv(visibility.keys_before(q_start), block_n)",
     ),
     Mutant(
         # Every warpgroup stops a K/V tile short of its rows' last (the block's last tile, too).
         "warpgroup_kv_blocks_one_short",
-        "kernel.py",
+        "scheduler.py",
         "return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)",
         "return T.if_then_else(first_row < seqlen_q, T.max(1, visible - 1), 1)",
         first=WARPGROUP_TILES,
@@ -213,7 +213,7 @@ KERNEL_MUTANTS = [
         # Causal: a warpgroup visits the keys its first row sees, not its last (a tile short
         # where its rows straddle a K/V tile boundary).
         "warpgroup_stops_at_its_first_row",
-        "kernel.py",
+        "scheduler.py",
         "last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)",
         "last_rows_end = T.min(first_row, seqlen_q)",
         first=WARPGROUP_TILES,
@@ -221,7 +221,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # Heaviest-first order off by one: one query block is never computed.
         "causal_block_order_off_by_one",
-        "kernel.py",
+        "scheduler.py",
         "q_block = q_blocks - 1 - q_block",
         "q_block = q_blocks - q_block",
     ),
@@ -328,7 +328,7 @@ KERNEL_MUTANTS = [
         ),
         first=GUARD_REGIONS,
     ),
-    Mutant("gqa_wrong_kv_head", "kernel.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
+    Mutant("gqa_wrong_kv_head", "scheduler.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
     Mutant(
         "lse_in_log2",
         "kernel.py",
@@ -601,17 +601,17 @@ EMULATOR_MUTANTS = [
     Mutant(
         "softcap_before_the_scale",
         "emulator.py",
-        "cls(softmax_scale / softcap, softcap / softmax_scale)",
-        "cls(1 / softcap, softcap)",
+        "cls(softmax_scale / softcap, softcap * LOG2E)",
+        "cls(1 / softcap, softcap * LOG2E)",
     ),
     Mutant(
         # The cap after an additive mask: a hidden key's -inf comes out of tanh as -softcap.
         "softcap_over_the_mask",
         "emulator.py",
-        "acc_s = cap.apply(q_tile @ k_tile.T)[0]\n"
+        "acc_s = cap.apply(q_tile @ k_tile.T)\n"
         "if masked is not None:\n    acc_s = acc_s.masked_fill(masked, -math.inf)",
         "if masked is not None:\n    acc_s = acc_s.masked_fill(masked, -math.inf)\n"
-        "acc_s = cap.apply(acc_s + q_tile @ k_tile.T)[0]",
+        "acc_s = cap.apply(acc_s + q_tile @ k_tile.T)",
     ),
     Mutant(
         "sink_left_out_of_the_sum",

@@ -1,0 +1,72 @@
+"""Attention's variants as the kernels take them: a sliding window's edges, a logit softcap and
+attention sinks (flash-attn's `window_size` and `softcap`; FA3's and FlexAttention's sinks).
+
+A build compiles a variant in or leaves it out (`Variants`, part of its cache key); its values
+are launch arguments, so one build serves every window, cap and sink. A build without a variant
+has no parameter for it and generates the very program it did before the variants existed.
+
+- window: query row i sees key j iff d(i) - left <= j <= d(i) + right, d(i) = i + Sk - Sq, each
+  side only where set (mask.Visibility; causal is right = 0).
+- softcap c > 0: a score s (after the softmax scale) becomes c·tanh(s / c). The kernels keep
+  t = tanh(x·scale / c) of the raw score x as the score and fold c into the exponent's scale
+  (c·log2e where the plain kernel has scale·log2e): one multiply fewer a score.
+- sinks [nheads] fp32: each row's softmax denominator gains exp(sinks[h]); no value is added
+  for it, and the LSE includes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fa_kernel.numerics import LOG2E
+
+
+@dataclass(frozen=True)
+class Variants:
+    """Which variants a build compiles in."""
+
+    window_left: bool = False  # a left edge (a sliding window's start)
+    window_right: bool = False  # a right edge other than causal's (causal is its own flag)
+    softcap: bool = False
+    sinks: bool = False
+
+    @classmethod
+    def of(cls, causal: bool, window_size: tuple[int, int], softcap: float, sinks: torch.Tensor | None) -> Variants:
+        """The build a call needs (its arguments already checked)."""
+        left, right = window_size
+        return cls(left >= 0, right >= 0 and not causal, softcap > 0, sinks is not None)
+
+    def __str__(self) -> str:
+        names = ("window_left", "window_right", "softcap", "sinks")
+        return "+".join(name for name in names if getattr(self, name)) or "plain"
+
+
+def exponent_scale(softmax_scale: float, softcap: float) -> float:
+    """The scale_log2 a kernel takes: the softmax scale times log2e, or with a softcap c, c·log2e
+    (the scores are then tanh(x·scale / c))."""
+    return (softcap if softcap > 0 else softmax_scale) * LOG2E
+
+
+def launch_arguments(
+    variants: Variants,
+    window_size: tuple[int, int],
+    softcap: float,
+    softmax_scale: float,
+    sinks: torch.Tensor | None,
+) -> list:
+    """The kernel's arguments after scale_log2, in its parameters' order: the window's left and
+    right edges, the softcap's 2·log2e·scale / c (the kernels' tanh is 1 − 2 / (2^(x·that) + 1),
+    numerics.TANH_ERROR) and the sinks, each only where `variants` compiles it in."""
+    left, right = window_size
+    values = [
+        (variants.window_left, left),
+        (variants.window_right, right),
+        (variants.softcap, 2 * LOG2E * softmax_scale / softcap if softcap > 0 else 0.0),
+        (variants.sinks, sinks),
+    ]
+    return [value for compiled, value in values if compiled]
+
+
+PLAIN = Variants()  # full or causal attention: the kernels as they were before the variants
