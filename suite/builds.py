@@ -13,6 +13,8 @@ from fa_kernel.backward import BACKWARD_TILES
 from fa_kernel.configs import FALLBACK, SPLIT_TILES, TileConfig, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
 from fa_kernel.kernel import H100_SM_COUNT
+from fa_kernel.variants import Variants
+from suite.boundaries import sweep_builds
 
 # test_kernel: the schedules it runs besides the shipped configs: one, two and three consumer
 # warpgroups, taking turns or free, one K/V stage, two blocks per SM; persistent grids of 5
@@ -117,4 +119,20 @@ def split_kv_test_builds(arch: str) -> list[dict]:
         )
         for head_dim, block_m in sorted(SPLIT_TILES)
         for causal in (False, True)
+    ]
+
+
+# test_variants_kernel: each boundary sweep build with a window's edges and sinks compiled in
+# (the additive mask with a left edge; causal builds have their own right edge), and with a
+# softcap and a left edge (the mask a select after the cap).
+WINDOW_VARIANTS = {False: Variants(window_left=True, window_right=True, sinks=True), True: Variants(True, sinks=True)}
+SOFTCAP_VARIANTS = Variants(window_left=True, softcap=True)
+
+
+def variant_builds(arch: str) -> list[dict]:
+    """compiled_forward's arguments of test_variants_kernel's builds: windows first, then softcaps."""
+    return [
+        dict(build, arch=arch, variants=WINDOW_VARIANTS[build["causal"]] if variants is None else variants)
+        for variants in (None, SOFTCAP_VARIANTS)
+        for build in sweep_builds()
     ]

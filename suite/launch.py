@@ -11,7 +11,7 @@ import torch
 from fa_kernel.configs import TileConfig
 from fa_kernel.interface import compile_arch, kernel_build
 from fa_kernel.kernel import compiled_forward
-from fa_kernel.numerics import LOG2E
+from fa_kernel.variants import PLAIN, Variants, exponent_scale, launch_arguments
 
 
 def device_sm_count() -> int | None:
@@ -27,17 +27,22 @@ def device_arch() -> str:
     return compile_arch(torch.device("cuda"))
 
 
-def kernel_for(q: torch.Tensor, causal: bool, config: TileConfig, sm_count: int | None = None):
+def kernel_for(
+    q: torch.Tensor, causal: bool, config: TileConfig, sm_count: int | None = None, variants: Variants = PLAIN
+):
     """The compiled kernel of `config` for q's dtype and head_dim; `sm_count` None: the device's."""
     build = kernel_build(q.device, q.shape[-1], causal, q.dtype, config=config, sm_count=sm_count)
-    return compiled_forward(**build)
+    return compiled_forward(**build, variants=variants)
 
 
-def run_config(q, k, v, softmax_scale, causal, config, sm_count=None, kernel=None):
-    """(out, lse) of `config`'s kernel. The outputs start as NaN, so an element no thread block
-    writes fails any comparison whatever memory held."""
-    kernel = kernel or kernel_for(q, causal, config, sm_count)
+def run_config(q, k, v, softmax_scale, causal, config, sm_count=None, kernel=None, *, variants=PLAIN, **variant_values):
+    """(out, lse) of `config`'s kernel, built with `variants` compiled in and launched with
+    `variant_values` (window_size, softcap, sinks, as flash_attn_func takes them). The outputs
+    start as NaN, so an element no thread block writes fails any comparison whatever memory held."""
+    kernel = kernel or kernel_for(q, causal, config, sm_count, variants)
+    window_size, softcap = variant_values.get("window_size", (-1, -1)), variant_values.get("softcap", 0.0)
+    extra = launch_arguments(variants, window_size, softcap, softmax_scale, variant_values.get("sinks"))
     out = torch.full_like(q, math.nan)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), math.nan, device=q.device, dtype=torch.float32)
-    kernel(q, k, v, out, lse, softmax_scale * LOG2E)
+    kernel(q, k, v, out, lse, exponent_scale(softmax_scale, softcap), *extra)
     return out, lse

@@ -64,7 +64,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "fa_kernel"
-FILES = ("kernel.py", "scheduler.py", "pipeline.py", "mask.py", "softmax.py", "numerics.py", "interface.py", "configs.py")
+FILES = (
+    "kernel.py",
+    "scheduler.py",
+    "pipeline.py",
+    "mask.py",
+    "softmax.py",
+    "numerics.py",
+    "interface.py",
+    "configs.py",
+)
 OPERATORS = ("relational", "off_by_one", "min_max", "or_and", "guard_always", "guard_never", "constant")
 
 

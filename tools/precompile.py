@@ -27,9 +27,9 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     """compiled_forward's arguments of every kernel the GPU suite builds: each shipped config in
     both dtypes as flash_attn_func builds it on this GPU, the boundary sweep's builds, the
     fallback the property strategies call directly, the kernel tests' own schedules and the
-    guard-region tests' grids."""
+    guard-region tests' grids, and the variants' (window, softcap and sinks) sweep builds."""
     from suite.boundaries import FALLBACK_ENTRIES
-    from suite.builds import guard_region_builds, schedule_builds
+    from suite.builds import guard_region_builds, schedule_builds, variant_builds
 
     from fa_kernel.workbench.builds import shipped_builds, unique
 
@@ -45,6 +45,7 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     ]
     builds += schedule_builds(arch)
     builds += guard_region_builds(arch, sm_count)
+    builds += variant_builds(arch)
     return unique(builds)
 
 

@@ -52,6 +52,8 @@ def compared_builds(sm_count: int = 132, arch: str = "sm_90a") -> list[tuple[str
         )
         if "config" in build:
             build = dict(build, config=str(build["config"]))
+        if "variants" in build:
+            build = dict(build, variants=str(build["variants"]))
         if (family, build) not in compared:
             compared.append((family, build))
     return compared
@@ -135,10 +137,20 @@ def record(builds: list[tuple[str, dict]], lowered: bool = False) -> list[list[l
         entry = getattr(importlib.import_module(module), function)
         if "config" in build:
             build = dict(build, config=TileConfig.parse(build["config"]))
+        if "variants" in build:
+            try:
+                from fa_kernel.variants import Variants
+            except ImportError:  # a package from before the variants: no such build there
+                recorded.append(NEW)
+                continue
+            build = dict(build, variants=Variants.parse(build["variants"]))
         calls.clear()
         entry(**build)
         recorded.append(list(calls))
     return recorded
+
+
+NEW = [["a build the package at the ref does not have"]]
 
 
 def _sha(text: str) -> str:
@@ -146,11 +158,13 @@ def _sha(text: str) -> str:
 
 
 def verdicts(before: list, after: list) -> list[str]:
-    """Per build: 'identical', 'names' (structurally equal programs) or 'differs' (the lowered
-    code's digests: 'identical' or 'differs')."""
+    """Per build: 'identical', 'names' (structurally equal programs), 'new' (none at the ref) or
+    'differs' (the lowered code's digests: 'identical' or 'differs')."""
     out = []
     for old, new in zip(before, after, strict=True):
-        if old == new:
+        if old == NEW:
+            out.append("new")
+        elif old == new:
             out.append("identical")
         elif len(old) == len(new) and all(a[1:] == b[1:] for a, b in zip(old, new, strict=True)):
             out.append("names")
@@ -191,18 +205,21 @@ def main() -> int:
         # Programs that differ may still lower to the same code (an expression regrouped that the
         # simplifier folds): lowered on both sides, the generated code decides.
         differing = [build for build, verdict in zip(builds, found, strict=True) if verdict == "differs"]
+        builds_new = [build for build, verdict in zip(builds, found, strict=True) if verdict == "new"]
+        if builds_new:
+            print(f"{len(builds_new)} builds are new (none at {args.ref}): not compared")
         if differing and not args.programs_only:
             print(f"{len(differing)} builds' programs differ; lowering them on both sides")
             settled = iter(both_digests(before, args.src, differing, lowered=True))
             found = [(verdict if verdict != "differs" else _lowered(next(settled))) for verdict in found]
     counts = {family: [0, 0] for family in ENTRIES}
     for (family, _), verdict in zip(builds, found, strict=True):
-        counts[family][0] += verdict != "differs"
-        counts[family][1] += 1
+        counts[family][0] += verdict not in ("differs", "new")
+        counts[family][1] += verdict != "new"
     summary = ", ".join(f"{family} {same} of {total}" for family, (same, total) in counts.items())
     print(f"builds with the programs of {args.ref}: {summary}")
     for (family, build), verdict in zip(builds, found, strict=True):
-        if verdict != "identical":
+        if verdict not in ("identical", "new"):
             print(f"  {verdict}: {family} {build}")
     return 1 if "differs" in found else 0
 

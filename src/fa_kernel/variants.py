@@ -22,6 +22,8 @@ import torch
 
 from fa_kernel.numerics import LOG2E
 
+NAMES = ("window_left", "window_right", "softcap", "sinks")
+
 
 @dataclass(frozen=True)
 class Variants:
@@ -39,8 +41,22 @@ class Variants:
         return cls(left >= 0, right >= 0 and not causal, softcap > 0, sinks is not None)
 
     def __str__(self) -> str:
-        names = ("window_left", "window_right", "softcap", "sinks")
-        return "+".join(name for name in names if getattr(self, name)) or "plain"
+        """The build's variants in one word, e.g. window_left+sinks, or plain; `parse` reads it back."""
+        return "+".join(name for name in NAMES if getattr(self, name)) or "plain"
+
+    @classmethod
+    def parse(cls, text: str) -> Variants:
+        names = set() if text == "plain" else set(text.split("+"))
+        if unknown := sorted(names - set(NAMES)):
+            raise ValueError(f"variants: expected 'plain' or {NAMES} joined by '+', got {unknown} in {text!r}")
+        return cls(**{name: True for name in names})
+
+
+PLAIN = Variants()  # full or causal attention: the kernels as they were before the variants
+
+
+# A window edge past every key of any sequence the kernels take (lengths below 2^30).
+NO_LIMIT = 2**30
 
 
 def exponent_scale(softmax_scale: float, softcap: float) -> float:
@@ -58,8 +74,10 @@ def launch_arguments(
 ) -> list:
     """The kernel's arguments after scale_log2, in its parameters' order: the window's left and
     right edges, the softcap's 2·log2e·scale / c (the kernels' tanh is 1 − 2 / (2^(x·that) + 1),
-    numerics.TANH_ERROR) and the sinks, each only where `variants` compiles it in."""
-    left, right = window_size
+    numerics.TANH_ERROR) and the sinks, each only where `variants` compiles it in. An edge
+    compiled in but -1 at this launch (a build that serves many windows), or wider than any
+    sequence, goes as NO_LIMIT: the kernels' int32 edge arithmetic stays in range."""
+    left, right = (NO_LIMIT if edge < 0 else min(edge, NO_LIMIT) for edge in window_size)
     values = [
         (variants.window_left, left),
         (variants.window_right, right),
@@ -67,6 +85,3 @@ def launch_arguments(
         (variants.sinks, sinks),
     ]
     return [value for compiled, value in values if compiled]
-
-
-PLAIN = Variants()  # full or causal attention: the kernels as they were before the variants
