@@ -114,7 +114,7 @@ def test_a_gradient_at_head_dim_256_is_refused_before_the_forward(monkeypatch):
     # Valid for the forward (the device checks pass on a stub): only the gradient has no kernel.
     from fa_kernel import interface
 
-    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal: 0.0625)
+    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.0625)
     monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
     q, k, v = (t.requires_grad_() for t in qkv(head_dim=256))
     with pytest.raises(ValueError, match=r"q: expected headdim in \(64, 128\) where a gradient is needed .*got 256"):
@@ -134,7 +134,79 @@ def test_the_backward_op_is_registered_for_torch_compile():
 def test_deterministic_must_be_a_bool(monkeypatch):
     from fa_kernel import interface
 
-    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal: 0.0625)
+    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.0625)
     monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
     with pytest.raises(TypeError, match=r"deterministic: expected a bool, got int"):
         flash_attn_func(*qkv(), deterministic=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"window_size": (-2, 0)}, ValueError, r"window_size: expected each edge >= -1 \(-1: no limit\), got \(-2,"),
+        ({"window_size": (4, -3)}, ValueError, r"window_size: expected each edge >= -1 .*got \(4, -3\)"),
+        ({"window_size": (4,)}, TypeError, r"window_size: expected a pair of ints \(left, right\), got \(4,\)"),
+        ({"window_size": (4.0, 2)}, TypeError, r"window_size: expected a pair of ints .*got \(4.0, 2\)"),
+        ({"window_size": (True, 2)}, TypeError, r"window_size: expected a pair of ints"),
+        ({"softcap": -1.0}, ValueError, r"softcap: expected a finite number >= 0 \(0: no cap\), got -1.0"),
+        ({"softcap": float("inf")}, ValueError, r"softcap: expected a finite number >= 0 .*got inf"),
+        ({"softcap": float("nan")}, ValueError, r"softcap: expected a finite number >= 0 .*got nan"),
+        ({"softcap": "30"}, TypeError, r"softcap: expected a real number, got str"),
+        ({"sinks": [0.0] * 4}, TypeError, r"sinks: expected a torch.Tensor or None, got list"),
+        (
+            {"sinks": torch.zeros(3)},
+            ValueError,
+            r"sinks: expected a float32 tensor of shape \(4,\) \(q's nheads\) on cpu, got torch.float32 of shape \(3",
+        ),
+        ({"sinks": torch.zeros(4, dtype=torch.float16)}, ValueError, r"sinks: expected a float32 .*got torch.float16"),
+        ({"sinks": torch.zeros(4, device="meta")}, ValueError, r"sinks: expected .* on cpu, got .* on meta"),
+    ],
+)
+def test_bad_variants_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        flash_attn_func(*qkv(), **kwargs)
+
+
+def test_good_variants_pass_validation():
+    # Only the device is wrong: a window on either side or both, with causal, a cap, sinks.
+    for kwargs in ({"window_size": (0, 0)}, {"window_size": (5, -1), "causal": True}, {"softcap": 30}):
+        with pytest.raises(ValueError, match=r"CUDA device"):
+            flash_attn_func(*qkv(), sinks=torch.zeros(4), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"window_size": (8, -1)}, {"window_size": (-1, 0)}, {"softcap": 30.0}, {"sinks": torch.zeros(4)}],
+    ids=str,
+)
+def test_a_gradient_with_a_variant_is_refused_before_the_forward(monkeypatch, kwargs):
+    from fa_kernel import interface
+
+    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
+    monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
+    q, k, v = (t.requires_grad_() for t in qkv())
+    with pytest.raises(ValueError, match=r"window_size, softcap, sinks: expected the defaults where a gradient"):
+        flash_attn_func(q, k, v, **kwargs)
+    with torch.no_grad(), pytest.raises(pytest.fail.Exception, match="launched"):  # no gradient: the forward goes on
+        flash_attn_func(q, k, v, **kwargs)
+
+
+def test_causal_with_a_window_on_its_right_is_still_causal(monkeypatch):
+    # flash-attn: causal is right = 0, whatever window_size's right says.
+    from fa_kernel import interface
+    from fa_kernel.variants import Variants
+
+    assert Variants.of(True, (4, 7), 0.0, None) == Variants(window_left=True)
+    assert Variants.of(False, (-1, 7), 0.0, None) == Variants(window_right=True)
+    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
+    launched = []
+    monkeypatch.setattr(interface, "_attention", lambda *args: launched.append(args) or (None, None))
+    flash_attn_func(*qkv(), causal=True, window_size=(4, 7))
+    assert launched[0][4:] == (True, 4, 7, 0.0, None)
+
+
+def test_the_op_takes_the_variants_for_torch_compile():
+    q, k, v = qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300, device="meta")
+    sinks = torch.zeros(8, device="meta")
+    out, lse = torch.ops.fa_kernel.forward(q, k, v, 0.125, True, False, 128, -1, 30.0, sinks)
+    assert out.shape == q.shape and lse.shape == (2, 8, 5)

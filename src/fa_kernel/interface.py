@@ -94,11 +94,10 @@ def flash_attn_func(
     Returns:
         out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
     """
-    softmax_scale = _check_inputs(q, k, v, softmax_scale, causal)
+    softmax_scale = _check_inputs(q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap, sinks=sinks)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
-    left, right = _check_variants(q, window_size, softcap, sinks)
-    softcap = float(softcap)
+    (left, right), softcap = (int(edge) for edge in window_size), float(softcap)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
         _check_backward_head_dim(q.shape[-1])
@@ -190,8 +189,8 @@ def serving_build(
     return None, kernel_build(device, head_dim, causal, dtype, seqlen_k, launch=(batch, heads, seqlen_q))
 
 
-def _check_inputs(q, k, v, softmax_scale, causal) -> float:
-    """Validate everything; return the softmax scale to use."""
+def _check_inputs(q, k, v, softmax_scale, causal, **variants) -> float:
+    """Validate everything (`variants`: window_size, softcap, sinks); return the softmax scale to use."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -226,6 +225,7 @@ def _check_inputs(q, k, v, softmax_scale, causal) -> float:
     elif not (math.isfinite(float(softmax_scale)) and float(softmax_scale) > 0):
         # A non-positive scale would turn the -inf of masked keys into +inf or NaN.
         raise ValueError(f"softmax_scale: expected a positive finite number, got {softmax_scale}")
+    _check_variants(q, **variants)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             raise ValueError(f"{name}: expected a tensor on a CUDA device, got device {t.device}")
@@ -235,8 +235,8 @@ def _check_inputs(q, k, v, softmax_scale, causal) -> float:
     return float(softmax_scale)
 
 
-def _check_variants(q, window_size, softcap, sinks) -> tuple[int, int]:
-    """Validate the variants' arguments; return the window's (left, right) as ints."""
+def _check_variants(q, window_size=(-1, -1), softcap=0.0, sinks=None) -> None:
+    """Validate the variants' arguments (before the device: a laptop sees these errors too)."""
     if (
         not isinstance(window_size, (tuple, list))
         or len(window_size) != 2
@@ -257,7 +257,6 @@ def _check_variants(q, window_size, softcap, sinks) -> tuple[int, int]:
                 f"sinks: expected a float32 tensor of shape ({q.shape[2]},) (q's nheads) on {q.device}, got "
                 f"{sinks.dtype} of shape {tuple(sinks.shape)} on {sinks.device}"
             )
-    return int(window_size[0]), int(window_size[1])
 
 
 def _check_backward_head_dim(head_dim: int) -> None:

@@ -1,0 +1,163 @@
+"""Sliding windows, softcap and sinks in the forward kernel, judged by `reference.judge` like
+everything else (tests/test_variants.py holds the same cases for the emulator, on the CPU).
+
+Every boundary sweep build (each config the tables ship, the fallback, the persistent ones on a
+small grid) runs twice more (suite.builds.variant_builds):
+
+- with a window's edges and sinks compiled in: edges at 0 and 1, on its tiles' boundaries and one
+  key either side (block_n, block_m, a warpgroup's rows, two K/V tiles), and wider than the
+  sequence; left, right and both, at lengths that cut the last tiles and with more queries than
+  keys, so some windows leave rows with no key (output 0, the LSE the sink alone); the causal
+  builds with a left edge;
+- with a softcap and a left edge (the mask is then a select after the cap): caps that saturate
+  every score (0.05), 1, Gemma 2's 30 and 50, on scores of order one, large ones and the
+  hard-scores distributions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from suite.boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, build_id, rows_per_warpgroup, sweep_builds
+from suite.builds import SOFTCAP_VARIANTS, WINDOW_VARIANTS
+from suite.launch import device_arch, run_config
+from suite.strategies import HARD_SCORES, hard_score_cases
+
+from fa_kernel import flash_attn_func
+from fa_kernel.configs import TileConfig
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.reference import judge, random_qkv
+
+BUILDS = sweep_builds()
+
+
+def window_shapes(config: TileConfig) -> list[tuple[int, int]]:
+    """(seqlen_q, seqlen_k): both cutting their last tile, a cut query block over whole K/V tiles,
+    and more queries than keys (rows before the diagonal's start see nothing of a right edge)."""
+    block_m, block_n = config.block_m, config.block_n
+    return [(2 * block_m + 1, 3 * block_n + 3), (block_m - 1, 4 * block_n), (3 * block_m + 5, 2 * block_n - 1)]
+
+
+def edge_values(config: TileConfig) -> list[int]:
+    """0, 1, each block boundary of the config and a key either side of it, and wider than any
+    sequence here."""
+    values = {0, 1}
+    for boundary in (config.block_n, config.block_m, rows_per_warpgroup(config), 2 * config.block_n):
+        values |= {boundary - 1, boundary, boundary + 1}
+    return [*sorted(values), 100_000]
+
+
+def windows(config: TileConfig, causal: bool) -> list[tuple[int, int]]:
+    values = edge_values(config)
+    left_only = [(left, -1) for left in values]
+    if causal:
+        return left_only
+    return left_only + [(-1, right) for right in values] + list(zip(values, reversed(values), strict=True))
+
+
+def sinks_for(nheads: int, seed: int) -> torch.Tensor:
+    """Sinks of either sign, some far above every score (the sink takes most of the row)."""
+    sinks = torch.randn(nheads, generator=torch.Generator().manual_seed(seed)) * 3
+    sinks[0] = 20.0
+    return sinks.cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_window_sweep_with_sinks(build, request):
+    variants = WINDOW_VARIANTS[build["causal"]]
+    kernel = compiled_forward(**build, arch=device_arch(), variants=variants)
+    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
+    fail_fast = request.config.getoption("maxfail") == 1  # under -x (the mutant runner) the first is enough
+    sinks = sinks_for(SWEEP_HEADS, seed=head_dim)
+    failures = []
+    for seqlen_q, seqlen_k in window_shapes(config):
+        q, k, v = random_qkv(1, seqlen_q, seqlen_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16)
+        for window in windows(config, causal):
+            for sink in (sinks, None):
+                # Without sinks: the build's sinks at -inf, which join no row.
+                launched = sink if sink is not None else torch.full_like(sinks, -torch.inf)
+                out, lse = run_config(
+                    q, k, v, head_dim**-0.5, causal, config, kernel=kernel, variants=variants,
+                    window_size=window, sinks=launched,
+                )  # fmt: skip
+                verdict = judge(q, k, v, out, lse, causal, window_size=window, sinks=sink)
+                if not verdict.passed:
+                    failures.append(f"({seqlen_q}, {seqlen_k}) window {window} sinks {sink is not None}: {verdict}")
+                    if fail_fast:
+                        break
+    shown = "\n".join(failures[:10])
+    assert not failures, f"{len(failures)} cases fail:\n{shown}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_softcap_with_a_left_edge(build):
+    kernel = compiled_forward(**build, arch=device_arch(), variants=SOFTCAP_VARIANTS)
+    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
+    seqlen_q, seqlen_k = window_shapes(config)[0]
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.bfloat16)
+    failures = []
+    for softcap in (0.05, 1.0, 30.0, 50.0):
+        for logits in (1.0, 20.0):
+            for window in ((-1, -1), (config.block_n + 1, -1), (0, -1)):
+                scaled_q = (q.float() * logits).to(q.dtype)
+                out, lse = run_config(
+                    scaled_q, k, v, head_dim**-0.5, causal, config, kernel=kernel, variants=SOFTCAP_VARIANTS,
+                    window_size=window, softcap=softcap,
+                )  # fmt: skip
+                verdict = judge(scaled_q, k, v, out, lse, causal, window_size=window, softcap=softcap)
+                if not verdict.passed:
+                    failures.append(f"softcap {softcap} logits x{logits} window {window}: {verdict}")
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("distribution", sorted(HARD_SCORES))
+@pytest.mark.parametrize("build", BUILDS, ids=build_id)
+def test_softcap_on_hard_scores(build, distribution):
+    # Scores that jump between key tiles and logits past fp16's range, capped at 30: the stale
+    # max and its vote on capped scores.
+    kernel = compiled_forward(**build, arch=device_arch(), variants=SOFTCAP_VARIANTS)
+    for case in hard_score_cases(build, distribution):
+        q, k, v = case.inputs("cuda")
+        out, lse = run_config(
+            q, k, v, case.scale, build["causal"], build["config"], kernel=kernel, variants=SOFTCAP_VARIANTS,
+            softcap=30.0,
+        )  # fmt: skip
+        verdict = judge(q, k, v, out, lse, build["causal"], case.scale, softcap=30.0)
+        assert verdict.passed, f"{case}: {verdict}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"window_size": (256, 0)},
+        {"window_size": (100, 37), "causal": True},
+        {"softcap": 30.0, "causal": True},
+        {"softcap": 50.0, "window_size": (128, 128)},
+        {"sinks": "random", "window_size": (64, -1), "causal": True},
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 2, 128), (3, 1, 5000, 8, 1, 64)], ids=["prefill", "decode"])
+def test_flash_attn_func_with_variants(shape, kwargs):
+    # Through the API: the build it picks for the call's variants, decode steps included (the
+    # split-KV kernels have no variants yet: the forward kernel takes them).
+    batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = shape
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.bfloat16)
+    if kwargs.get("sinks") == "random":
+        kwargs = dict(kwargs, sinks=sinks_for(nheads, seed=1))
+    out, lse = flash_attn_func(q, k, v, return_lse=True, **kwargs)
+    causal = kwargs.pop("causal", False)
+    verdict = judge(q, k, v, out, lse, causal, **kwargs)
+    assert verdict.passed, str(verdict)
+
+
+@pytest.mark.gpu
+def test_no_keys_with_sinks_gives_the_sink_alone():
+    q, k, v = random_qkv(2, 7, 0, 4, 2, 64, torch.float16)
+    sinks = sinks_for(4, seed=2)
+    out, lse = flash_attn_func(q, k, v, return_lse=True, sinks=sinks)
+    assert torch.all(out == 0) and torch.equal(lse, sinks[None, :, None].expand_as(lse))
