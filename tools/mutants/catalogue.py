@@ -41,6 +41,11 @@ class Mutant:
 JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
 PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
 NONFINITE = ("tests/test_nonfinite.py",)
+WINDOW_SWEEP = ("tests/test_variants_kernel.py::test_window_sweep_with_sinks",)
+SOFTCAP_TESTS = (
+    "tests/test_variants_kernel.py::test_softcap_with_a_left_edge",
+    "tests/test_variants_kernel.py::test_softcap_on_hard_scores",
+)
 ROW_WITHOUT_MAX = ("tests/test_nonfinite.py::test_a_row_whose_first_tile_is_all_minus_inf_keeps_every_later_tile",)
 GUARD_REGIONS = ("tests/test_guard_regions.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
@@ -256,8 +261,8 @@ KERNEL_MUTANTS = [
         # causal: test_kernel's schedules build one.
         "next_tile_masked_as_current",
         "kernel.py",
-        "write_mask(acc_s, 0, next_q_start)",
-        "q_start = tile.q_start\nwrite_mask(acc_s, 0, q_start)",
+        "write_mask(acc_s, next_start, next_q_start)",
+        "q_start = tile.q_start\nwrite_mask(acc_s, next_start, q_start)",
         first=PERSISTENT,
     ),
     Mutant(
@@ -285,10 +290,10 @@ KERNEL_MUTANTS = [
     ),
     Mutant(
         "scale_without_log2e",
-        "interface.py",
-        "softmax_scale * LOG2E",
-        "softmax_scale",
-        within="forward_kernel_attention",
+        "variants.py",
+        "(softcap if softcap > 0 else softmax_scale) * LOG2E",
+        "(softcap if softcap > 0 else softmax_scale)",
+        within="exponent_scale",
     ),
     Mutant(
         "no_max_subtraction",
@@ -300,16 +305,16 @@ KERNEL_MUTANTS = [
         # (both normalisation paths, with and without overlap_epilogue)
         "nan_for_rows_without_keys",
         "softmax.py",
-        "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
-        "acc_o[i, d] / row_sum[i]",
+        "T.if_then_else(row_sum[i] == 0, 0, weighted / row_sum[i])",
+        "weighted / row_sum[i]",
         first=ROWS_WITHOUT_KEYS,
     ),
     Mutant(
         # A NaN row sum read as "no key": a corrupted input becomes a plausible 0 (docs/nonfinite.md).
         "nan_row_made_finite",
         "softmax.py",
-        "T.if_then_else(row_sum[i] == 0, 0, acc_o[i, d] / row_sum[i])",
-        "T.if_then_else(row_sum[i] > 0, acc_o[i, d] / row_sum[i], 0)",
+        "T.if_then_else(row_sum[i] == 0, 0, weighted / row_sum[i])",
+        "T.if_then_else(row_sum[i] > 0, weighted / row_sum[i], 0)",
         first=NONFINITE,
     ),
     Mutant(
@@ -334,6 +339,94 @@ KERNEL_MUTANTS = [
         "kernel.py",
         "softmax.log2_sum(regs.rows, i) * LN2",
         "softmax.log2_sum(regs.rows, i)",
+    ),
+    # ---- the forward's variants (windows, softcap, sinks): tests/test_variants_kernel.py first
+    Mutant(
+        # The walk starts a K/V tile after the one with the block's first row's first key.
+        "window_walk_starts_a_tile_late",
+        "scheduler.py",
+        "T.max(0, visibility.first_key(q_start)) // block_n",
+        "T.max(0, visibility.first_key(q_start)) // block_n + 1",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        # The walk starts at the block's last row's first key: its first rows lose keys.
+        "window_walk_from_the_last_row",
+        "scheduler.py",
+        "T.max(0, visibility.first_key(q_start)) // block_n",
+        "T.max(0, visibility.first_key(q_start + block_m - 1)) // block_n",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        # A warpgroup's tiles counted from the first K/V tile, not from the walk's start.
+        "warpgroup_window_from_key_zero",
+        "scheduler.py",
+        "visible_end if kv_first is None else visible_end - kv_first",
+        "visible_end",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        "window_left_edge_off_by_one",
+        "mask.py",
+        "hidden = T.Or(hidden, key < self.first_key(row))",
+        "hidden = T.Or(hidden, key <= self.first_key(row))",
+        within="hides",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        # A tile cut by the left edge of its last row only, not its first: taken as unmasked.
+        "left_edge_mask_from_the_first_row",
+        "mask.py",
+        "kv_start < self.first_key(q_start + block_m - 1)",
+        "kv_start < self.first_key(q_start)",
+        within="tile_needs_mask",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        # The right edge of a window without causal one key wide.
+        "window_right_edge_off_by_one",
+        "mask.py",
+        "return 0 if self.causal else self.right",
+        "return 0 if self.causal else self.right + 1",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        # The cap's argument without the softmax scale: tanh(x / c).
+        "softcap_before_the_scale",
+        "variants.py",
+        "2 * LOG2E * softmax_scale / softcap",
+        "2 * LOG2E / softcap",
+        first=SOFTCAP_TESTS,
+    ),
+    Mutant(
+        # Under a softcap the mask is dropped: the cap's select keeps every key.
+        "softcap_mask_dropped",
+        "kernel.py",
+        "T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, cap(acc_s[i, j]))",
+        "cap(acc_s[i, j])",
+        first=SOFTCAP_TESTS,
+    ),
+    Mutant(
+        "sink_left_out_of_the_lse",
+        "softmax.py",
+        "rows.row_max_scaled[i] = joint_max",
+        "rows.row_max_scaled[i] = rows.row_max_scaled[i]",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        "sink_left_out_of_the_sum",
+        "softmax.py",
+        "rows.row_sum[i] * rows.alpha[i] + T.exp2(sink_log2 - joint_max)",
+        "rows.row_sum[i] * rows.alpha[i]",
+        first=WINDOW_SWEEP,
+    ),
+    Mutant(
+        # The output's weights left at the row's own max once the sink moved it.
+        "sink_weights_not_rescaled",
+        "softmax.py",
+        "acc_o[i, d] if kept is None else acc_o[i, d] * kept[i]",
+        "acc_o[i, d]",
+        first=WINDOW_SWEEP,
     ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(
