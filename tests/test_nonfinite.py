@@ -344,3 +344,71 @@ def test_a_row_whose_first_tile_is_all_minus_inf_keeps_every_later_tile(target, 
     out, lse = impl.attend(q, k, v, False)
     verdict = judge(q, k, v, out, lse, False)
     assert verdict.passed, str(verdict)
+
+
+# ---- the variants' arguments (docs/nonfinite.md, "Windows, softcap and sinks") ----
+
+ATTEND_WITH = {
+    "emulator": lambda q, k, v, causal, **variants: attention_tiled(q, k, v, causal=causal, **variants),
+    "kernel": lambda q, k, v, causal, **variants: flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants),
+}
+
+
+def variant_inputs(target: str, seqlen_q: int = 100, seqlen_k: int = 200, head_dim: int = 64):
+    generator = torch.Generator().manual_seed(seqlen_q)
+    q = torch.randn(1, seqlen_q, NHEADS, head_dim, generator=generator)
+    k = torch.randn(1, seqlen_k, NHEADS_KV, head_dim, generator=generator)
+    v = torch.randn(1, seqlen_k, NHEADS_KV, head_dim, generator=generator)
+    return (t.to(torch.bfloat16).to(TARGETS[target].device) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_a_sink_of_minus_inf_is_no_sink_bitwise(target):
+    q, k, v = variant_inputs(target)
+    attend = ATTEND_WITH[target]
+    sinks = torch.full((NHEADS,), -math.inf, device=q.device)
+    out, lse = attend(q, k, v, False, window_size=(50, -1), sinks=sinks)
+    plain_out, plain_lse = attend(q, k, v, False, window_size=(50, -1))
+    assert_same(out, plain_out, "out")
+    assert_same(lse, plain_lse, "lse")
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_a_sink_of_inf_or_nan_makes_its_heads_rows_nan_and_leaves_the_others(target):
+    q, k, v = variant_inputs(target)
+    attend = ATTEND_WITH[target]
+    out, lse = attend(q, k, v, False, sinks=torch.tensor([0.5, math.inf, math.nan, -1.0], device=q.device))
+    clean_out, clean_lse = attend(q, k, v, False, sinks=torch.tensor([0.5, 0.0, 0.0, -1.0], device=q.device))
+    assert out[:, :, 1:3].isnan().all() and lse[:, 1:3].isnan().all()
+    for head in (0, 3):
+        assert torch.equal(out[:, :, head], clean_out[:, :, head]) and torch.equal(lse[:, head], clean_lse[:, head])
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_under_a_softcap_an_infinite_score_is_capped_and_the_row_stays_finite(target):
+    # k[60, 0] = +inf gives every row a score of +-inf at key 60 (q[..., 0] is never 0): the cap
+    # makes it +-softcap, as the reference does, and the row is judged like any other.
+    q, k, v = variant_inputs(target)
+    k[:, 60, :, 0] = math.inf
+    q[..., 0] = torch.where(q[..., 0] == 0, 1.0, q[..., 0].float()).to(q.dtype)
+    out, lse = ATTEND_WITH[target](q, k, v, True, softcap=5.0)
+    assert out.isfinite().all() and lse.isfinite().all()
+    verdict = judge(q, k, v, out, lse, True, softcap=5.0)
+    assert verdict.passed, str(verdict)
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_under_a_softcap_a_nan_key_reaches_only_the_rows_that_see_it(target):
+    # The mask is a select after the cap: a NaN at a key hidden from a row stays out of it, even
+    # in a tile the row computes (without a cap the additive mask lets it in, rule 2).
+    q, k, v = variant_inputs(target)
+    attend = ATTEND_WITH[target]
+    clean_out, clean_lse = attend(q, k, v, True, softcap=30.0, window_size=(20, -1))
+    k[:, 150, 1, 3] = math.nan
+    out, lse = attend(q, k, v, True, softcap=30.0, window_size=(20, -1))
+    sees = visible_keys(100, 200, True, device=q.device, window_size=(20, -1))[:, 150]  # rows 50..70
+    for head in range(NHEADS):
+        rows = sees if head // (NHEADS // NHEADS_KV) == 1 else torch.zeros_like(sees)
+        assert out[0, rows, head].isnan().all() and lse[0, head, rows].isnan().all()
+        assert torch.equal(out[0, ~rows, head], clean_out[0, ~rows, head])
+        assert torch.equal(lse[0, head, ~rows], clean_lse[0, head, ~rows])
