@@ -74,12 +74,12 @@ def test_known_mutants_exist(mutants):
     )
     tile = _find(
         mutants,
-        "work_tile",
+        "kv_end",
         "off_by_one",
         "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
         "T.ceildiv((visibility.keys_before(q_start + block_m) + 1), block_n)",
     )
-    assert tile.id.startswith("kernel-work_tile-off_by_one-")
+    assert tile.id.startswith("scheduler-kv_end-off_by_one-")
     _find(
         mutants,
         "warpgroup_kv_blocks",
@@ -248,7 +248,7 @@ def test_synthetic_scope_dedupe_and_spans(tmp_path):
 
 
 def test_cli_lists_and_filters(capsys):
-    assert main(["--list", "--file", "kernel.py", "--operator", "min_max"]) == 0
+    assert main(["--list", "--file", "scheduler.py", "--operator", "min_max"]) == 0
     lines = capsys.readouterr().out.strip().split("\n")
-    assert lines[-1].startswith(f"{len(lines) - 1} mutants: kernel.py {len(lines) - 1} (min_max {len(lines) - 1})")
-    assert all(" kernel.py:" in line and "  min_max  " in line and " -> " in line for line in lines[:-1])
+    assert lines[-1].startswith(f"{len(lines) - 1} mutants: scheduler.py {len(lines) - 1} (min_max {len(lines) - 1})")
+    assert all(" scheduler.py:" in line and "  min_max  " in line and " -> " in line for line in lines[:-1])

@@ -88,7 +88,7 @@ class Scope:
 SCOPES = {
     "kernel.py": Scope(("forward_program",), constants=True),
     "scheduler.py": Scope(("tile_scheduler",), constants=False),
-    "pipeline.py": Scope(("consumer_registers", "own_output_buffer"), constants=True),
+    "pipeline.py": Scope(("consumer_registers", "own_output_buffer", "pipeline_parts"), constants=True),
     # The kernels' shared parts: the visibility rule (a class: its methods) and the online softmax.
     "mask.py": Scope(("Visibility",), constants=False),
     "softmax.py": Scope(("online_softmax",), constants=False),

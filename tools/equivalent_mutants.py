@@ -321,10 +321,10 @@ EQUIVALENT: dict[str, Reason] = {
     "pipeline.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 127": SCHEDULE_ONLY,
     "pipeline.py:<module>:constant:PRODUCER_REGISTERS = 24->PRODUCER_REGISTERS = 48": SCHEDULE_ONLY,
     # the tile scheduler: the order of work tiles, the thread blocks a round has
-    "kernel.py:work_tile:guard_never:causal->False": SCHEDULE_ONLY,  # causal query blocks in order
-    "kernel.py:work_tile:guard_always:causal->True": SCHEDULE_ONLY,  # non-causal ones in reverse
+    "scheduler.py:work_tile:guard_never:visibility.limits_right->False": SCHEDULE_ONLY,  # causal query blocks in order
+    "scheduler.py:work_tile:guard_always:visibility.limits_right->True": SCHEDULE_ONLY,  # non-causal ones in reverse
     **{
-        f"kernel.py:place_in_round:{rewrite}": SCHEDULE_ONLY
+        f"scheduler.py:place_in_round:{rewrite}": SCHEDULE_ONLY
         for rewrite in (
             "guard_always:T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)->worker",
             "guard_never:T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)->workers - 1 - worker",
@@ -335,39 +335,42 @@ EQUIVALENT: dict[str, Reason] = {
             "relational:tile_round % 2 == 0->tile_round % 2 != 0",
         )
     },
-    "kernel.py:forward_program:min_max:T.min(sm_count, num_tiles)->T.max(sm_count, num_tiles)": SCHEDULE_ONLY,
+    "scheduler.py:tile_scheduler:min_max:T.min(sm_count, num_tiles)->T.max(sm_count, num_tiles)": SCHEDULE_ONLY,
     # K/V tiles visited past the ones a block's (or a warpgroup's) rows see
     **{
         key: VISITS_MASKED_TILES
         for key in (
-            "kernel.py:work_tile:guard_never:causal->False#2",
-            "kernel.py:work_tile:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k + 1, block_n)",
-            "kernel.py:work_tile:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k, block_n - 1)",
+            "scheduler.py:kv_end:guard_never:visibility.limits_right->False",
+            "scheduler.py:kv_end:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k + 1, block_n)",
+            "scheduler.py:kv_end:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k, block_n - 1)",
             *(
-                f"kernel.py:work_tile:{mutation.replace('BOUND', 'visibility.keys_before(q_start + block_m)')}"
+                f"scheduler.py:kv_end:{mutation.replace('BOUND', 'visibility.keys_before(q_start + block_m)')}"
                 for mutation in KEY_BOUND_MUTATIONS
             ),
-            "kernel.py:warpgroup_kv_blocks:min_max:T.min(first_row + rows_per_warpgroup, seqlen_q)->"
+            "scheduler.py:warpgroup_kv_blocks:min_max:T.min(first_row + rows_per_warpgroup, seqlen_q)->"
             "T.max(first_row + rows_per_warpgroup, seqlen_q)",
             *(
-                f"kernel.py:warpgroup_kv_blocks:{mutation.replace('BOUND', 'visibility.keys_before(last_rows_end)')}"
-                for mutation in KEY_BOUND_MUTATIONS
+                f"scheduler.py:warpgroup_kv_blocks:{mutation.replace('BOUND', 'visibility.keys_before(last_rows_end)')}"
+                for mutation in KEY_BOUND_MUTATIONS[1:]
             ),
-            "kernel.py:warpgroup_kv_blocks:guard_never:causal->False",
-            "kernel.py:warpgroup_kv_blocks:guard_always:overlap_epilogue->True",
+            "scheduler.py:warpgroup_kv_blocks:min_max:T.min(num_kv_blocks, visible_end if kv_first is None else "
+            "visible_end - kv_first)->"
+            "T.max(num_kv_blocks, visible_end if kv_first is None else visible_end - kv_first)",
+            "scheduler.py:warpgroup_kv_blocks:guard_never:visibility.limits_right->False",
+            "scheduler.py:warpgroup_kv_blocks:guard_always:config.overlap_epilogue->True",
         )
     },
     # rows past seqlen_q: a warpgroup's at or past it, a query block past the last
     **{
         key: ROWS_PAST_THE_END
         for key in (
-            "kernel.py:warpgroup_kv_blocks:guard_always:T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)->"
+            "scheduler.py:warpgroup_kv_blocks:guard_always:T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)->"
             "T.max(1, visible)",
-            "kernel.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row - 1 < seqlen_q",
-            "kernel.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row < seqlen_q + 1",
-            "kernel.py:warpgroup_kv_blocks:relational:first_row < seqlen_q->first_row <= seqlen_q",
-            "kernel.py:forward_program:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q + 1, block_m)",
-            "kernel.py:forward_program:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q, block_m - 1)",
+            "scheduler.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row - 1 < seqlen_q",
+            "scheduler.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row < seqlen_q + 1",
+            "scheduler.py:warpgroup_kv_blocks:relational:first_row < seqlen_q->first_row <= seqlen_q",
+            "scheduler.py:tile_scheduler:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q + 1, block_m)",
+            "scheduler.py:tile_scheduler:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q, block_m - 1)",
         )
     },
     # the overlapped epilogue's steps, and the turn barrier's first arrive

@@ -39,7 +39,6 @@ from fa_kernel.pipeline import (
     OUTPUT_BARRIERS,
     PRODUCER_REGISTERS,
     PRODUCER_THREADS,
-    TMA_PANEL,
     TURN_BARRIERS,
     VOTE_BARRIERS,
     WARPGROUP_ANY,
@@ -48,11 +47,12 @@ from fa_kernel.pipeline import (
     WorkTile,
     consumer_registers,
     own_output_buffer,
+    pipeline_parts,
 )
 from fa_kernel.scheduler import tile_scheduler
-from fa_kernel.softmax import RowState, online_softmax
+from fa_kernel.softmax import RowState, capped_score, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
-from fa_kernel.variants import PLAIN, Variants
+from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
 # Its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer warpgroup wait for the
 # others at each work tile's end, where only the V ring needs it; mbarriers order the rest.
@@ -103,17 +103,14 @@ def forward_program(
     window_left, window_right = T.dynamic("window_left, window_right")
     softcap_log2 = T.dynamic("softcap_log2", "float32")  # 2·log2e·scale / c
 
-    def parameter(value, compiled: bool):
-        return value if compiled else None  # a parameter annotated None is none of the kernel's
-
     # ---- the mask: the visibility rule (mask.py), written into the score accumulator ----
 
     visibility = Visibility(
         seqlen_q,
         seqlen_k,
         causal,
-        left=parameter(window_left, variants.window_left),
-        right=parameter(window_right, variants.window_right),
+        left=kernel_parameter(window_left, variants.window_left),
+        right=kernel_parameter(window_right, variants.window_right),
     )
 
     @T.macro
@@ -137,18 +134,17 @@ def forward_program(
         else:
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
 
-    def cap(score):
-        """tanh(x·scale / c) as 1 - 2 / (2^(2x·log2e·scale / c) + 1) (numerics.TANH_ERROR)."""
-        return 1 - 2 / (T.exp2(score * softcap_log2) + 1)
+    def capped(score):
+        return capped_score(score, softcap_log2)
 
     @T.macro
     def cap_and_mask(acc_s, kv_start, q_start):
         if visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
             for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, cap(acc_s[i, j]))
+                acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))
         else:
             for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = cap(acc_s[i, j])
+                acc_s[i, j] = capped(acc_s[i, j])
 
     def capped_scores(acc_s, kv_start, q_start):
         """softcap: the scores become their tanh (c·log2e is then scale_log2), and the mask a
@@ -161,55 +157,11 @@ def forward_program(
 
     softmax = online_softmax(block_m, block_n, head_dim)
 
-    # ---- the pipeline: taking turns on the tensor cores, the K/V ring, O's way out ----
+    # ---- the pipeline (pipeline.py): taking turns on the tensor cores, the K/V ring, O's way out ----
 
-    @T.macro
-    def wait_turn(thread):
-        """Wait until the previous consumer warpgroup hands this one the tensor cores (take_turns)."""
-        T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
-
-    @T.macro
-    def pass_turn(thread, kv_block, num_kv_blocks):
-        """Hand the tensor cores to the next consumer warpgroup (take_turns); the last one's last
-        hand-over of a work tile would have no taker (warpgroup 0 has no next K/V tile)."""
-        if thread < consumers - 128 or kv_block < num_kv_blocks - 1:
-            T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
-
-    def ring_slot(count):
-        """(stage, phase) of the count-th K/V tile through the ring: its buffer, and the parity
-        its mbarriers wait for (they flip each time the ring wraps)."""
-        return count % stages, (count // stages) & 1
-
-    def ring_stage(ring, stage, columns=slice(None)):
-        """Stage `stage` of a K or V ring: rows [stage * block_n, (stage + 1) * block_n)."""
-        return ring[stage * block_n : (stage + 1) * block_n, columns]
-
-    def panel_columns(panel):
-        return slice(panel * TMA_PANEL, (panel + 1) * TMA_PANEL)
-
-    @T.macro
-    def load_tile(source, b, kv_start, kv_head, ring, empty, full, stage, phase):
-        """TMA-load rows kv_start.. of K or V into the ring's stage once the consumers have
-        released it, a panel at a time."""
-        T.mbarrier_wait_parity(empty[stage], phase ^ 1)
-        for panel in T.unroll(head_dim // TMA_PANEL):
-            T.tma_copy(
-                source[b, kv_start : kv_start + block_n, kv_head, panel_columns(panel)],
-                ring_stage(ring, stage, panel_columns(panel)),
-                barrier=full[stage],
-            )
-        T.mbarrier_arrive(full[stage])
-
-    @T.macro
-    def store_output(O_tile, Output, b, head, q_start, first_row, rows, storing_threads):
-        """TMA-store rows first_row.. of the staged output tile, a panel at a time, from one
-        thread of the `storing_threads` that wrote them (no wait: T.tma_store_wait)."""
-        for panel in T.unroll(head_dim // TMA_PANEL):
-            T.tma_copy(
-                O_tile[first_row : first_row + rows, panel_columns(panel)],
-                Output[b, q_start + first_row : q_start + first_row + rows, head, panel_columns(panel)],
-                leader_scope_threads=storing_threads,
-            )
+    wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output = pipeline_parts(
+        head_dim=head_dim, block_n=block_n, stages=stages, consumers=consumers
+    )
 
     # ---- the tile scheduler (scheduler.py): each thread block's work tiles, and their K/V tiles ----
 
@@ -508,10 +460,10 @@ def forward_program(
         Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
         LSE: T.Tensor([batch, heads, seqlen_q], accum),
         scale_log2: T.float32,
-        window_left: parameter(window_left, variants.window_left),
-        window_right: parameter(window_right, variants.window_right),
-        softcap_log2: parameter(softcap_log2, variants.softcap),
-        Sinks: parameter(T.Tensor([heads], accum), variants.sinks),
+        window_left: kernel_parameter(window_left, variants.window_left),
+        window_right: kernel_parameter(window_right, variants.window_right),
+        softcap_log2: kernel_parameter(softcap_log2, variants.softcap),
+        Sinks: kernel_parameter(T.Tensor([heads], accum), variants.sinks),
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=WARPGROUP_ANY) as block:

@@ -5,6 +5,9 @@ tile's registers and a consumer thread's registers. kernel.py's macros read thes
 here are hardware facts or the kernel's own choices, each with its reason."""
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
 from fa_kernel.softmax import RowState
@@ -114,3 +117,70 @@ def own_output_buffer(head_dim: int, config: TileConfig) -> bool:
     block_bytes = (2 * config.block_m + 2 * config.num_stages * config.block_n) * head_dim * 2  # fp16/bf16
     fits = block_bytes <= BLOCK_SHARED_BYTES and config.blocks_per_sm * (block_bytes + 1024) <= SM_SHARED_BYTES
     return fits and not config.overlap_epilogue
+
+
+class PipelineParts(NamedTuple):
+    """The forward's pipeline helpers, over its tiles (pipeline_parts)."""
+
+    wait_turn: object  # macro (thread): wait for this warpgroup's turn on the tensor cores
+    pass_turn: object  # macro (thread, kv_block, num_kv_blocks): hand the turn on
+    ring_slot: object  # (count) -> (stage, phase) of the count-th K/V tile through the ring
+    ring_stage: object  # (ring, stage, columns) -> that stage's rows of a K or V ring
+    load_tile: object  # macro: TMA-load a K or V tile into a ring stage
+    store_output: object  # macro: TMA-store rows of the staged output tile
+
+
+def pipeline_parts(*, head_dim: int, block_n: int, stages: int, consumers: int) -> PipelineParts:
+    """The helpers of a forward kernel with `consumers` consumer threads, K/V tiles of `block_n`
+    rows in a ring of `stages`, and `head_dim` columns."""
+    warpgroups = consumers // 128
+
+    @T.macro
+    def wait_turn(thread):
+        """Wait until the previous consumer warpgroup hands this one the tensor cores (take_turns)."""
+        T.sync_threads(TURN_BARRIERS[0] + thread // 128, 256)
+
+    @T.macro
+    def pass_turn(thread, kv_block, num_kv_blocks):
+        """Hand the tensor cores to the next consumer warpgroup (take_turns); the last one's last
+        hand-over of a work tile would have no taker (warpgroup 0 has no next K/V tile)."""
+        if thread < consumers - 128 or kv_block < num_kv_blocks - 1:
+            T.named_barrier_arrive(TURN_BARRIERS[0] + (thread // 128 + 1) % warpgroups, 256)
+
+    def ring_slot(count):
+        """(stage, phase) of the count-th K/V tile through the ring: its buffer, and the parity
+        its mbarriers wait for (they flip each time the ring wraps)."""
+        return count % stages, (count // stages) & 1
+
+    def ring_stage(ring, stage, columns=slice(None)):
+        """Stage `stage` of a K or V ring: rows [stage * block_n, (stage + 1) * block_n)."""
+        return ring[stage * block_n : (stage + 1) * block_n, columns]
+
+    def panel_columns(panel):
+        return slice(panel * TMA_PANEL, (panel + 1) * TMA_PANEL)
+
+    @T.macro
+    def load_tile(source, b, kv_start, kv_head, ring, empty, full, stage, phase):
+        """TMA-load rows kv_start.. of K or V into the ring's stage once the consumers have
+        released it, a panel at a time."""
+        T.mbarrier_wait_parity(empty[stage], phase ^ 1)
+        for panel in T.unroll(head_dim // TMA_PANEL):
+            T.tma_copy(
+                source[b, kv_start : kv_start + block_n, kv_head, panel_columns(panel)],
+                ring_stage(ring, stage, panel_columns(panel)),
+                barrier=full[stage],
+            )
+        T.mbarrier_arrive(full[stage])
+
+    @T.macro
+    def store_output(O_tile, Output, b, head, q_start, first_row, rows, storing_threads):
+        """TMA-store rows first_row.. of the staged output tile, a panel at a time, from one
+        thread of the `storing_threads` that wrote them (no wait: T.tma_store_wait)."""
+        for panel in T.unroll(head_dim // TMA_PANEL):
+            T.tma_copy(
+                O_tile[first_row : first_row + rows, panel_columns(panel)],
+                Output[b, q_start + first_row : q_start + first_row + rows, head, panel_columns(panel)],
+                leader_scope_threads=storing_threads,
+            )
+
+    return PipelineParts(wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output)

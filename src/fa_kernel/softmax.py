@@ -17,6 +17,12 @@ import tilelang.language as T
 from fa_kernel.numerics import STALE_SUM_LIMIT
 
 
+def capped_score(score, softcap_log2):
+    """A softcap's score: tanh(x·scale / c) of the raw score x, as 1 - 2 / (2^(x·softcap_log2) + 1)
+    with softcap_log2 = 2·log2e·scale / c (numerics.TANH_ERROR); ±1 for x = ±inf."""
+    return 1 - 2 / (T.exp2(score * softcap_log2) + 1)
+
+
 @dataclass(frozen=True)
 class RowState:
     """The online softmax's fp32 state of each query row (fragments of block_m): the running max,

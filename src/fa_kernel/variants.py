@@ -55,6 +55,13 @@ class Variants:
 PLAIN = Variants()  # full or causal attention: the kernels as they were before the variants
 
 
+def kernel_parameter(value, compiled: bool):
+    """A kernel's annotation for a variant's parameter: `value` (a T.dynamic variable or a
+    T.Tensor) where the build compiles the variant in, else None, which TileLang gives no
+    parameter at all."""
+    return value if compiled else None
+
+
 # A window edge past every key of any sequence the kernels take (lengths below 2^30).
 NO_LIMIT = 2**30
 

@@ -275,7 +275,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # O's TMA store covers the first 64 columns only (head_dim 128 and 256 lose the rest).
         "output_stored_in_one_panel",
-        "kernel.py",
+        "pipeline.py",
         "T.unroll(head_dim // TMA_PANEL)",
         "T.unroll(1)",
         within="store_output",
@@ -402,8 +402,8 @@ KERNEL_MUTANTS = [
         # Under a softcap the mask is dropped: the cap's select keeps every key.
         "softcap_mask_dropped",
         "kernel.py",
-        "T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, cap(acc_s[i, j]))",
-        "cap(acc_s[i, j])",
+        "T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))",
+        "capped(acc_s[i, j])",
         first=SOFTCAP_TESTS,
     ),
     Mutant(
