@@ -127,6 +127,7 @@ def split_kv_test_builds(arch: str) -> list[dict]:
 # softcap and a left edge (the mask a select after the cap).
 WINDOW_VARIANTS = {False: Variants(window_left=True, window_right=True, sinks=True), True: Variants(True, sinks=True)}
 SOFTCAP_VARIANTS = Variants(window_left=True, softcap=True)
+ALL_VARIANTS = Variants(window_left=True, window_right=True, softcap=True, sinks=True)
 
 
 def variant_builds(arch: str) -> list[dict]:
@@ -136,3 +137,16 @@ def variant_builds(arch: str) -> list[dict]:
         for variants in (None, SOFTCAP_VARIANTS)
         for build in sweep_builds()
     ]
+
+
+def variant_gradient_builds(arch: str) -> list[dict]:
+    """compiled_gradient_kernels' arguments of test_variants_kernel's gradients: each head dim,
+    mask and dQ kernel with a window and sinks, and with a softcap and a left edge; bf16, all
+    variants at once, for its autograd test."""
+    builds = [
+        dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch=arch, deterministic=deterministic, variants=v)
+        for head_dim, causal, deterministic in itertools.product(BACKWARD_TILES, (False, True), (False, True))
+        for v in (WINDOW_VARIANTS[causal], SOFTCAP_VARIANTS)
+    ]
+    return [*builds, dict(head_dim=128, causal=False, dtype="bfloat16", arch=arch, variants=ALL_VARIANTS)]
+

@@ -127,7 +127,7 @@ def test_the_backward_op_is_registered_for_torch_compile():
     q, k, v = qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300, device="meta")
     out, lse = torch.ops.fa_kernel.forward(q, k, v, 0.125, True)
     for deterministic in (False, True):
-        dq, dk, dv = torch.ops.fa_kernel.backward(out, None, q, k, v, out, lse, 0.125, True, deterministic)
+        dq, dk, dv, _ = torch.ops.fa_kernel.backward(out, None, q, k, v, out, lse, 0.125, True, deterministic)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
 
@@ -174,21 +174,14 @@ def test_good_variants_pass_validation():
             flash_attn_func(*qkv(), sinks=torch.zeros(4), **kwargs)
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [{"window_size": (8, -1)}, {"window_size": (-1, 0)}, {"softcap": 30.0}, {"sinks": torch.zeros(4)}],
-    ids=str,
-)
-def test_a_gradient_with_a_variant_is_refused_before_the_forward(monkeypatch, kwargs):
-    from fa_kernel import interface
-
-    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
-    monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
-    q, k, v = (t.requires_grad_() for t in qkv())
-    with pytest.raises(ValueError, match=r"window_size, softcap, sinks: expected the defaults where a gradient"):
-        flash_attn_func(q, k, v, **kwargs)
-    with torch.no_grad(), pytest.raises(pytest.fail.Exception, match="launched"):  # no gradient: the forward goes on
-        flash_attn_func(q, k, v, **kwargs)
+def test_the_backward_op_takes_the_variants_and_gives_dsinks_for_torch_compile():
+    q, k, v = qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300, device="meta")
+    sinks = torch.zeros(8, device="meta")
+    out, lse = torch.ops.fa_kernel.forward(q, k, v, 0.125, True, False, 128, -1, 30.0, sinks)
+    variant_args = (128, -1, 30.0, sinks)
+    dq, dk, dv, dsinks = torch.ops.fa_kernel.backward(out, None, q, k, v, out, lse, 0.125, True, False, *variant_args)
+    assert (dq.shape, dk.shape, dv.shape, dsinks.shape) == (q.shape, k.shape, v.shape, (8,))
+    assert torch.ops.fa_kernel.backward(out, None, q, k, v, out, lse, 0.125, True)[3].shape == (0,)
 
 
 def test_causal_with_a_window_on_its_right_is_still_causal(monkeypatch):
@@ -210,3 +203,40 @@ def test_the_op_takes_the_variants_for_torch_compile():
     sinks = torch.zeros(8, device="meta")
     out, lse = torch.ops.fa_kernel.forward(q, k, v, 0.125, True, False, 128, -1, 30.0, sinks)
     assert out.shape == q.shape and lse.shape == (2, 8, 5)
+
+
+def test_autograd_hands_the_variants_to_the_backward_and_dsinks_to_the_sinks(monkeypatch):
+    # The plumbing, on the CPU: the kernels stood in for by the emulators, whose gradients the
+    # leaves must receive exactly (dsinks in the sinks' slot), the variants passed through.
+    from fa_kernel import interface
+    from fa_kernel.emulator import attention_backward_tiled, attention_tiled
+    from fa_kernel.reference import random_qkv
+
+    variants = dict(window_size=(40, 9), softcap=30.0)
+
+    def attention(q, k, v, scale, causal, left, right, softcap, sinks):
+        assert ((left, right), softcap) == (variants["window_size"], variants["softcap"])
+        return attention_tiled(q, k, v, scale, causal, window_size=(left, right), softcap=softcap, sinks=sinks)
+
+    def backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, scale, causal, deterministic, **given):
+        assert grad_lse is None and given["window_size"] == variants["window_size"]
+        *grads, dsinks = attention_backward_tiled(q, k, v, out, lse, dout, scale, causal, **given)
+        for into, grad in zip((dq, dk, dv), grads, strict=True):
+            into.copy_(grad)
+        return dsinks
+
+    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
+    monkeypatch.setattr(interface, "_attention", attention)
+    monkeypatch.setattr(interface, "backward_into", backward_into)
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 70, 90, 4, 2, 64, torch.float16, seed=5, device="cpu"))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    out = flash_attn_func(q, k, v, causal=True, sinks=sinks, **variants)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    out.backward(dout)
+    detached = (q.detach(), k.detach(), v.detach())
+    variants["sinks"] = sinks.detach()
+    expected_out, lse = attention_tiled(*detached, 0.125, True, **variants)
+    expected = attention_backward_tiled(*detached, expected_out, lse, dout, 0.125, True, **variants)
+    got = (q.grad, k.grad, v.grad, sinks.grad)
+    for name, grad, want in zip(("dq", "dk", "dv", "dsinks"), got, expected, strict=True):
+        assert torch.equal(grad, want), name

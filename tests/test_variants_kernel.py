@@ -1,5 +1,6 @@
-"""Sliding windows, softcap and sinks in the forward kernel, judged by `reference.judge` like
-everything else (tests/test_variants.py holds the same cases for the emulator, on the CPU).
+"""Sliding windows, softcap and sinks in the forward and gradient kernels, judged by
+`reference.judge` and `reference_backward.judge_backward` like everything else
+(tests/test_variants.py holds the same cases for the emulators, on the CPU).
 
 Every boundary sweep build (each config the tables ship, the fallback, the persistent ones on a
 small grid) runs twice more (suite.builds.variant_builds):
@@ -12,6 +13,9 @@ small grid) runs twice more (suite.builds.variant_builds):
 - with a softcap and a left edge (the mask is then a select after the cap): caps that saturate
   every score (0.05), 1, Gemma 2's 30 and 50, on scores of order one, large ones and the
   hard-scores distributions.
+
+The gradients (both dQ kernels) run the same edges against the gradient kernels' own tiles,
+softcaps, and every variant at once through autograd, eager and compiled, dsinks included.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from suite.launch import device_arch, run_config
 from suite.strategies import HARD_SCORES, hard_score_cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import TileConfig
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, TileConfig
+from fa_kernel.interface import backward_into
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.reference import judge, random_qkv
+from fa_kernel.reference_backward import judge_backward
 
 BUILDS = sweep_builds()
 
@@ -161,3 +167,94 @@ def test_no_keys_with_sinks_gives_the_sink_alone():
     sinks = sinks_for(4, seed=2)
     out, lse = flash_attn_func(q, k, v, return_lse=True, sinks=sinks)
     assert torch.all(out == 0) and torch.equal(lse, sinks[None, :, None].expand_as(lse))
+
+
+# ---- the gradients: every backward tile's edges, both dQ kernels ----
+
+
+def backward_windows(head_dim: int, causal: bool) -> list[tuple[int, int]]:
+    """Edges at 0, 1, each block size of the gradient kernels (BACKWARD_TILES, DQ_TILES) and a key
+    either side, and wider than any sequence here; left alone under causal, else left, right and
+    both."""
+    values = {0, 1, 100_000}
+    for tiles in (BACKWARD_TILES, DQ_TILES):
+        block_m, block_n, _ = tiles[head_dim]
+        for boundary in (block_m, block_n):
+            values |= {boundary - 1, boundary, boundary + 1}
+    values = sorted(values)
+    left_only = [(left, -1) for left in values]
+    if causal:
+        return left_only
+    return left_only + [(-1, right) for right in values] + list(zip(values, values[::-1], strict=True))
+
+
+def kernel_gradients_with(q, k, v, dout, causal, deterministic, **variants):
+    """(dq, dk, dv, dsinks) of the backward kernels, written into NaN, for the forward kernel's
+    (out, lse) with the same variants (dsinks None without sinks)."""
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants)
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    scale = q.shape[-1] ** -0.5
+    dsinks = backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic, **variants)
+    return (*grads, dsinks) if dsinks is not None else grads
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "fixed-order-dq"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
+def test_backward_window_sweep_with_sinks(head_dim, causal, deterministic):
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    sinks = sinks_for(4, seed=head_dim)
+    failures = []
+    for seqlen_q, seqlen_k in ((2 * block_m + 3, 2 * block_n + 5), (3 * block_m - 1, block_n + 1)):
+        q, k, v = random_qkv(1, seqlen_q, seqlen_k, 4, 2, head_dim, torch.bfloat16)
+        dout = torch.randn_like(q)
+        for window in backward_windows(head_dim, causal):
+            for sink in (sinks, None):
+                grads = kernel_gradients_with(q, k, v, dout, causal, deterministic, window_size=window, sinks=sink)
+                verdict = judge_backward(q, k, v, dout, grads, causal, window_size=window, sinks=sink)
+                if not verdict.passed:
+                    failures.append(f"({seqlen_q}, {seqlen_k}) window {window} sinks {sink is not None}: {verdict}")
+    assert not failures, f"{len(failures)} cases fail:\n" + "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "fixed-order-dq"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
+def test_backward_softcap(head_dim, causal, deterministic):
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    q, k, v = random_qkv(1, 2 * block_m + 3, 2 * block_n + 5, 4, 2, head_dim, torch.bfloat16)
+    dout = torch.randn_like(q)
+    failures = []
+    for softcap in (0.05, 1.0, 30.0):
+        for logits in (1.0, 20.0):
+            for window in ((-1, -1), (block_n + 1, -1)):
+                scaled_q = (q.float() * logits).to(q.dtype)
+                variants = dict(window_size=window, softcap=softcap)
+                grads = kernel_gradients_with(scaled_q, k, v, dout, causal, deterministic, **variants)
+                verdict = judge_backward(scaled_q, k, v, dout, grads, causal, **variants)
+                if not verdict.passed:
+                    failures.append(f"softcap {softcap} logits x{logits} window {window}: {verdict}")
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch.compile"])
+def test_autograd_with_every_variant_gives_dsinks(compiled):
+    # Through autograd, eager and compiled: the gradients of q, k, v and the sinks (a learned
+    # parameter), an upstream gradient of the LSE included.
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, 300, 400, 8, 2, 128, torch.bfloat16))
+    sinks = sinks_for(8, seed=3).requires_grad_()
+    variants = dict(window_size=(96, 17), softcap=30.0)
+
+    def attention(q, k, v, sinks):
+        return flash_attn_func(q, k, v, return_lse=True, sinks=sinks, **variants)
+
+    out, lse = (torch.compile(attention, fullgraph=True) if compiled else attention)(q, k, v, sinks)
+    dout, grad_lse = torch.randn_like(out), torch.randn_like(lse)
+    torch.autograd.backward((out, lse), (dout, grad_lse))
+    grads = (q.grad, k.grad, v.grad, sinks.grad)
+    inputs = (q.detach(), k.detach(), v.detach())
+    verdict = judge_backward(*inputs, dout, grads, False, None, grad_lse, sinks=sinks.detach(), **variants)
+    assert verdict.passed, str(verdict)

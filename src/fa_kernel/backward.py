@@ -33,7 +33,9 @@ import tilelang.language as T
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility
 from fa_kernel.numerics import LOG2E
+from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, compile_program
+from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
 # Query rows per thread block of the preprocess: one row per thread. Delta and LSE₂ are written
 # for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
@@ -105,6 +107,18 @@ def dq_row(head_dim: int) -> int:
     return head_dim + 4
 
 
+def variant_visibility(seqlen_q, seqlen_k, causal: bool, variants: Variants):
+    """(the visibility rule with the window's edges, window_left, window_right, softcap_log2):
+    the variants' launch parameters (T.dynamic), a kernel's only where `variants` compiles them
+    in (kernel_parameter)."""
+    window_left, window_right = T.dynamic("window_left, window_right")
+    softcap_log2 = T.dynamic("softcap_log2", "float32")
+    left = kernel_parameter(window_left, variants.window_left)
+    right = kernel_parameter(window_right, variants.window_right)
+    visibility = Visibility(seqlen_q, seqlen_k, causal, left=left, right=right)
+    return visibility, left, right, kernel_parameter(softcap_log2, variants.softcap)
+
+
 def gradient_sizes(block_m: int):
     """The sizes the gradient kernels take at launch (T.dynamic), once block_m is checked against
     Delta's padding, whose rows a query tile's TMA box must not leave."""
@@ -123,6 +137,7 @@ def backward_program(
     threads: int = 256,
     num_stages: int = 2,
     with_dq: bool = True,
+    variants: Variants = PLAIN,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -134,14 +149,38 @@ def backward_program(
     [B, H, padded_rows(Sq)] (from the preprocess), dQ_accum [B, H, padded_rows(Sq), dq_row(D)]
     fp32 (zeroed by the caller; BHSD, padded, so that a query tile's rows are one contiguous run
     for the bulk reduce-add), dK and dV [B, Sk, Hkv, D],
-    then scale_log2 = softmax_scale·log2(e) and softmax_scale.
+    then scale_log2 = softmax_scale·log2(e) (variants.exponent_scale) and softmax_scale, then
+    the variants' (variants.launch_arguments; sinks enter the gradients only through the LSE,
+    and dsinks is the caller's).
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
-    visibility = Visibility(seqlen_q, seqlen_k, causal)
+    visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
     accum = T.float32
     DQ_ROW = dq_row(head_dim)
     dq_accum_shape = [batch, heads, seqlen_q_padded, DQ_ROW] if with_dq else [1]
+
+    def rows_end(kv_start):
+        """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
+        if not visibility.limits_left:
+            return seqlen_q
+        return T.max(0, T.min(seqlen_q, visibility.rows_before(kv_start + block_n)))
+
+    @T.macro
+    def capped_probabilities_and_ds(acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2):
+        """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left
+        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one."""
+        if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
+            for i, j in T.Parallel(block_n, block_m):
+                t = capped_score(acc_s[i, j], softcap_log2)
+                visible = visibility.sees(kv_start + i, q_start + j, rows_checked=True)
+                acc_s[i, j] = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[j]), 0)
+                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
+        else:
+            for i, j in T.Parallel(block_n, block_m):
+                t = capped_score(acc_s[i, j], softcap_log2)
+                acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])
+                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
 
     @T.prim_func
     def flash_attention_backward(
@@ -156,6 +195,9 @@ def backward_program(
         dV: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
         scale_log2: T.float32,
         softmax_scale: T.float32,
+        window_left: window_left,
+        window_right: window_right,
+        softcap_log2: softcap_log2,
     ):
         with T.Kernel(T.ceildiv(seqlen_k, block_n), heads_kv, batch, threads=threads) as (kv_block, kv_head, b):
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
@@ -176,9 +218,10 @@ def backward_program(
 
             group_size = heads // heads_kv
             kv_start = kv_block * block_n
-            # Causal: rows before the first that sees this tile's first key add nothing.
-            first_q_block = T.max(visibility.first_row(kv_start), 0) // block_m if causal else 0
-            q_blocks = T.ceildiv(seqlen_q, block_m) - first_q_block
+            # Right edge (causal): rows before the first that sees this tile's first key add
+            # nothing; left edge: nor rows from the first whose window starts past its last key.
+            first_q_block = T.max(visibility.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
+            q_blocks = T.ceildiv(rows_end(kv_start), block_m) - first_q_block
             T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
             T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
             T.clear(acc_dk)
@@ -206,23 +249,34 @@ def backward_program(
                 T.wgmma_gemm(
                     V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True
                 )
-                T.wait_wgmma(1)
-                T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
-                if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
-                    for i, j in T.Parallel(block_n, block_m):
-                        visible = visibility.sees(kv_start + i, q_start + j, rows_checked=True)
-                        acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+                if variants.softcap:
+                    # dS takes the cap's slope 1 − t² beside P: both GEMMs first, then P and dS
+                    # in one pass over the capped scores t.
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
+                    T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
+                    capped_probabilities_and_ds(
+                        acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
+                    )
+                    T.copy(acc_s, p_cast)
                 else:
+                    T.wait_wgmma(1)
+                    T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
+                    if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
+                        for i, j in T.Parallel(block_n, block_m):
+                            visible = visibility.sees(kv_start + i, q_start + j, rows_checked=True)
+                            acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+                    else:
+                        for i, j in T.Parallel(block_n, block_m):
+                            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
+                    T.copy(acc_s, p_cast)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
+                    # dS before dV's GEMM: the fp32 Sᵀ and dPᵀ are then dead while dV and dK run.
+                    # In the other order ptxas serialises every wgmma at head_dim 64 (C7512,
+                    # with spills: docs/performance.md).
                     for i, j in T.Parallel(block_n, block_m):
-                        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
-                T.copy(acc_s, p_cast)
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
-                # dS before dV's GEMM: the fp32 Sᵀ and dPᵀ are then dead while dV and dK run. In
-                # the other order ptxas serialises every wgmma at head_dim 64 (C7512, with
-                # spills: docs/performance.md).
-                for i, j in T.Parallel(block_n, block_m):
-                    ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
+                        ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
                 T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                 if with_dq:
@@ -257,7 +311,16 @@ def backward_program(
     return flash_attention_backward
 
 
-def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n: int, num_stages: int = 2):
+def dq_program(
+    *,
+    head_dim: int,
+    causal: bool,
+    dtype: str,
+    block_m: int,
+    block_n: int,
+    num_stages: int = 2,
+    variants: Variants = PLAIN,
+):
     """dQ in a fixed order (the deterministic gradient), as a TileLang PrimFunc: one thread block
     per query tile and head walks the K/V tiles its rows see, recomputes S = Q·Kᵀ and P from the
     saved LSE, dP = dO·Vᵀ, dS = P∘(dP − D), and sums dQ = softmax_scale·Σ dS·K in registers, so
@@ -265,10 +328,10 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
 
     Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
     [B, H, padded_rows(Sq)] (the preprocess's), dQ [B, Sq, H, D] in the input dtype, then
-    scale_log2 and softmax_scale.
+    scale_log2 and softmax_scale, then the variants' (as backward_program's).
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
-    visibility = Visibility(seqlen_q, seqlen_k, causal)
+    visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
     accum = T.float32
 
@@ -283,6 +346,9 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
         dQ: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
         scale_log2: T.float32,
         softmax_scale: T.float32,
+        window_left: window_left,
+        window_right: window_right,
+        softcap_log2: softcap_log2,
     ):
         with T.Kernel(T.ceildiv(seqlen_q, block_m), heads, batch, threads=128) as (q_block, head, b):
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
@@ -299,19 +365,24 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
             kv_head = head // (heads // heads_kv)
             q_start = q_block * block_m
             num_kv_blocks = T.ceildiv(seqlen_k, block_n)
-            if causal:
+            if visibility.limits_right:
                 # Tiles right of the block's last row's diagonal add nothing: none is loaded (a
                 # block whose rows see no key walks none, and its dQ is 0).
                 num_kv_blocks = T.max(
                     0, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
                 )
+            kv_first = 0
+            if visibility.limits_left:
+                # Nor tiles left of its first row's first key: the walk starts at that key's tile.
+                kv_first = T.max(0, visibility.first_key(q_start)) // block_n
+                num_kv_blocks = T.max(0, num_kv_blocks - kv_first)
             T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
             T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
             T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
             T.copy(Delta[b, head, q_start : q_start + block_m], delta)
             T.clear(acc_dq)
             for kv_block in T.Pipelined(num_kv_blocks, num_stages=num_stages):
-                kv_start = kv_block * block_n
+                kv_start = (kv_first + kv_block) * block_n
                 T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
                 T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
                 T.clear(acc_s)
@@ -320,7 +391,14 @@ def dq_program(*, head_dim: int, causal: bool, dtype: str, block_m: int, block_n
                 T.gemm(dO_shared, V_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 # The keys a row cannot see get P = 0 by a select, where the tile holds any, as in
                 # the dK/dV kernel.
-                if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
+                if variants.softcap:
+                    # The capped scores t, and the cap's slope 1 − t² on dS.
+                    for i, j in T.Parallel(block_m, block_n):
+                        t = capped_score(acc_s[i, j], softcap_log2)
+                        visible = visibility.sees(kv_start + j, q_start + i, rows_checked=True)
+                        p = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[i]), 0)
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)
+                elif tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
                     for i, j in T.Parallel(block_m, block_n):
                         visible = visibility.sees(kv_start + j, q_start + i, rows_checked=True)
                         p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
@@ -350,6 +428,7 @@ def compiled_backward(
     dtype: str,
     arch: str | None = None,
     with_dq: bool = True,
+    variants: Variants = PLAIN,
 ):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
     block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
@@ -361,28 +440,41 @@ def compiled_backward(
         block_n=block_n,
         num_stages=num_stages,
         with_dq=with_dq,
+        variants=variants,
     )
     return compile_program(program, arch)
 
 
 @functools.cache
-def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None):
+def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None, variants: Variants = PLAIN):
     """The compiled fixed-order dQ kernel (dq_program) for this head dim (DQ_TILES)."""
     block_m, block_n, num_stages = DQ_TILES[head_dim]
     program = dq_program(
-        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages
+        head_dim=head_dim,
+        causal=causal,
+        dtype=dtype,
+        block_m=block_m,
+        block_n=block_n,
+        num_stages=num_stages,
+        variants=variants,
     )
     return compile_program(program, arch)
 
 
 def compiled_gradient_kernels(
-    *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, deterministic: bool = False
+    *,
+    head_dim: int,
+    causal: bool,
+    dtype: str,
+    arch: str | None = None,
+    deterministic: bool = False,
+    variants: Variants = PLAIN,
 ) -> tuple:
     """(preprocess, backward, dq): the kernels a gradient launches (a module-level builder, for
     `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
     fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ)."""
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
-    arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+    arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants)
     if not deterministic:
         return preprocess, compiled_backward(**arguments), None
     return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)

@@ -13,6 +13,7 @@ instead where they measured faster (`configs.split_kv_serves` says which calls).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable
@@ -98,22 +99,17 @@ def flash_attn_func(
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     (left, right), softcap = (int(edge) for edge in window_size), float(softcap)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
     if needs_grad:
         _check_backward_head_dim(q.shape[-1])
-        if Variants.of(causal, (left, right), softcap, sinks) != PLAIN:
-            raise ValueError(
-                "window_size, softcap, sinks: expected the defaults where a gradient is needed (the backward "
-                f"kernels have no variants yet), got window_size={window_size}, softcap={softcap}, sinks "
-                f"{'given' if sinks is not None else 'None'}; call under torch.no_grad() for the forward alone"
-            )
     variant_args = (left, right, softcap, sinks)
     if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v)):
         # Traced (torch.compile, export), or a tensor subclass (fake tensors among them): the
         # custom op, which they see as one node with its fake and its gradient.
         out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal, deterministic, *variant_args)
     elif needs_grad:
-        out, lse = _EagerAttention.apply(q, k, v, softmax_scale, causal, deterministic)
+        out, lse = _EagerAttention.apply(q, k, v, softmax_scale, causal, deterministic, *variant_args)
     else:
         out, lse = _attention(q, k, v, softmax_scale, causal, *variant_args)
     return (out, lse) if return_lse else out
@@ -374,33 +370,73 @@ def _backward(
     softmax_scale: float,
     causal: bool,
     deterministic: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _gradients(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    arguments = (softmax_scale, causal, deterministic, window_left, window_right, softcap, sinks)
+    return _gradients(dout, grad_lse, q, k, v, out, lse, *arguments)
 
 
 def _gradients(
-    dout, grad_lse, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), contiguous: the backward op's body."""
+    dout,
+    grad_lse,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks), contiguous, dsinks empty without sinks: the backward op's body."""
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
-    return dq, dk, dv
+    variants = dict(window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
+    arguments = (dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
+    dsinks = backward_into(dq, dk, dv, *arguments, **variants)
+    return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dsinks is None else dsinks
 
 
 def backward_into(
-    dq, dk, dv, dout, grad_lse, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool = False
-) -> None:
+    dq,
+    dk,
+    dv,
+    dout,
+    grad_lse,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool = False,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """The gradients of flash_attn_func's (out, lse) against (dout, grad_lse; None: 0), written
     into the caller's contiguous dq, dk, dv: the `fa_kernel::backward` op's launch (the tests
     hand it outputs filled with NaN, so that an element no thread block writes fails).
-    `deterministic`: dq from the fixed-order kernel, not by atomic adds."""
+    `deterministic`: dq from the fixed-order kernel, not by atomic adds. Returns dsinks (fp32
+    [nheads]) where sinks are given, else None."""
     batch, seqlen_q, nheads, head_dim = q.shape
     _check_backward_head_dim(head_dim)
     if dq.numel() == 0 or dk.numel() == 0:
-        # No query rows, or no keys: no score exists, and every gradient is 0.
+        # No query rows, or no keys: no score exists, and every gradient is 0 but the sinks'.
         for grad in (dq, dk, dv):
             grad.zero_()
-        return
+        if sinks is None:
+            return None
+        delta = (dout.float() * out.float()).sum(dim=-1).transpose(1, 2)  # [batch, nheads, seqlen_q]
+        return _sink_gradient(sinks, lse * LOG2E, delta if grad_lse is None else delta - grad_lse)
     dtype, arch = _DTYPE_NAMES[q.dtype], compile_arch(q.device)
     # The kernels assume dense BSHD strides: these are the backward's documented copies (an
     # upstream gradient is often a broadcast view).
@@ -408,9 +444,15 @@ def backward_into(
     rows = padded_rows(seqlen_q)
     delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
+    variants = Variants.of(causal, window_size, softcap, sinks)
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
-        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic
+        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants
     )
+    # The sinks are in the LSE already (P is right as it is): the kernels take the window and the
+    # cap, and dsinks comes from Delta and the LSE here.
+    kernel_variants = dataclasses.replace(variants, sinks=False)
+    scales = (exponent_scale(softmax_scale, softcap), softmax_scale)
+    scales += tuple(launch_arguments(kernel_variants, window_size, softcap, softmax_scale, None))
     # dQ's fp32 sums for the atomic kernel (rows and columns padded: backward.dq_row); a
     # one-element placeholder for the fixed-order dQ's.
     accum_shape = (batch, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
@@ -420,47 +462,60 @@ def backward_into(
         if grad_lse is not None:
             # d LSE_i / d S_ij = P_ij: an upstream gradient of the LSE joins dS = P∘(dP − D) as −D.
             delta[:, :, :seqlen_q] -= grad_lse
-        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, softmax_scale * LOG2E, softmax_scale)
+        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, *scales)
         if dq_kernel is not None:
-            dq_kernel(q, k, v, dout, delta, lse_log2, dq, softmax_scale * LOG2E, softmax_scale)
+            dq_kernel(q, k, v, dout, delta, lse_log2, dq, *scales)
         else:
             # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
             torch.mul(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2), softmax_scale, out=dq)
+    return None if sinks is None else _sink_gradient(sinks, lse_log2[:, :, :seqlen_q], delta[:, :, :seqlen_q])
+
+
+def _sink_gradient(sinks: torch.Tensor, lse_log2: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """dsinks[h] = −Σ over h's rows of P_sink·D, P_sink = exp(sink − LSE) the weight the sink took
+    and D = rowsum(dO∘O) (minus the LSE's upstream gradient): fp32 [nheads]."""
+    sink_weights = torch.exp2(sinks[None, :, None] * LOG2E - lse_log2)
+    return -(sink_weights * delta).sum(dim=(0, 2))
 
 
 @_backward.register_fake
-def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic=False):
+def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic=False, *variant_args):
+    sinks = variant_args[3] if len(variant_args) > 3 else None
     return (
         torch.empty_like(q, memory_format=torch.contiguous_format),
         torch.empty_like(k, memory_format=torch.contiguous_format),
         torch.empty_like(v, memory_format=torch.contiguous_format),
+        q.new_empty(0 if sinks is None else sinks.shape[0], dtype=torch.float32),
     )
 
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, softmax_scale, causal, deterministic, *variant_args = inputs
+    # The op called without the variants' arguments takes their defaults.
+    window_left, window_right, softcap, sinks = (*variant_args, *(-1, -1, 0.0, None)[len(variant_args) :])
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.deterministic = deterministic
-    ctx.variants = Variants.of(causal, variant_args[:2], *variant_args[2:]) if variant_args else PLAIN
+    ctx.variant_args = (window_left, window_right, softcap)
 
 
 def _saved_gradients(ctx, grad_out, grad_lse, backward: Callable) -> tuple:
-    q, k, v, out, lse = ctx.saved_tensors
+    """(dq, dk, dv, dsinks; None without sinks)."""
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     if grad_out is None:  # only the LSE was used
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = backward(grad_out, grad_lse, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic)
-    return dq, dk, dv
+    arguments = (ctx.softmax_scale, ctx.causal, ctx.deterministic, *ctx.variant_args, sinks)
+    dq, dk, dv, dsinks = backward(grad_out, grad_lse, q, k, v, out, lse, *arguments)
+    return dq, dk, dv, None if sinks is None else dsinks
 
 
 def _forward_gradient(ctx, grad_out, grad_lse):
     # The forward op's autograd formula: under torch.compile the backward is traced as an op too.
-    if ctx.variants != PLAIN:  # flash_attn_func refuses these before the forward; the op called directly
-        raise ValueError("window_size, softcap, sinks: the backward kernels have no variants yet")
-    # None for the op's other seven inputs (the scale, flags and variants).
-    return *_saved_gradients(ctx, grad_out, grad_lse, torch.ops.fa_kernel.backward), *[None] * 7
+    dq, dk, dv, dsinks = _saved_gradients(ctx, grad_out, grad_lse, torch.ops.fa_kernel.backward)
+    # None for the scale, the flags and the window's and cap's values.
+    return dq, dk, dv, None, None, None, None, None, None, dsinks
 
 
 torch.library.register_autograd("fa_kernel::forward", _forward_gradient, setup_context=_setup_context)
@@ -472,8 +527,8 @@ class _EagerAttention(torch.autograd.Function):
     (perf/host_overhead.py): more than a decode step's or a short sequence's kernels take."""
 
     @staticmethod
-    def forward(q, k, v, softmax_scale, causal, deterministic):
-        return _attention(q, k, v, softmax_scale, causal)
+    def forward(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, sinks):
+        return _attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sinks)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -483,4 +538,5 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return *_saved_gradients(ctx, grad_out, grad_lse, _gradients), None, None, None
+        dq, dk, dv, dsinks = _saved_gradients(ctx, grad_out, grad_lse, _gradients)
+        return dq, dk, dv, None, None, None, None, None, None, dsinks
