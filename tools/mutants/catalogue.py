@@ -42,6 +42,11 @@ JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
 PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
 NONFINITE = ("tests/test_nonfinite.py",)
 WINDOW_SWEEP = ("tests/test_variants_kernel.py::test_window_sweep_with_sinks",)
+BACKWARD_VARIANTS = (
+    "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks",
+    "tests/test_variants_kernel.py::test_backward_softcap",
+    "tests/test_variants_kernel.py::test_autograd_with_every_variant_gives_dsinks",
+)
 SOFTCAP_TESTS = (
     "tests/test_variants_kernel.py::test_softcap_with_a_left_edge",
     "tests/test_variants_kernel.py::test_softcap_on_hard_scores",
@@ -428,6 +433,49 @@ KERNEL_MUTANTS = [
         "acc_o[i, d]",
         first=WINDOW_SWEEP,
     ),
+    # ---- the gradients' variants: tests/test_variants_kernel.py's gradient tests first
+    Mutant(
+        # dsinks = −Σ P_sink·D without D: the sink's weight alone.
+        "dsinks_missing_the_delta_term",
+        "interface.py",
+        "-(sink_weights * delta).sum(dim=(0, 2))",
+        "-sink_weights.sum(dim=(0, 2))",
+        first=BACKWARD_VARIANTS,
+    ),
+    Mutant(
+        # The dK/dV kernel's query range stops a row short of the last whose window reaches the tile.
+        "backward_window_rows_one_short",
+        "backward.py",
+        "visibility.rows_before(kv_start + block_n)",
+        "visibility.rows_before(kv_start + block_n - 1)",
+        first=BACKWARD_VARIANTS,
+    ),
+    Mutant(
+        # The fixed-order dQ's walk starts a K/V tile late.
+        "dq_window_walk_a_tile_late",
+        "backward.py",
+        "kv_first = T.max(0, visibility.first_key(q_start)) // block_n",
+        "kv_first = T.max(0, visibility.first_key(q_start)) // block_n + 1",
+        first=BACKWARD_VARIANTS,
+    ),
+    Mutant(
+        # dS without the cap's slope 1 − t², in the fixed-order dQ kernel.
+        "dq_softcap_slope_dropped",
+        "backward.py",
+        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)",
+        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])",
+        first=BACKWARD_VARIANTS,
+    ),
+    Mutant(
+        # The same in the dK/dV kernel, in the tiles that need no mask.
+        "backward_dkdv_softcap_slope_dropped",
+        "backward.py",
+        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\n"
+        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)",
+        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\nds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])",
+        within="capped_probabilities_and_ds",
+        first=BACKWARD_VARIANTS,
+    ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(
         # The select's causal part dropped (the gradient kernels and the split-KV kernel).
@@ -503,8 +551,9 @@ KERNEL_MUTANTS = [
         "deterministic_served_by_atomics",
         "interface.py",
         "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, "
-        "deterministic=deterministic)",
-        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=False)",
+        "deterministic=deterministic, variants=variants)",
+        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=False, "
+        "variants=variants)",
         first=DETERMINISTIC_RUNS,
     ),
     # ---- flash_attn_func's route to the split-KV kernels (interface.py): the routing tests
