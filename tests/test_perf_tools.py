@@ -77,3 +77,14 @@ def test_host_overhead_parses_its_command_line_without_a_gpu():
         [sys.executable, "-m", "perf.host_overhead", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0 and "--profile" in result.stdout, result.stderr[-2000:]
+
+
+def test_variant_cases_count_the_pairs_their_mask_leaves_visible():
+    # perf/variants.py's TFLOP/s are counted on visible pairs: the count must be the rule's.
+    from perf.variants import Case
+
+    from fa_kernel.reference import visible_keys
+
+    for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (50, -1)), (False, (7, 20)), (False, (-1, 5))):
+        case = Case(1, 300, 64, causal, window)
+        assert case.visible_pairs() == int(visible_keys(300, 300, causal, window_size=window).sum()), case.name()

@@ -1,0 +1,217 @@
+"""Windows, softcap and sinks on the GPU: fa_kernel against FlexAttention (compiled, the same
+block mask and score_mod) and against its own plain kernel, alternated in one process.
+
+From the repository root on the GPU machine:
+
+    python -m perf.variants [--tables window flex cost] [--rounds 5] [--repeats 30] [--backward]
+
+Each row is judged first (`reference.judge`, and `judge_backward` with --backward) and then
+timed: TFLOP/s counted on the (query, key) pairs the row's mask leaves visible (4·D flops a
+pair forward, BACKWARD_FLOPS times that backward), medians of `rounds` alternated rounds of
+`repeats` event-timed calls each, and each ratio taken round by round. The tables are issue 54's
+Done-when lines:
+
+- window: 32k tokens with a 4k window, causal, d128 bf16, against plain causal at 4k tokens;
+- flex: windows of 128, 1k and 4k (causal) and softcaps 30 and 50 (causal), d64 and d128,
+  lengths 2k to 32k (32k tokens a row), against FlexAttention;
+- cost: softcap 30 and sinks against the same call without them (the plain kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fa_kernel import flash_attn_func
+from fa_kernel.reference import judge, random_qkv
+from fa_kernel.reference_backward import judge_backward
+from fa_kernel.workbench.bench import BACKWARD_FLOPS, alternated, cuda_median_ms, gradient_of
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen: int
+    head_dim: int
+    causal: bool = True
+    window_size: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    sinks: bool = False
+    nheads: int = 16
+    dtype: torch.dtype = torch.bfloat16
+    label: str = field(default="", compare=False)
+
+    def variants(self, sinks: torch.Tensor | None) -> dict:
+        return dict(window_size=self.window_size, softcap=self.softcap, sinks=sinks)
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs the mask leaves visible, per (batch, head): rows are the diagonal's."""
+        rows = torch.arange(self.seqlen, dtype=torch.int64)
+        left, right = self.window_size
+        last = rows if self.causal else (rows + right if right >= 0 else torch.full_like(rows, self.seqlen - 1))
+        first = (rows - left).clamp(min=0) if left >= 0 else torch.zeros_like(rows)
+        return int((last.clamp(max=self.seqlen - 1) - first + 1).clamp(min=0).sum())
+
+    def flops(self, backward: bool) -> float:
+        forward = 4.0 * self.batch * self.nheads * self.visible_pairs() * self.head_dim
+        return forward * BACKWARD_FLOPS if backward else forward
+
+    def name(self) -> str:
+        parts = [f"{self.batch}x{self.nheads}x{self.seqlen}x{self.head_dim}", "causal" if self.causal else "full"]
+        if self.window_size != (-1, -1):
+            parts.append(f"window {self.window_size}")
+        if self.softcap:
+            parts.append(f"softcap {self.softcap:g}")
+        if self.sinks:
+            parts.append("sinks")
+        return " ".join(parts)
+
+
+def flex_call(case: Case, q, k, v, backward: bool) -> Callable[[], object]:
+    """FlexAttention, compiled, on [B, H, S, D] contiguous: the block mask of the case's window and
+    causal edge, its softcap as score_mod (sinks it has no form for)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    left, right = case.window_size
+    right = 0 if case.causal else right
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = kv_idx >= 0
+        if right >= 0:
+            visible = visible & (kv_idx <= q_idx + right)
+        if left >= 0:
+            visible = visible & (kv_idx >= q_idx - left)
+        return visible
+
+    def softcap_mod(score, b, h, q_idx, kv_idx):
+        return case.softcap * torch.tanh(score / case.softcap)
+
+    block_mask = create_block_mask(mask_mod, None, None, case.seqlen, case.seqlen, device=q.device)
+    compiled = torch.compile(flex_attention)
+    tensors = tuple(t.detach().transpose(1, 2).contiguous().requires_grad_(backward) for t in (q, k, v))
+    score_mod = softcap_mod if case.softcap else None
+
+    def forward():
+        return compiled(*tensors, score_mod=score_mod, block_mask=block_mask)
+
+    return gradient_of(forward, tensors) if backward else forward
+
+
+def fa_call(case: Case, q, k, v, sinks, backward: bool) -> Callable[[], object]:
+    def forward():
+        return flash_attn_func(q, k, v, causal=case.causal, **case.variants(sinks))
+
+    return gradient_of(forward, (q, k, v)) if backward else forward
+
+
+def judged(case: Case, q, k, v, sinks, backward: bool) -> None:
+    """Raise unless fa_kernel's result for the case is within the bound (forward, or gradients)."""
+    variants = case.variants(sinks)
+    if backward:
+        dout = torch.randn_like(q)
+        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+        out = flash_attn_func(q_, k_, v_, causal=case.causal, **variants)
+        out.backward(dout)
+        verdict = judge_backward(q, k, v, dout, (q_.grad, k_.grad, v_.grad), case.causal, **variants)
+    else:
+        out, lse = flash_attn_func(q, k, v, causal=case.causal, return_lse=True, **variants)
+        verdict = judge(q, k, v, out, lse, case.causal, **variants)
+    if not verdict.passed:
+        raise AssertionError(f"{case.name()}: {verdict}")
+
+
+def row(cases: dict[str, Case], anchor: str, args, with_flex: bool) -> None:
+    """Time the named cases (and FlexAttention on the first) alternated; print TFLOP/s and each
+    one's ratio to `anchor`, round by round."""
+    first = next(iter(cases.values()))
+    timers = {}
+    for name, case in cases.items():
+        q, k, v = (t.requires_grad_(args.backward) for t in random_qkv(
+            case.batch, case.seqlen, case.seqlen, case.nheads, case.nheads, case.head_dim, case.dtype, seed=1
+        ))  # fmt: skip
+        sinks = torch.randn(case.nheads, device=q.device) if case.sinks else None
+        if args.backward and case.seqlen * case.seqlen * case.batch * case.nheads <= 2**31:
+            judged(case, q, k, v, sinks, True)
+        elif case.seqlen * case.seqlen * case.batch * case.nheads <= 2**31:
+            judged(case, q, k, v, sinks, False)
+        call, flops = fa_call(case, q, k, v, sinks, args.backward), case.flops(args.backward)
+        timers[name] = lambda call=call, flops=flops: flops / cuda_median_ms(call, repeats=args.repeats) / 1e9
+        if with_flex and name == next(iter(cases)):
+            flex = flex_call(case, q, k, v, args.backward)
+            timers["flex"] = lambda call=flex, flops=flops: flops / cuda_median_ms(call, repeats=args.repeats) / 1e9
+    samples = alternated(timers, args.rounds)
+    figures = " | ".join(f"{name} {statistics.median(s):.0f}" for name, s in samples.items())
+    ratios = []
+    for name, s in samples.items():
+        if name != anchor:
+            each = [ours / base for ours, base in zip(s, samples[anchor], strict=True)]
+            ratios.append(f"{name}/{anchor} {statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
+    print(f"| {first.name()} | {figures} | {' | '.join(ratios)} |", flush=True)
+
+
+def window_table(args) -> None:
+    print("\n## window: 32k tokens, 4k window, causal, against plain causal at 4k tokens (TFLOP/s on visible pairs)")
+    for head_dim in (128,):
+        row(
+            {
+                "window": Case(1, 32768, head_dim, window_size=(4096, 0)),
+                "causal 4k": Case(8, 4096, head_dim),
+            },
+            "causal 4k",
+            args,
+            with_flex=False,
+        )
+
+
+def flex_table(args) -> None:
+    print("\n## against FlexAttention (fa_kernel/flex per row)")
+    for head_dim in (64, 128):
+        for seqlen in (2048, 8192, 32768):
+            batch = max(1, 32768 // seqlen)
+            for window in ((128, 0), (1024, 0), (4096, 0)):
+                if window[0] < seqlen:
+                    row({"fa": Case(batch, seqlen, head_dim, window_size=window)}, "flex", args, with_flex=True)
+            for softcap in (30.0, 50.0):
+                row({"fa": Case(batch, seqlen, head_dim, softcap=softcap)}, "flex", args, with_flex=True)
+
+
+def cost_table(args) -> None:
+    print("\n## cost of softcap and sinks (each against the plain kernel on the same shape)")
+    for head_dim in (64, 128):
+        for seqlen in (2048, 8192):
+            batch = 32768 // seqlen
+            for causal in (False, True):
+                plain = Case(batch, seqlen, head_dim, causal)
+                row(
+                    {
+                        "plain": plain,
+                        "softcap 30": Case(batch, seqlen, head_dim, causal, softcap=30.0),
+                        "sinks": Case(batch, seqlen, head_dim, causal, sinks=True),
+                    },
+                    "plain",
+                    args,
+                    with_flex=False,
+                )
+
+
+TABLES = {"window": window_table, "flex": flex_table, "cost": cost_table}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", nargs="+", choices=sorted(TABLES), default=list(TABLES))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--backward", action="store_true", help="time the gradients instead of the forward")
+    args = parser.parse_args()
+    print(torch.cuda.get_device_name(), "backward" if args.backward else "forward")
+    for name in args.tables:
+        TABLES[name](args)
+
+
+if __name__ == "__main__":
+    main()
