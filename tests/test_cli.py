@@ -488,10 +488,12 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
     monkeypatch.setattr(bench, "random_qkv", functools.partial(random_qkv, device="cpu"))
     # A ragged GQA case, which the backward covers, and a d256 one, which it does not.
     monkeypatch.setattr(command, "VERIFY_SHAPES", [(2, 8, 2, 113, 203, 64), (1, 2, 2, 65, 65, 256)])
+    # One case with every variant: a window, a softcap and sinks (their gradient too).
+    monkeypatch.setattr(command, "VARIANT_CASES", [((1, 4, 2, 70, 90, 64), True, (20, -1), 30.0, True)])
     dv_slip = []
 
-    def attend(q, k, v, causal, return_lse=False):
-        out, lse = attention_ref(q, k, v, causal)
+    def attend(q, k, v, causal, return_lse=False, **variants):
+        out, lse = attention_ref(q, k, v, causal, **variants)
         # Adds nothing to the output; adds 5% of the upstream gradient's sum to every element of dV.
         out = (out + 0.05 * sum(dv_slip) * (v.sum() - v.sum().detach())).to(q.dtype)
         return (out, lse) if return_lse else out
@@ -499,11 +501,12 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
     monkeypatch.setattr(command, "flash_attn_func", attend)
     assert main(["verify", "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert "the forward" in out and "the gradients of a random loss" in out and "12/12 cases pass" in out
+    assert "the forward" in out and "the gradients of a random loss" in out and "13/13 cases pass" in out
+    assert "windows, softcap and sinks" in out and "| (20, -1), 30, sinks |" in out
     assert out.count("| 2x8/2x113x203x64 |") == 8 and out.count("| 1x2x65x256 |") == 4  # no d256 gradients
     (builders,) = built
     assert builders.count(compiled_gradient_kernels) == 4 and builders.count(None) == 8
     dv_slip.append(1.0)
     assert main(["verify", "--markdown"]) == EXIT_FAILED
     out = capsys.readouterr().out
-    assert "8/12 cases pass, 4 FAIL" in out and out.count("| FAIL |") == 4
+    assert "8/13 cases pass, 5 FAIL" in out and out.count("| FAIL |") == 5

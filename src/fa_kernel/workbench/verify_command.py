@@ -44,6 +44,17 @@ VERIFY_SHAPES = [
     (1, 16, 2, 1024, 3000, 64),
 ]
 
+# Windows, softcap and sinks: (shape as VERIFY_SHAPES, causal, window_size, softcap, sinks), each
+# through flash_attn_func forward and backward (bf16).
+VARIANT_CASES = [
+    ((2, 8, 2, 1000, 1000, 128), True, (256, -1), 0.0, False),
+    ((2, 8, 2, 700, 900, 64), False, (100, 37), 0.0, True),
+    ((2, 8, 8, 1000, 1000, 128), True, (-1, -1), 30.0, False),
+    ((1, 8, 4, 513, 513, 64), False, (64, 64), 50.0, True),
+    ((1, 4, 4, 300, 200, 128), True, (0, -1), 0.0, True),  # rows with no key but their sink
+    ((4, 8, 1, 1, 5000, 128), True, (1024, -1), 0.0, True),  # a decode step with a window
+]
+
 
 def run(args) -> int:
     console = make_console()
@@ -68,13 +79,17 @@ def run(args) -> int:
 
     rows = [_verify_forward(*case) for case in progress(cases, "verifying")]
     gradient_rows = [_verify_gradients(*case) for case in progress(gradient_cases, "gradients")]
+    variant_rows = [_verify_variant(*case) for case in progress(VARIANT_CASES, "variants")]
     title = f"fa-kernel verify on {torch.cuda.get_device_name()}"
     headers = ["shape BxHxSxD", "dtype", "mask", "max err", "bound", "mismatches", "LSE err", "result"]
     print_table(console, headers, rows, args.markdown, title=f"{title}: the forward")
     gradient_headers = ["shape BxHxSxD", "dtype", "mask", *(f"{name} err / bound" for name in GRADIENTS), "result"]
     gradient_title = f"{title}: the gradients of a random loss (flash-attn's rule for each)"
     print_table(console, gradient_headers, gradient_rows, args.markdown, title=gradient_title)
-    results = [row[-1] for row in rows + gradient_rows]
+    variant_headers = ["shape BxHxSxD", "dtype", "mask", "window, softcap, sinks", "out err / bound", "gradients"]
+    variant_headers.append("result")
+    print_table(console, variant_headers, variant_rows, args.markdown, title=f"{title}: windows, softcap and sinks")
+    results = [row[-1] for row in rows + gradient_rows + variant_rows]
     failed = results.count("FAIL")
     console.print(f"{len(results) - failed}/{len(results)} cases pass" + ("" if not failed else f", {failed} FAIL"))
     return EXIT_FAILED if failed else 0
@@ -125,6 +140,27 @@ def _verify_gradients(shape: tuple, dtype: torch.dtype, causal: bool) -> list[st
     verdict = judge_backward(q.detach(), k.detach(), v.detach(), dout, (dq, dk, dv), causal)
     figures = [f"{verdict.reports[name].max_abs:.1e} / {verdict.bounds[name].atol:.1e}" for name in GRADIENTS]
     return [*_case_cells(case), *figures, "pass" if verdict.passed else "FAIL"]
+
+
+def _verify_variant(shape: tuple, causal: bool, window_size: tuple[int, int], softcap: float, sinks: bool) -> list[str]:
+    """One case with variants: the forward within judge's bound, and the gradients (dsinks too)
+    within judge_backward's, through autograd."""
+    case = _verify_shape(shape, torch.bfloat16, causal)
+    q, k, v = (t.requires_grad_() for t in _verify_inputs(case))
+    sink_logits = torch.randn(case.nheads, device=q.device).requires_grad_() if sinks else None
+    variants = dict(window_size=window_size, softcap=softcap, sinks=sink_logits)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants)
+    detached = dict(variants, sinks=None if sink_logits is None else sink_logits.detach())
+    inputs = (q.detach(), k.detach(), v.detach())
+    forward = judge(*inputs, out.detach(), lse.detach(), causal, **detached)
+    dout = torch.randn_like(out)
+    leaves = (q, k, v) if sink_logits is None else (q, k, v, sink_logits)
+    gradients = judge_backward(*inputs, dout, torch.autograd.grad(out, leaves, dout), causal, **detached)
+    report = forward.output
+    described = f"{window_size}, {softcap:g}, {'sinks' if sinks else 'no sinks'}"
+    passed = forward.passed and gradients.passed
+    error = f"{report.max_abs:.1e} / {forward.output_bound.atol:.1e}"
+    return [*_case_cells(case), described, error, "pass" if gradients.passed else "FAIL", "pass" if passed else "FAIL"]
 
 
 def _compile_only(console: Console, jobs: int, verbose: bool) -> int:
