@@ -87,3 +87,42 @@ class BackwardAccuracy(_RaggedGQA):
         return sum(verdict.reports[name].mismatches for name in GRADIENTS)
 
     track_mismatches.unit = "elements"
+
+
+class VariantAccuracy:
+    """Windows, softcap and sinks on the ragged GQA shape (head_dim 128, bf16, causal): the output
+    and the gradients (dsinks too) against the fp32 reference, each over its bound."""
+
+    params = (["window 100", "softcap 30", "sinks"],)
+    param_names = ["variant"]
+    timeout = 300
+    VARIANTS = {"window 100": dict(window_size=(100, -1)), "softcap 30": dict(softcap=30.0), "sinks": {}}
+
+    def setup(self, variant):
+        require_cuda()
+        shape = Shape(2, 8, 777, 128, True, torch.bfloat16, nheads_kv=2, seqlen_k=1333)
+        self.q, self.k, self.v = shape.inputs(seed=0)
+        generator = torch.Generator(self.q.device).manual_seed(1)
+        self.dout = torch.randn(self.q.shape, generator=generator, device=self.q.device, dtype=self.q.dtype)
+        self.variants = dict(self.VARIANTS[variant])
+        if variant == "sinks":
+            self.variants["sinks"] = torch.randn(8, generator=generator, device=self.q.device)
+        self.track_error_to_bound()
+
+    def track_error_to_bound(self, *params):
+        """The largest error over its bound's atol among the output and the gradients: below 1
+        within the bounds."""
+        sinks = self.variants.get("sinks")
+        leaves = [t.detach().requires_grad_() for t in (self.q, self.k, self.v)]
+        if sinks is not None:
+            leaves.append(sinks.detach().requires_grad_())
+        given = dict(self.variants, sinks=leaves[3] if sinks is not None else None)
+        out, lse = flash_attn_func(*leaves[:3], causal=True, return_lse=True, **given)
+        grads = torch.autograd.grad(out, leaves, self.dout)
+        forward = judge(self.q, self.k, self.v, out.detach(), lse.detach(), True, **self.variants)
+        backward = judge_backward(self.q, self.k, self.v, self.dout, grads, True, **self.variants)
+        ratios = [forward.output.max_abs / forward.output_bound.atol]
+        ratios += [report.max_abs / backward.bounds[name].atol for name, report in backward.reports.items()]
+        return max(ratios)
+
+    track_error_to_bound.unit = "x bound"

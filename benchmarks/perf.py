@@ -56,6 +56,17 @@ class Backward(_Gated, cases.Backward):
     pass
 
 
+class Variants(cases.Variants):
+    def track_vs_anchor(self, *params):
+        """fa_kernel time / its anchor's on the same inputs: FlexAttention compiled with the same
+        mask and score_mod, or for sinks fa_kernel without them (what sinks cost). Above 1:
+        slower than the anchor."""
+        anchor = self.fns.get("flex") or self.fns["fa_kernel plain"]
+        return cuda_median_ms(self.fns["fa_kernel"]) / cuda_median_ms(anchor)
+
+    track_vs_anchor.unit = "x anchor time"
+
+
 class HostPath(cases.HostPath):
     # Rounds of host timings, alternated between fa_kernel and cuDNN: one batch of 300 calls
     # reads a few percent apart from the next (the host's clock, the allocator).

@@ -52,3 +52,7 @@ class Decode(_Displayed, cases.Decode):
 
 class Backward(_Displayed, cases.Backward):
     pass
+
+
+class Variants(_Displayed, cases.Variants):
+    pass

@@ -29,7 +29,7 @@ import torch
 from fa_kernel import flash_attn_func
 from fa_kernel.reference import judge, random_qkv
 from fa_kernel.reference_backward import judge_backward
-from fa_kernel.workbench.bench import BACKWARD_FLOPS, alternated, cuda_median_ms, gradient_of
+from fa_kernel.workbench.bench import BACKWARD_FLOPS, alternated, cuda_median_ms, flex_attention_call, gradient_of
 
 
 @dataclass(frozen=True)
@@ -72,33 +72,9 @@ class Case:
 
 
 def flex_call(case: Case, q, k, v, backward: bool) -> Callable[[], object]:
-    """FlexAttention, compiled, on [B, H, S, D] contiguous: the block mask of the case's window and
-    causal edge, its softcap as score_mod (sinks it has no form for)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    left, right = case.window_size
-    right = 0 if case.causal else right
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        visible = kv_idx >= 0
-        if right >= 0:
-            visible = visible & (kv_idx <= q_idx + right)
-        if left >= 0:
-            visible = visible & (kv_idx >= q_idx - left)
-        return visible
-
-    def softcap_mod(score, b, h, q_idx, kv_idx):
-        return case.softcap * torch.tanh(score / case.softcap)
-
-    block_mask = create_block_mask(mask_mod, None, None, case.seqlen, case.seqlen, device=q.device)
-    compiled = torch.compile(flex_attention)
-    tensors = tuple(t.detach().transpose(1, 2).contiguous().requires_grad_(backward) for t in (q, k, v))
-    score_mod = softcap_mod if case.softcap else None
-
-    def forward():
-        return compiled(*tensors, score_mod=score_mod, block_mask=block_mask)
-
-    return gradient_of(forward, tensors) if backward else forward
+    """FlexAttention, compiled (bench.flex_attention_call): the case's mask and softcap."""
+    forward, inputs = flex_attention_call(q, k, v, case.causal, case.window_size, case.softcap, backward)
+    return gradient_of(forward, inputs) if backward else forward
 
 
 def fa_call(case: Case, q, k, v, sinks, backward: bool) -> Callable[[], object]:

@@ -259,6 +259,74 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
     return result
 
 
+# The variants the asv suite and `perf/variants.py` time: flash_attn_func's keyword arguments
+# (sinks: a logit per head, drawn at setup).
+VARIANTS = {
+    "window 1k": dict(window_size=(1024, 0)),
+    "softcap 30": dict(softcap=30.0),
+    "sinks": dict(sinks=True),
+}
+
+
+def variant_runners(shape: Shape, variant: dict, seed: int = 0, backward: bool = False) -> dict[str, Callable]:
+    """fa_kernel with `variant` (flash_attn_func's keywords, sinks=True for drawn sinks), and its
+    anchor: FlexAttention compiled with the same block mask and score_mod ("flex"), or, for sinks
+    (which FlexAttention has no form for), fa_kernel without them ("fa_kernel plain")."""
+    q, k, v = (t.requires_grad_(backward) for t in shape.inputs(seed))
+    keywords = dict(variant)
+    if keywords.pop("sinks", False):
+        generator = torch.Generator(q.device).manual_seed(seed)
+        keywords["sinks"] = torch.randn(shape.nheads, device=q.device, generator=generator)
+
+    def ours(**given):
+        return lambda: flash_attn_func(q, k, v, causal=shape.causal, **given)
+
+    def timed(forward: Callable[[], Any], inputs: tuple[torch.Tensor, ...]) -> Callable[[], object]:
+        return gradient_of(forward, inputs, seed) if backward else forward
+
+    result = {"fa_kernel": timed(ours(**keywords), (q, k, v))}
+    if "sinks" in keywords:
+        result["fa_kernel plain"] = timed(ours(), (q, k, v))
+    else:
+        window = keywords.get("window_size", (-1, -1))
+        flex, inputs = flex_attention_call(q, k, v, shape.causal, window, keywords.get("softcap", 0.0), backward)
+        result["flex"] = timed(flex, inputs)
+    return result
+
+
+def flex_attention_call(q, k, v, causal: bool, window_size: tuple[int, int], softcap: float, backward: bool = False):
+    """(FlexAttention compiled on [B, H, S, D] contiguous copies of q, k, v with the block mask of
+    the window and causal edge and the softcap as score_mod, those copies): the variants' anchor.
+    Bottom-right alignment, as fa_kernel's (seqlen_k - seqlen_q added to each row's diagonal)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    left, right = window_size
+    right = 0 if causal else right
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        diagonal = q_idx + (seqlen_k - seqlen_q)
+        visible = kv_idx >= 0
+        if right >= 0:
+            visible = visible & (kv_idx <= diagonal + right)
+        if left >= 0:
+            visible = visible & (kv_idx >= diagonal - left)
+        return visible
+
+    def softcap_mod(score, b, h, q_idx, kv_idx):
+        return softcap * torch.tanh(score / softcap)
+
+    block_mask = create_block_mask(mask_mod, None, None, seqlen_q, seqlen_k, device=q.device)
+    compiled = torch.compile(flex_attention)
+    inputs = tuple(t.detach().transpose(1, 2).contiguous().requires_grad_(backward) for t in (q, k, v))
+    gqa = k.shape[2] != q.shape[2]
+
+    def call():
+        return compiled(*inputs, score_mod=softcap_mod if softcap else None, block_mask=block_mask, enable_gqa=gqa)
+
+    return call, inputs
+
+
 def forward_kernel_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Callable[[], object]:
     """The forward kernel's launch on these inputs, where flash_attn_func may run the split-KV
     kernels instead."""
