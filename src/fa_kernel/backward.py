@@ -31,11 +31,11 @@ import functools
 import tilelang.language as T
 
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
-from fa_kernel.mask import Visibility
+from fa_kernel.mask import Visibility, variant_visibility
 from fa_kernel.numerics import LOG2E
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, compile_program
-from fa_kernel.variants import PLAIN, Variants, kernel_parameter
+from fa_kernel.variants import PLAIN, Variants
 
 # Query rows per thread block of the preprocess: one row per thread. Delta and LSE₂ are written
 # for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
@@ -105,18 +105,6 @@ def dq_row(head_dim: int) -> int:
     wgmma fragment's column fall on different banks (ncu: 2-way conflicts on its stores, where
     unpadded rows would give 8-way; 8 floats measured within noise, perf/backward_ab.py)."""
     return head_dim + 4
-
-
-def variant_visibility(seqlen_q, seqlen_k, causal: bool, variants: Variants):
-    """(the visibility rule with the window's edges, window_left, window_right, softcap_log2):
-    the variants' launch parameters (T.dynamic), a kernel's only where `variants` compiles them
-    in (kernel_parameter)."""
-    window_left, window_right = T.dynamic("window_left, window_right")
-    softcap_log2 = T.dynamic("softcap_log2", "float32")
-    left = kernel_parameter(window_left, variants.window_left)
-    right = kernel_parameter(window_right, variants.window_right)
-    visibility = Visibility(seqlen_q, seqlen_k, causal, left=left, right=right)
-    return visibility, left, right, kernel_parameter(softcap_log2, variants.softcap)
 
 
 def gradient_sizes(block_m: int):

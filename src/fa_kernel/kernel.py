@@ -32,7 +32,7 @@ import functools
 import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
-from fa_kernel.mask import Visibility
+from fa_kernel.mask import variant_visibility
 from fa_kernel.numerics import LN2, LOG2E, STALE_SUM_LIMIT
 from fa_kernel.pipeline import (
     H100_SM_COUNT,
@@ -98,20 +98,10 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
-    # ---- the variants (variants.py): a kernel parameter each, only where compiled in ----
+    # ---- the mask: the visibility rule (mask.py) with the variants' edges, written into the
+    # score accumulator; each variant's value a kernel parameter only where compiled in ----
 
-    window_left, window_right = T.dynamic("window_left, window_right")
-    softcap_log2 = T.dynamic("softcap_log2", "float32")  # 2·log2e·scale / c
-
-    # ---- the mask: the visibility rule (mask.py), written into the score accumulator ----
-
-    visibility = Visibility(
-        seqlen_q,
-        seqlen_k,
-        causal,
-        left=kernel_parameter(window_left, variants.window_left),
-        right=kernel_parameter(window_right, variants.window_right),
-    )
+    visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
 
     @T.macro
     def write_mask(acc_s, kv_start, q_start):
@@ -460,9 +450,9 @@ def forward_program(
         Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
         LSE: T.Tensor([batch, heads, seqlen_q], accum),
         scale_log2: T.float32,
-        window_left: kernel_parameter(window_left, variants.window_left),
-        window_right: kernel_parameter(window_right, variants.window_right),
-        softcap_log2: kernel_parameter(softcap_log2, variants.softcap),
+        window_left: window_left,
+        window_right: window_right,
+        softcap_log2: softcap_log2,  # 2·log2e·scale / c
         Sinks: kernel_parameter(T.Tensor([heads], accum), variants.sinks),
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)

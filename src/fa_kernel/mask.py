@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
+from fa_kernel.variants import Variants, kernel_parameter
+
 
 @dataclass(frozen=True)
 class Visibility:
@@ -107,3 +109,15 @@ class Visibility:
         if self.limits_left:
             needs_mask = T.Or(needs_mask, kv_start < self.first_key(q_start + block_m - 1))
         return needs_mask
+
+
+def variant_visibility(seqlen_q, seqlen_k, causal: bool, variants: Variants):
+    """(the visibility rule with the window's edges, window_left, window_right, softcap_log2):
+    the variants' launch parameters (T.dynamic), a kernel's only where `variants` compiles them
+    in (kernel_parameter)."""
+    window_left, window_right = T.dynamic("window_left, window_right")
+    softcap_log2 = T.dynamic("softcap_log2", "float32")
+    left = kernel_parameter(window_left, variants.window_left)
+    right = kernel_parameter(window_right, variants.window_right)
+    visibility = Visibility(seqlen_q, seqlen_k, causal, left=left, right=right)
+    return visibility, left, right, kernel_parameter(softcap_log2, variants.softcap)
