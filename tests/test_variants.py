@@ -17,6 +17,7 @@ import torch
 
 from fa_kernel.configs import TileConfig
 from fa_kernel.emulator import attention_backward_tiled, attention_tiled
+from fa_kernel.emulator_split_kv import attention_split_kv, first_split_tile
 from fa_kernel.reference import judge, random_qkv
 from fa_kernel.reference_backward import judge_backward
 
@@ -155,3 +156,39 @@ def test_the_walks_skip_exactly_the_tiles_outside_every_window():
         assert first_block * BLOCK_N <= seen.min() and seen.max() < last_block * BLOCK_N
         assert last_block - first_block <= -(-(left + BLOCK_M) // BLOCK_N) + 1
     assert list(itertools.islice(edge_windows(), 1)) == [(0, -1)]
+
+
+# ---- the split-KV emulator (decode steps): the splits start at the window's first tile ----
+
+
+@pytest.mark.parametrize("tiles_per_split", [1, 3])
+@pytest.mark.parametrize(
+    ("window", "softcap", "with_sinks"),
+    [
+        ((-1, -1), 0.0, True),
+        ((50, -1), 0.0, False),
+        ((50, -1), 0.0, True),
+        ((150, -1), 0.0, True),
+        ((200, 3), 30.0, True),
+        ((-1, -1), 1.0, False),
+        ((0, 0), 0.0, True),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_emulated_split_kv_variants_within_the_bound(causal, window, softcap, with_sinks, tiles_per_split):
+    # Four queries of 8 heads on 2 K/V heads against 700 keys: a decode step of a GQA group.
+    q, k, v = random_qkv(2, 4, 700, 8, 2, 64, torch.bfloat16, seed=sum(window) + 3, device="cpu")
+    sinks = sinks_for(8, seed=4) if with_sinks else None
+    variants = dict(window_size=window, softcap=softcap, sinks=sinks)
+    out, lse = attention_split_kv(q, k, v, None, causal, 64, tiles_per_split, **variants)
+    verdict = judge(q, k, v, out, lse, causal, **variants)
+    assert verdict.passed, str(verdict)
+
+
+@pytest.mark.parametrize(
+    ("seqlen_q", "seqlen_k", "left", "expected"),
+    [(1, 1000, -1, 0), (1, 1000, 0, 999 // 64), (1, 1000, 999, 0), (4, 1000, 100, (996 - 100) // 64), (300, 200, 5, 0)],
+)
+def test_the_splits_start_at_the_first_querys_first_key(seqlen_q, seqlen_k, left, expected):
+    assert first_split_tile(seqlen_q, seqlen_k, left, 64) == expected
