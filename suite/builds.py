@@ -150,3 +150,19 @@ def variant_gradient_builds(arch: str) -> list[dict]:
     ]
     return [*builds, dict(head_dim=128, causal=False, dtype="bfloat16", arch=arch, variants=ALL_VARIANTS)]
 
+
+def split_kv_variant_builds(arch: str) -> list[dict]:
+    """compiled_decode_kernels' arguments of test_variants_kernel's split-KV cases: each tile and
+    mask with a left edge and sinks, a window and a softcap, and a softcap and sinks (bf16)."""
+    from fa_kernel.configs import SPLIT_TILES
+
+    def variants_of(causal: bool) -> list[Variants]:
+        window = Variants(window_left=True, window_right=not causal, softcap=True)
+        return [Variants(window_left=True, sinks=True), window, Variants(softcap=True, sinks=True)]
+
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch=arch, block_m=block_m, variants=variants)
+        for head_dim, block_m in sorted(SPLIT_TILES)
+        for causal in (False, True)
+        for variants in variants_of(causal)
+    ]

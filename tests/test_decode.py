@@ -207,7 +207,9 @@ def test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels(
 
     calls = []
     split_kv_attention = interface.split_kv_attention
-    monkeypatch.setattr(interface, "split_kv_attention", lambda *args: calls.append(args) or split_kv_attention(*args))
+    monkeypatch.setattr(
+        interface, "split_kv_attention", lambda *args, **kw: calls.append(args) or split_kv_attention(*args, **kw)
+    )
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, 128, torch.float16, seed=seqlen_q)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     # On 132 SMs as the case claims; elsewhere, as the rule says for the device's SMs.
@@ -227,7 +229,9 @@ def test_without_gqa_decode_steps_go_to_the_split_kv_kernels_while_the_grid_fill
 
     calls = []
     split_kv_attention = interface.split_kv_attention
-    monkeypatch.setattr(interface, "split_kv_attention", lambda *args: calls.append(args) or split_kv_attention(*args))
+    monkeypatch.setattr(
+        interface, "split_kv_attention", lambda *args, **kw: calls.append(args) or split_kv_attention(*args, **kw)
+    )
     heads = device_target()[0] // 2 + past
     q, k, v = random_qkv(1, 1, SPLIT_KV_FORWARD_KEYS + 7, heads, heads, 64, torch.bfloat16, seed=heads)
     out, lse = flash_attn_func(q, k, v, return_lse=True)

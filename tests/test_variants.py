@@ -17,9 +17,10 @@ import torch
 
 from fa_kernel.configs import TileConfig
 from fa_kernel.emulator import attention_backward_tiled, attention_tiled
-from fa_kernel.emulator_split_kv import attention_split_kv, first_split_tile
+from fa_kernel.emulator_split_kv import attention_split_kv
 from fa_kernel.reference import judge, random_qkv
 from fa_kernel.reference_backward import judge_backward
+from fa_kernel.variants import window_first_tile
 
 # Small tiles, so that short sequences hold many of them: the edges' cases are about tiles.
 CONFIG = TileConfig(64, 32, 2, 128)
@@ -191,4 +192,4 @@ def test_emulated_split_kv_variants_within_the_bound(causal, window, softcap, wi
     [(1, 1000, -1, 0), (1, 1000, 0, 999 // 64), (1, 1000, 999, 0), (4, 1000, 100, (996 - 100) // 64), (300, 200, 5, 0)],
 )
 def test_the_splits_start_at_the_first_querys_first_key(seqlen_q, seqlen_k, left, expected):
-    assert first_split_tile(seqlen_q, seqlen_k, left, 64) == expected
+    assert window_first_tile(seqlen_q, seqlen_k, left, 64) == expected

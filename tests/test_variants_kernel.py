@@ -28,7 +28,8 @@ from suite.launch import device_arch, run_config
 from suite.strategies import HARD_SCORES, hard_score_cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, TileConfig
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, SPLIT_TILES, TileConfig
+from fa_kernel.decode import split_kv_into
 from fa_kernel.interface import backward_into
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.reference import judge, random_qkv
@@ -258,3 +259,37 @@ def test_autograd_with_every_variant_gives_dsinks(compiled):
     inputs = (q.detach(), k.detach(), v.detach())
     verdict = judge_backward(*inputs, dout, grads, False, None, grad_lse, sinks=sinks.detach(), **variants)
     assert verdict.passed, str(verdict)
+
+
+# ---- the split-KV kernels (decode steps): windows, softcap and sinks on every tile ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tile", sorted(SPLIT_TILES), ids=lambda tile: f"d{tile[0]}-rows{tile[1]}")
+def test_split_kv_variants_within_the_bound(tile, causal):
+    # A decode step whose group fills the tile's rows, against keys off the tile grid: windows
+    # on the tile's key boundaries and a key either side, a softcap, sinks; every buffer NaN.
+    head_dim, block_m = tile
+    block_n = SPLIT_TILES[tile].block_n
+    heads_kv, seqlen_q = 2, 1 if causal else 2
+    heads = block_m // seqlen_q * heads_kv
+    seqlen_k = 5 * block_n + 3
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, heads, heads_kv, head_dim, torch.bfloat16, seed=block_m)
+    sinks = sinks_for(heads, seed=head_dim)
+    lefts = (0, 1, block_n - 1, block_n, block_n + 1, 3 * block_n)
+    cases = [dict(window_size=(left, -1), sinks=sinks) for left in lefts]
+    cases += [dict(window_size=(2 * block_n, 0 if causal else 5), softcap=30.0), dict(softcap=0.05, sinks=sinks)]
+    failures = []
+    for variants in cases:
+        for tiles_per_split in (1, 2):
+            splits = 6  # at least the tiles from the window's first: trailing splits see no key
+            out, lse = torch.full_like(q, float("nan")), torch.full((2, heads, seqlen_q), float("nan"), device=q.device)
+            o_partial = torch.full((2, splits, heads, seqlen_q, head_dim), float("nan"), device=q.device)
+            lse_partial = torch.full((2, splits, heads, seqlen_q), float("nan"), device=q.device)
+            args = (q, k, v, head_dim**-0.5, causal, tiles_per_split, device_arch())
+            split_kv_into(out, lse, o_partial, lse_partial, *args, **variants)
+            verdict = judge(q, k, v, out, lse, causal, **variants)
+            if not verdict.passed:
+                failures.append(f"{variants} tiles_per_split {tiles_per_split}: {verdict}")
+    assert not failures, "\n".join(failures[:10])

@@ -86,7 +86,12 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     """(builds, builders) of every kernel the GPU suite needs, as build_all takes them: the
     gradients' and split-KV's first (kernels of several kinds share one pool: a pool per kind
     would end each on a round of idle cores), then the forward's (builder None)."""
-    from suite.builds import deterministic_builds, split_kv_test_builds, variant_gradient_builds
+    from suite.builds import (
+        deterministic_builds,
+        split_kv_test_builds,
+        split_kv_variant_builds,
+        variant_gradient_builds,
+    )
 
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
     from fa_kernel.decode import compiled_decode_kernels
@@ -94,7 +99,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
 
     gradients = gradient_builds(arch) + deterministic_builds(arch) + variant_gradient_builds(arch)
     # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
-    decodes = unique(split_kv_test_builds(arch) + split_kv_builds(arch))
+    decodes = unique(split_kv_test_builds(arch) + split_kv_builds(arch) + split_kv_variant_builds(arch))
     forwards = suite_builds(sm_count, arch)
     builders = [compiled_gradient_kernels] * len(gradients) + [compiled_decode_kernels] * len(decodes)
     return gradients + decodes + forwards, builders + [None] * len(forwards)

@@ -24,16 +24,18 @@ forward kernel (`configs.split_kv_serves`). Its algorithm is `emulator_split_kv.
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
+import dataclasses
 import functools
 
 import tilelang.language as T
 import torch
 
 from fa_kernel.configs import SPLIT_TILES, SplitTile, split_kv_serves
-from fa_kernel.mask import Visibility
+from fa_kernel.mask import variant_visibility
 from fa_kernel.numerics import LN2, LOG2E
-from fa_kernel.softmax import RowState, online_softmax
+from fa_kernel.softmax import RowState, capped_score, online_softmax
 from fa_kernel.toolchain import DTYPES, NO_PRODUCER, compile_program
+from fa_kernel.variants import PLAIN, Variants, exponent_scale, kernel_parameter, launch_arguments, window_first_tile
 
 HEAD_DIMS = tuple(sorted({head_dim for head_dim, _ in SPLIT_TILES}))
 # The most rows of a group the split kernels take (configs.split_kv_serves): the widest tile's.
@@ -65,15 +67,17 @@ def split_plan(
     return ceildiv(tiles, tiles_per_split), tiles_per_split
 
 
-def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile):
+def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile, variants: Variants = PLAIN):
     """The partial attention of each key split, as a TileLang PrimFunc, on `config`'s blocks.
 
     Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], then O_partial
     [B, splits, H, Sq, D] and LSE_partial [B, splits, H, Sq] (fp32, log2 units), then
-    scale_log2 = softmax_scale·log2(e) and tiles_per_split (K/V tiles per split).
+    scale_log2 = softmax_scale·log2(e) (variants.exponent_scale) and tiles_per_split (K/V tiles
+    per split), then the window's and softcap's values where compiled in (the sinks join in the
+    combine). With a left edge the splits start at the first query's first key's tile.
     """
     batch, seqlen_q, seqlen_k, heads, heads_kv, splits = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv, splits")
-    visibility = Visibility(seqlen_q, seqlen_k, causal)
+    visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     softmax = online_softmax(config.block_m, config.block_n, head_dim)
     dtype = DTYPES[dtype]
     accum = T.float32
@@ -84,6 +88,21 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
     split_rows = block_m >= 64
     policy = T.GemmWarpPolicy.FullRow if split_rows else T.GemmWarpPolicy.FullCol
 
+    def split_start(split, tiles_per_split):
+        """The split's first K/V tile: with a left edge, counted from the window's first
+        (variants.window_first_tile, in the kernel)."""
+        if not visibility.limits_left:
+            return split * tiles_per_split
+        last_tile = T.max(0, T.ceildiv(seqlen_k, block_n) - 1)
+        return split * tiles_per_split + T.min(T.max(0, visibility.first_key(0)) // block_n, last_tile)
+
+    def sees(key, r, last_key, first_key):
+        return visibility.sees(key, None, last_key=last_key[r], first_key=None if first_key is None else first_key[r])
+
+    def kept(score):
+        """The score as the softmax takes it: under a softcap, its tanh (softmax.capped_score)."""
+        return capped_score(score, softcap_log2) if variants.softcap else score
+
     @T.prim_func
     def flash_decoding_split(
         Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
@@ -93,6 +112,9 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
         LSE_partial: T.Tensor([batch, splits, heads, seqlen_q], accum),
         scale_log2: T.float32,
         tiles_per_split: T.int32,
+        window_left: window_left,
+        window_right: window_right,
+        softcap_log2: softcap_log2,
     ):
         group_size = heads // heads_kv
         rows = group_size * seqlen_q  # (query i, head h of the group) is row i * group_size + h
@@ -111,7 +133,9 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
             alpha = T.alloc_fragment([block_m], accum)
             tile_sum = T.alloc_fragment([block_m], accum)
             row_sum = T.alloc_fragment([block_m], accum)
-            last_key = T.alloc_fragment([block_m], T.int32)  # causal: each row's last visible key
+            last_key = T.alloc_fragment([block_m], T.int32)  # right edge: each row's last visible key
+            # Left edge: each row's first.
+            first_key = T.alloc_fragment([block_m], T.int32) if visibility.limits_left else None
             row_state = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
 
             kv_head = row_block_head % heads_kv
@@ -125,12 +149,15 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
                 )
             T.fill(acc_o, 0)
             softmax.start_rows(row_state)
-            if causal:
+            if visibility.limits_right:
                 # Each row's last key, worked out once per row here, not at every score (a
                 # division by the group size).
                 for r in T.Parallel(block_m):
                     last_key[r] = visibility.last_key((first_row + r) // group_size)
-            first_tile = split * tiles_per_split
+            if visibility.limits_left:
+                for r in T.Parallel(block_m):
+                    first_key[r] = visibility.first_key((first_row + r) // group_size)
+            first_tile = split_start(split, tiles_per_split)
             tiles = T.max(0, T.min(tiles_per_split, T.ceildiv(seqlen_k, block_n) - first_tile))
             for tile in T.Pipelined(tiles, num_stages=num_stages):
                 kv_start = (first_tile + tile) * block_n
@@ -141,8 +168,8 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
                 # cannot see (past seqlen_k, right of its diagonal) never reaches it.
                 for r, j in T.Parallel(block_m, block_n):
                     key = kv_start + j
-                    visible = visibility.sees(key, None, last_key=last_key[r])
-                    acc_s[r, j] = T.if_then_else(visible, acc_s[r, j], neg_inf)
+                    visible = sees(key, r, last_key, first_key)
+                    acc_s[r, j] = T.if_then_else(visible, kept(acc_s[r, j]), neg_inf)
                 softmax.fold_tile(acc_s, row_state, scale_log2)
                 T.copy(acc_s, acc_p)
                 softmax.rescale_output(acc_o, alpha)  # before P·V, which adds into acc_o
@@ -164,11 +191,13 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile)
     return flash_decoding_split
 
 
-def combine_program(*, head_dim: int, dtype: str):
-    """The splits' partial results combined by their LSE, as a TileLang PrimFunc.
+def combine_program(*, head_dim: int, dtype: str, sinks: bool = False):
+    """The splits' partial results combined by their LSE, as a TileLang PrimFunc; `sinks`: each
+    row's sink joins the sum here, once.
 
     Arguments at launch: O_partial [B, splits, H, Sq, D] and LSE_partial [B, splits, H, Sq]
-    (split_program's), then Output [B, Sq, H, D] and LSE [B, H, Sq] (natural log).
+    (split_program's), then Output [B, Sq, H, D] and LSE [B, H, Sq] (natural log), then Sinks
+    [H] (fp32) where compiled in.
     """
     batch, seqlen_q, heads, splits = T.dynamic("batch, seqlen_q, heads, splits")
     dtype = DTYPES[dtype]
@@ -181,6 +210,7 @@ def combine_program(*, head_dim: int, dtype: str):
         LSE_partial: T.Tensor([batch, splits, heads, seqlen_q], accum),
         Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
         LSE: T.Tensor([batch, heads, seqlen_q], accum),
+        Sinks: kernel_parameter(T.Tensor([heads], accum), sinks),
     ):
         # One thread per column of O; every thread of the row's block computes the row's LSE.
         with T.Kernel(seqlen_q, heads, batch, threads=head_dim) as (i, head, b):
@@ -192,11 +222,15 @@ def combine_program(*, head_dim: int, dtype: str):
             lse_max = neg_inf
             for split in T.serial(splits):
                 lse_max = T.max(lse_max, LSE_partial[b, split, head, i])
-            # A row that sees no key in any split: every weight below is 2^-inf = 0.
+            if sinks:
+                lse_max = T.max(lse_max, Sinks[head] * LOG2E)
+            # A row that sees no key in any split (and no sink): every weight below is 2^-inf = 0.
             reference = T.if_then_else(lse_max == neg_inf, 0, lse_max)
             weights = 0
             for split in T.serial(splits):
                 weights = weights + T.exp2(LSE_partial[b, split, head, i] - reference)
+            if sinks:
+                weights = weights + T.exp2(Sinks[head] * LOG2E - reference)
             lse = T.if_then_else(weights == 0, neg_inf, reference + T.log2(weights))
             out = 0
             for split in T.serial(splits):
@@ -213,29 +247,45 @@ def combine_program(*, head_dim: int, dtype: str):
 
 @functools.cache
 def compiled_decode_kernels(
-    *, head_dim: int, causal: bool, dtype: str, arch: str | None = None, block_m: int = MOST_ROWS
+    *,
+    head_dim: int,
+    causal: bool,
+    dtype: str,
+    arch: str | None = None,
+    block_m: int = MOST_ROWS,
+    variants: Variants = PLAIN,
 ) -> tuple:
     """(split, combine): the two kernels a split-KV launch on the (head_dim, block_m) tile runs
     (a module-level builder, for `builds.build_all`)."""
     tile = SPLIT_TILES[head_dim, block_m]
-    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, config=tile)
+    split_variants = dataclasses.replace(variants, sinks=False)  # the sinks join in the combine
+    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, config=tile, variants=split_variants)
     split_kernel = compile_program(split, arch) if tile.producer else compile_program(split, arch, NO_PRODUCER)
-    return split_kernel, compile_program(combine_program(head_dim=head_dim, dtype=dtype), arch)
+    combine = combine_program(head_dim=head_dim, dtype=dtype, sinks=variants.sinks)
+    return split_kernel, compile_program(combine, arch)
 
 
 def split_kv_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, sm_count: int, arch: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    sm_count: int,
+    arch: str,
+    **variants,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of attention by the split-KV kernels, as flash_attn_func returns them: q, k, v
     contiguous [batch, seqlen, heads, head_dim] on one Hopper GPU, as flash_attn_func checks
-    them, seqlen_q and seqlen_k >= 1; `sm_count` the device's SMs, `arch` the nvcc architecture."""
+    them, seqlen_q and seqlen_k >= 1; `sm_count` the device's SMs, `arch` the nvcc architecture;
+    `variants`: window_size, softcap, sinks, as flash_attn_func takes them."""
     batch, seqlen_q, heads, head_dim = q.shape
-    splits, tiles_per_split = split_plan_for(q, k, sm_count)
+    splits, tiles_per_split = split_plan_for(q, k, sm_count, variants.get("window_size", (-1, -1))[0])
     o_partial = q.new_empty((batch, splits, heads, seqlen_q, head_dim), dtype=torch.float32)
     lse_partial = q.new_empty((batch, splits, heads, seqlen_q), dtype=torch.float32)
     out = torch.empty_like(q)
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
-    split_kv_into(out, lse, o_partial, lse_partial, q, k, v, softmax_scale, causal, tiles_per_split, arch)
+    split_kv_into(out, lse, o_partial, lse_partial, q, k, v, softmax_scale, causal, tiles_per_split, arch, **variants)
     return out, lse
 
 
@@ -245,13 +295,15 @@ def launch_tile(q: torch.Tensor, k: torch.Tensor) -> SplitTile:
     return SPLIT_TILES[head_dim, row_block(head_dim, heads // k.shape[2] * seqlen_q)]
 
 
-def split_plan_for(q: torch.Tensor, k: torch.Tensor, sm_count: int) -> tuple[int, int]:
-    """split_plan for these inputs: (splits, K/V tiles per split)."""
+def split_plan_for(q: torch.Tensor, k: torch.Tensor, sm_count: int, window_left: int = -1) -> tuple[int, int]:
+    """split_plan for these inputs: (splits, K/V tiles per split), over the keys from the window's
+    first tile (a left edge; -1: none)."""
     batch, seqlen_q, heads, _ = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     tile = launch_tile(q, k)
     row_blocks = ceildiv(heads // heads_kv * seqlen_q, tile.block_m)
-    return split_plan(batch, heads_kv, row_blocks, seqlen_k, tile, sm_count)
+    keys = seqlen_k - window_first_tile(seqlen_q, seqlen_k, window_left, tile.block_n) * tile.block_n
+    return split_plan(batch, heads_kv, row_blocks, keys, tile, sm_count)
 
 
 def serves_launch(batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int, sm_count: int) -> bool:
@@ -261,17 +313,35 @@ def serves_launch(batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv
 
 
 def split_kv_into(
-    out, lse, o_partial, lse_partial, q, k, v, softmax_scale: float, causal: bool, tiles_per_split: int, arch: str
+    out,
+    lse,
+    o_partial,
+    lse_partial,
+    q,
+    k,
+    v,
+    softmax_scale: float,
+    causal: bool,
+    tiles_per_split: int,
+    arch: str,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """The split-KV launch into the caller's buffers (split_kv_attention's shapes; the tests pass
     NaN-filled ones, so that an element no thread block writes fails whatever memory held)."""
     head_dim = q.shape[-1]
     dtype = str(q.dtype).removeprefix("torch.")
     block_m = launch_tile(q, k).block_m
+    variants = Variants.of(causal, window_size, softcap, sinks)
     split_kernel, combine_kernel = compiled_decode_kernels(
-        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m
+        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m, variants=variants
     )
+    split_variants = dataclasses.replace(variants, sinks=False)
+    split_values = launch_arguments(split_variants, window_size, softcap, softmax_scale, None)
     with torch.cuda.device(q.device):
         # Every (split, head, query) row of the partials is written by the one block whose rows it is.
-        split_kernel(q, k, v, o_partial, lse_partial, softmax_scale * LOG2E, tiles_per_split)
-        combine_kernel(o_partial, lse_partial, out, lse)
+        scale_log2 = exponent_scale(softmax_scale, softcap)
+        split_kernel(q, k, v, o_partial, lse_partial, scale_log2, tiles_per_split, *split_values)
+        combine_kernel(o_partial, lse_partial, out, lse, *([] if sinks is None else [sinks]))

@@ -10,7 +10,7 @@ The kernel packs a GQA group's heads into one tile's rows; rows are independent,
 packing changes which thread block computes a row, not what it computes.
 
 The variants (attention_tiled's): with a left edge the splits cover the K/V tiles from the one
-holding the first query's first key (`first_split_tile`), each row's window a select after
+holding the first query's first key (`variants.window_first_tile`), each row's window a select after
 Q·Kᵀ; a softcap keeps the score as tanh(x·scale / c), c·log2e the exponent's scale, and the
 select after the cap; a sink joins each row's sum once, in the combine, against the larger of
 the splits' LSE and itself.
@@ -23,6 +23,7 @@ import math
 import torch
 
 from fa_kernel.numerics import LN2, LOG2E
+from fa_kernel.variants import window_first_tile
 
 
 def attention_split_kv(
@@ -49,7 +50,7 @@ def attention_split_kv(
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32)
     split_keys = block_n * tiles_per_split
-    first_key = first_split_tile(seqlen_q, seqlen_k, left, block_n) * block_n
+    first_key = window_first_tile(seqlen_q, seqlen_k, left, block_n) * block_n
     splits = range(first_key, max(seqlen_k, first_key + 1), split_keys)  # one split without keys where there are none
     for b in range(batch):
         for head in range(heads):
@@ -62,15 +63,6 @@ def attention_split_kv(
             sink = None if sinks is None else float(sinks[head]) * LOG2E
             out[b, :, head], lse[b, head] = _combine(partials, q.dtype, sink)
     return out, lse
-
-
-def first_split_tile(seqlen_q: int, seqlen_k: int, left: int, block_n: int) -> int:
-    """The K/V tile the splits start at: with a left edge (left >= 0), the one holding the first
-    query's first key (the later queries' windows start later still), never past the last tile;
-    else 0."""
-    if left < 0:
-        return 0
-    return min(max(0, seqlen_k - seqlen_q - left) // block_n, max(0, -(-seqlen_k // block_n) - 1))
 
 
 def _split_partial(q, k, v, scale_log2, edges, block_n, tile_starts, cap=None):

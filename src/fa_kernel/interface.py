@@ -26,7 +26,7 @@ from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, 
 from fa_kernel.device import device_facts, device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
-from fa_kernel.variants import PLAIN, Variants, exponent_scale, launch_arguments
+from fa_kernel.variants import Variants, exponent_scale, launch_arguments
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -314,11 +314,10 @@ def _attention(
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     batch, seqlen_q, heads, _ = q.shape
     sm_count, arch = device_target(q.device)
-    window_size = (window_left, window_right)
-    variants = Variants.of(causal, window_size, softcap, sinks)
-    if variants == PLAIN and serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count):
-        return split_kv_attention(q, k, v, softmax_scale, causal, sm_count, arch)
-    return forward_kernel_attention(q, k, v, softmax_scale, causal, window_size, softcap, sinks)
+    variants = dict(window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
+    if serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count):
+        return split_kv_attention(q, k, v, softmax_scale, causal, sm_count, arch, **variants)
+    return forward_kernel_attention(q, k, v, softmax_scale, causal, **variants)
 
 
 def forward_kernel_attention(

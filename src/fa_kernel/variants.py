@@ -62,6 +62,15 @@ def kernel_parameter(value, compiled: bool):
     return value if compiled else None
 
 
+def window_first_tile(seqlen_q: int, seqlen_k: int, left: int, block_n: int) -> int:
+    """The first K/V tile of `block_n` keys any query sees (a split-KV launch's splits start
+    there): with a left edge (left >= 0), the one holding the first query's first key (the later
+    queries' windows start later still), never past the last tile; else 0."""
+    if left < 0:
+        return 0
+    return min(max(0, seqlen_k - seqlen_q - left) // block_n, max(0, -(-seqlen_k // block_n) - 1))
+
+
 # A window edge past every key of any sequence the kernels take (lengths below 2^30).
 NO_LIMIT = 2**30
 
