@@ -42,6 +42,7 @@ JUMPS = ("tests/test_kernel.py::test_scores_that_jump_between_key_tiles",)
 PERSISTENT = ("tests/test_kernel.py::test_persistent_thread_blocks_walk_several_tiles",)
 NONFINITE = ("tests/test_nonfinite.py",)
 WINDOW_SWEEP = ("tests/test_variants_kernel.py::test_window_sweep_with_sinks",)
+SPLIT_KV_VARIANTS = ("tests/test_variants_kernel.py::test_split_kv_variants_within_the_bound",)
 BACKWARD_VARIANTS = (
     "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks",
     "tests/test_variants_kernel.py::test_backward_softcap",
@@ -475,6 +476,22 @@ KERNEL_MUTANTS = [
         "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\nds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])",
         within="capped_probabilities_and_ds",
         first=BACKWARD_VARIANTS,
+    ),
+    Mutant(
+        # The split-KV launch's splits start a K/V tile after the window's first.
+        "split_kv_window_starts_a_tile_late",
+        "decode.py",
+        "T.min(T.max(0, visibility.first_key(0)) // block_n, last_tile)",
+        "T.min(T.max(0, visibility.first_key(0)) // block_n + 1, last_tile)",
+        first=SPLIT_KV_VARIANTS,
+    ),
+    Mutant(
+        # The combine leaves the sink out of the sum (its max still taken).
+        "split_kv_sink_left_out_of_the_sum",
+        "decode.py",
+        "weights = weights + T.exp2(Sinks[head] * LOG2E - reference)",
+        "weights = weights",
+        first=SPLIT_KV_VARIANTS,
     ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(
