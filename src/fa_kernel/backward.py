@@ -419,34 +419,17 @@ def compiled_backward(
     variants: Variants = PLAIN,
 ):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
-    block_m, block_n, num_stages = BACKWARD_TILES[head_dim]
-    program = backward_program(
-        head_dim=head_dim,
-        causal=causal,
-        dtype=dtype,
-        block_m=block_m,
-        block_n=block_n,
-        num_stages=num_stages,
-        with_dq=with_dq,
-        variants=variants,
-    )
-    return compile_program(program, arch)
+    tiles = dict(zip(("block_m", "block_n", "num_stages"), BACKWARD_TILES[head_dim], strict=True))
+    kernel = dict(head_dim=head_dim, causal=causal, dtype=dtype, variants=variants)
+    return compile_program(backward_program(**kernel, **tiles, with_dq=with_dq), arch)
 
 
 @functools.cache
 def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None, variants: Variants = PLAIN):
     """The compiled fixed-order dQ kernel (dq_program) for this head dim (DQ_TILES)."""
-    block_m, block_n, num_stages = DQ_TILES[head_dim]
-    program = dq_program(
-        head_dim=head_dim,
-        causal=causal,
-        dtype=dtype,
-        block_m=block_m,
-        block_n=block_n,
-        num_stages=num_stages,
-        variants=variants,
-    )
-    return compile_program(program, arch)
+    tiles = dict(zip(("block_m", "block_n", "num_stages"), DQ_TILES[head_dim], strict=True))
+    kernel = dict(head_dim=head_dim, causal=causal, dtype=dtype, variants=variants)
+    return compile_program(dq_program(**kernel, **tiles), arch)
 
 
 def compiled_gradient_kernels(
