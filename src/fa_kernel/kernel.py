@@ -169,6 +169,13 @@ def forward_program(
         schedule.place_in_round, schedule.work_tile, schedule.warpgroup_kv_blocks
     )  # fmt: skip
 
+    def without_max(row_max, kv_start, row):
+        """Whether a row takes the tile's max (the vote): it has none yet, and with a left edge its
+        window reaches the tile (before, its scores are all hidden: nothing to take)."""
+        if not visibility.limits_left:
+            return row_max == neg_inf
+        return T.And(row_max == neg_inf, visibility.first_key(row) < kv_start + block_n)
+
     def walk_start(kv_first, kv_block):
         """The first key of a work tile's kv_block-th K/V tile (left edge: from its kv_first-th)."""
         return (kv_block if kv_first is None else kv_first + kv_block) * block_n
@@ -288,7 +295,7 @@ def forward_program(
         row_over = 0
         for i in T.Parallel(block_m):
             # A row with no max yet takes this tile's: its P~ could underflow (softmax.fold_tile).
-            if T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, rows.row_max[i] == neg_inf):
+            if T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(rows.row_max[i], kv_start, q_start + i)):
                 row_over = 1
         T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p and acc_o may be overwritten
         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)

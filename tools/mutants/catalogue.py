@@ -124,7 +124,7 @@ KERNEL_MUTANTS = [
         # the tile that moves its max drops it (alpha from -inf).
         "row_without_max_not_voted",
         "kernel.py",
-        "T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, rows.row_max[i] == neg_inf)",
+        "T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(rows.row_max[i], kv_start, q_start + i))",
         "rows.tile_sum[i] > STALE_SUM_LIMIT",
         first=ROW_WITHOUT_MAX,
     ),
@@ -476,6 +476,15 @@ KERNEL_MUTANTS = [
         "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\nds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])",
         within="capped_probabilities_and_ds",
         first=BACKWARD_VARIANTS,
+    ),
+    Mutant(
+        # A row without a max whose window starts inside the tile is not voted over: the tile's
+        # weights stay against the stand-in, and the next tile's rescale drops them.
+        "window_vote_a_tile_late",
+        "kernel.py",
+        "visibility.first_key(row) < kv_start + block_n",
+        "visibility.first_key(row) < kv_start",
+        first=WINDOW_SWEEP,
     ),
     Mutant(
         # The split-KV launch's splits start a K/V tile after the window's first.
