@@ -130,13 +130,20 @@ SOFTCAP_VARIANTS = Variants(window_left=True, softcap=True)
 ALL_VARIANTS = Variants(window_left=True, window_right=True, softcap=True, sinks=True)
 
 
-def variant_builds(arch: str) -> list[dict]:
-    """compiled_forward's arguments of test_variants_kernel's builds: windows first, then softcaps."""
+def variant_sweep_builds() -> list[dict]:
+    """compiled_forward's arguments of test_variants_kernel's builds, for any arch: windows first,
+    then softcaps (mutant triage compares them too: code only a variant runs changes no plain
+    build)."""
     return [
-        dict(build, arch=arch, variants=WINDOW_VARIANTS[build["causal"]] if variants is None else variants)
+        dict(build, variants=WINDOW_VARIANTS[build["causal"]] if variants is None else variants)
         for variants in (None, SOFTCAP_VARIANTS)
         for build in sweep_builds()
     ]
+
+
+def variant_builds(arch: str) -> list[dict]:
+    """variant_sweep_builds for `arch`."""
+    return [dict(build, arch=arch) for build in variant_sweep_builds()]
 
 
 def variant_gradient_builds(arch: str) -> list[dict]:

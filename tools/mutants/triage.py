@@ -134,14 +134,17 @@ def triage_builds(sm_count: int) -> list[dict]:
     full grid's tables ship at `sm_count` (as flash_attn_func builds them), fp16 (the dtype
     enters the kernel only as the element type, which no operator mutates). The small grids'
     bands (configs.TUNED_GRIDS) are not among them yet: their configs join the triage with the
-    next triage run of every mutant (docs/testing.md)."""
+    next triage run of every mutant (docs/testing.md). Then the sweep builds with the variants
+    compiled in (suite.builds.variant_sweep_builds): a mutant of code that only a variant runs
+    leaves every plain program as it was, and would read as equivalent without them."""
     from suite.boundaries import sweep_builds
+    from suite.builds import variant_sweep_builds
 
     from fa_kernel.workbench.builds import shipped_builds, unique
 
     full = shipped_builds(sm_count=sm_count, small_grids=False)
     shipped = [build for build in full if build["dtype"] == "float16"]
-    return unique([*sweep_builds(), *shipped])
+    return unique([*sweep_builds(), *shipped, *variant_sweep_builds()])
 
 
 def short_digest(text: str) -> str:
