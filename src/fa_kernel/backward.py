@@ -419,17 +419,23 @@ def compiled_backward(
     variants: Variants = PLAIN,
 ):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
-    tiles = dict(zip(("block_m", "block_n", "num_stages"), BACKWARD_TILES[head_dim], strict=True))
-    kernel = dict(head_dim=head_dim, causal=causal, dtype=dtype, variants=variants)
-    return compile_program(backward_program(**kernel, **tiles, with_dq=with_dq), arch)
+    block_m, block_n, stages = BACKWARD_TILES[head_dim]
+    kernel = backward_program(
+        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=stages,
+        with_dq=with_dq, variants=variants,
+    )  # fmt: skip
+    return compile_program(kernel, arch)
 
 
 @functools.cache
 def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None, variants: Variants = PLAIN):
     """The compiled fixed-order dQ kernel (dq_program) for this head dim (DQ_TILES)."""
-    tiles = dict(zip(("block_m", "block_n", "num_stages"), DQ_TILES[head_dim], strict=True))
-    kernel = dict(head_dim=head_dim, causal=causal, dtype=dtype, variants=variants)
-    return compile_program(dq_program(**kernel, **tiles), arch)
+    block_m, block_n, stages = DQ_TILES[head_dim]
+    kernel = dq_program(
+        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=stages,
+        variants=variants,
+    )  # fmt: skip
+    return compile_program(kernel, arch)
 
 
 def compiled_gradient_kernels(

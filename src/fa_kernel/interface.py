@@ -17,6 +17,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -314,7 +315,7 @@ def _attention(
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     batch, seqlen_q, heads, _ = q.shape
     sm_count, arch = device_target(q.device)
-    variants = dict(window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
+    variants: dict[str, Any] = dict(window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
     if serves_launch(batch, seqlen_q, k.shape[1], heads, k.shape[2], sm_count):
         return split_kv_attention(q, k, v, softmax_scale, causal, sm_count, arch, **variants)
     return forward_kernel_attention(q, k, v, softmax_scale, causal, **variants)
@@ -396,7 +397,7 @@ def _gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks), contiguous, dsinks empty without sinks: the backward op's body."""
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    variants = dict(window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
+    variants: dict[str, Any] = dict(window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
     arguments = (dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
     dsinks = backward_into(dq, dk, dv, *arguments, **variants)
     return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dsinks is None else dsinks
@@ -491,7 +492,8 @@ def _backward_fake(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, det
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, softmax_scale, causal, deterministic, *variant_args = inputs
     # The op called without the variants' arguments takes their defaults.
-    window_left, window_right, softcap, sinks = (*variant_args, *(-1, -1, 0.0, None)[len(variant_args) :])
+    defaults: tuple = (-1, -1, 0.0, None)
+    window_left, window_right, softcap, sinks = tuple(variant_args) + defaults[len(variant_args) :]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.softmax_scale = softmax_scale

@@ -5,7 +5,7 @@ tile's registers and a consumer thread's registers. kernel.py's macros read thes
 here are hardware facts or the kernel's own choices, each with its reason."""
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tilelang.language as T
 
@@ -122,12 +122,12 @@ def own_output_buffer(head_dim: int, config: TileConfig) -> bool:
 class PipelineParts(NamedTuple):
     """The forward's pipeline helpers, over its tiles (pipeline_parts)."""
 
-    wait_turn: object  # macro (thread): wait for this warpgroup's turn on the tensor cores
-    pass_turn: object  # macro (thread, kv_block, num_kv_blocks): hand the turn on
-    ring_slot: object  # (count) -> (stage, phase) of the count-th K/V tile through the ring
-    ring_stage: object  # (ring, stage, columns) -> that stage's rows of a K or V ring
-    load_tile: object  # macro: TMA-load a K or V tile into a ring stage
-    store_output: object  # macro: TMA-store rows of the staged output tile
+    wait_turn: Any  # macro (thread): wait for this warpgroup's turn on the tensor cores
+    pass_turn: Any  # macro (thread, kv_block, num_kv_blocks): hand the turn on
+    ring_slot: Any  # (count) -> (stage, phase) of the count-th K/V tile through the ring
+    ring_stage: Any  # (ring, stage, columns) -> that stage's rows of a K or V ring
+    load_tile: Any  # macro: TMA-load a K or V tile into a ring stage
+    store_output: Any  # macro: TMA-store rows of the staged output tile
 
 
 def pipeline_parts(*, head_dim: int, block_n: int, stages: int, consumers: int) -> PipelineParts:

@@ -195,7 +195,7 @@ def judge_backward(
     k: torch.Tensor,
     v: torch.Tensor,
     dout: torch.Tensor,
-    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    grads: tuple[torch.Tensor, ...],
     causal: bool = False,
     softmax_scale: float | None = None,
     grad_lse: torch.Tensor | None = None,

@@ -12,7 +12,7 @@ Every value is a TileLang expression of the launch's sizes; the kernel keeps a w
 registers (pipeline.WorkTile), so each division here runs once per tile.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tilelang.language as T
 
@@ -21,13 +21,13 @@ from fa_kernel.mask import Visibility
 
 
 class TileScheduler(NamedTuple):
-    q_blocks: object  # query blocks per (batch, head)
-    num_tiles: object  # work tiles of the launch
-    workers: object  # thread blocks of the persistent grid
-    place_in_round: object  # (worker, tile_round) -> its place among the round's tiles
-    work_tile: object  # (block, tile_round) -> (b, head, kv_head, q_start, num_kv_blocks)
-    first_kv_block: object  # (q_start) -> left edge: the K/V tile the block's walk starts at
-    warpgroup_kv_blocks: object  # (q_start, num_kv_blocks, warpgroup, kv_first) -> the tiles its rows see
+    q_blocks: Any  # query blocks per (batch, head)
+    num_tiles: Any  # work tiles of the launch
+    workers: Any  # thread blocks of the persistent grid
+    place_in_round: Any  # (worker, tile_round) -> its place among the round's tiles
+    work_tile: Any  # (block, tile_round) -> (b, head, kv_head, q_start, num_kv_blocks)
+    first_kv_block: Any  # (q_start) -> left edge: the K/V tile the block's walk starts at
+    warpgroup_kv_blocks: Any  # (q_start, num_kv_blocks, warpgroup, kv_first) -> the tiles its rows see
 
 
 def tile_scheduler(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import shutil
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -148,7 +149,7 @@ def _verify_variant(shape: tuple, causal: bool, window_size: tuple[int, int], so
     case = _verify_shape(shape, torch.bfloat16, causal)
     q, k, v = (t.requires_grad_() for t in _verify_inputs(case))
     sink_logits = torch.randn(case.nheads, device=q.device).requires_grad_() if sinks else None
-    variants = dict(window_size=window_size, softcap=softcap, sinks=sink_logits)
+    variants: dict[str, Any] = dict(window_size=window_size, softcap=softcap, sinks=sink_logits)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants)
     detached = dict(variants, sinks=None if sink_logits is None else sink_logits.detach())
     inputs = (q.detach(), k.detach(), v.detach())
