@@ -7,7 +7,15 @@ TOKENS, so every case has thousands of (query block, head, batch) tiles for 132 
 
 import torch
 
-from fa_kernel.workbench.bench import BACKWARD_FLOPS, MODEL_TOKENS, VARIANTS, Shape, runners, variant_runners
+from fa_kernel.workbench.bench import (
+    BACKWARD_FLOPS,
+    MODEL_TOKENS,
+    VARIANTS,
+    Shape,
+    runners,
+    variant_flops,
+    variant_runners,
+)
 
 TOKENS = 32768  # batch * seqlen_q
 HIDDEN = 2048  # nheads * head_dim of the MHA grid: the same bytes per token at every head_dim
@@ -137,8 +145,8 @@ class Variants(Case):
     """A sliding window of 1k keys, a softcap of 30 and attention sinks on causal 8k sequences
     (32 heads, head_dim 128, bf16, 32k tokens), forward and backward: fa_kernel against its
     anchor (bench.variant_runners: FlexAttention compiled with the same mask and score_mod, or
-    for sinks the plain kernel). FLOPs are the causal ones (the window's visible pairs are fewer:
-    its TFLOP/s reads low; the gated figure is the ratio)."""
+    for sinks the plain kernel). FLOPs are counted on the pairs the mask leaves visible
+    (bench.variant_flops), as `fa-kernel bench --grid variants` counts them."""
 
     params = (list(VARIANTS), [False, True])
     param_names = ["variant", "backward"]
@@ -147,7 +155,12 @@ class Variants(Case):
         require_cuda()
         self.backward = backward
         self.shape = Shape(TOKENS // 8192, 32, 8192, 128, True, torch.bfloat16)
-        self.fns = variant_runners(self.shape, VARIANTS[variant], backward=backward)
+        self.variant = VARIANTS[variant]
+        self.fns = variant_runners(self.shape, self.variant, backward=backward)
         for fn in self.fns.values():
             fn()
         torch.cuda.synchronize()
+
+    @property
+    def flops(self) -> float:
+        return variant_flops(self.shape, self.variant) * (BACKWARD_FLOPS if self.backward else 1.0)

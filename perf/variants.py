@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.reference import judge, random_qkv
+from fa_kernel.reference import judge, random_qkv, visible_pairs
 from fa_kernel.reference_backward import judge_backward
 from fa_kernel.workbench.bench import BACKWARD_FLOPS, alternated, cuda_median_ms, flex_attention_call, gradient_of
 
@@ -48,16 +48,9 @@ class Case:
     def variants(self, sinks: torch.Tensor | None) -> dict:
         return dict(window_size=self.window_size, softcap=self.softcap, sinks=sinks)
 
-    def visible_pairs(self) -> int:
-        """(query, key) pairs the mask leaves visible, per (batch, head): rows are the diagonal's."""
-        rows = torch.arange(self.seqlen, dtype=torch.int64)
-        left, right = self.window_size
-        last = rows if self.causal else (rows + right if right >= 0 else torch.full_like(rows, self.seqlen - 1))
-        first = (rows - left).clamp(min=0) if left >= 0 else torch.zeros_like(rows)
-        return int((last.clamp(max=self.seqlen - 1) - first + 1).clamp(min=0).sum())
-
     def flops(self, backward: bool) -> float:
-        forward = 4.0 * self.batch * self.nheads * self.visible_pairs() * self.head_dim
+        pairs = visible_pairs(self.seqlen, self.seqlen, self.causal, self.window_size)
+        forward = 4.0 * self.batch * self.nheads * pairs * self.head_dim
         return forward * BACKWARD_FLOPS if backward else forward
 
     def name(self) -> str:

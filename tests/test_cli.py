@@ -366,6 +366,63 @@ def test_bench_decode_grid_times_each_path_and_gives_gb_per_s(monkeypatch, capsy
     assert (128, True, 8192) in builds  # the forward kernel's, stubbed: (head_dim, causal, keys)
 
 
+def test_bench_variants_grid_builds_each_variant_and_times_it_against_its_anchor(monkeypatch, capsys):
+    import json
+
+    from fa_kernel.backward import compiled_gradient_kernels
+    from fa_kernel.variants import PLAIN, Variants
+    from fa_kernel.workbench import bench_command as command
+    from fa_kernel.workbench.bench import VARIANTS
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Test GPU")
+    timed = []
+
+    def measured(shape, variant, rounds, repeats, backward):
+        timed.append((shape.label(), variant, backward))
+        anchor = "fa_kernel plain" if variant.get("sinks") else "flex"
+        return {"fa_kernel": command.Timing((130.0, 150.0, 140.0)), anchor: command.Timing((100.0, 100.0, 100.0))}
+
+    monkeypatch.setattr(command, "measure_variant", measured)
+    stub_builds(monkeypatch)
+    # The stubbed forward build is a tuple: a dict of it, so that the variants can join it.
+    monkeypatch.setattr(command, "kernel_build", lambda device, d, causal, dtype, keys, launch: dict(head_dim=d))
+    built = []
+    monkeypatch.setattr(
+        command, "build_with_progress", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True
+    )
+    assert main(["bench", "--grid", "variants", "--dtype", "bf16", "--head-dim", "128", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| 4x16x8192x128 bfloat16 causal | window 1k | 140 | flex | 100 | 1.40x | 1.30-1.50 |" in out
+    assert "| 16x16x2048x128 bfloat16 causal | sinks | 140 | fa_kernel plain | 100 | 1.40x | 1.30-1.50 |" in out
+    assert len(timed) == 2 * len(VARIANTS) and {label for label, _, _ in timed} == {
+        "16x16x2048x128 bfloat16 causal",
+        "4x16x8192x128 bfloat16 causal",
+    }
+    ((builds, builders),) = built
+    # Each variant's own build (a left edge, the cap, sinks) and the plain one, forward only.
+    assert {build["variants"] for build in builds} == {
+        Variants(window_left=True),
+        Variants(softcap=True),
+        Variants(sinks=True),
+        PLAIN,
+    }
+    assert compiled_gradient_kernels not in builders
+    assert main(["bench", "--grid", "variants", "--backward", "--json", "--seqlen-q", "8192"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["pass"] == "backward" and all(backward for _, _, backward in timed[-2 * len(VARIANTS) :])
+    assert {row["variant"] for row in record["variants"]} == set(VARIANTS)
+    assert all(row["ratio_to_anchor"] == pytest.approx(1.4) for row in record["variants"])
+    builds, builders = built[-1]
+    gradients = [build for build, builder in zip(builds, builders, strict=True) if builder is compiled_gradient_kernels]
+    assert {build["variants"] for build in gradients} == {
+        Variants(window_left=True),
+        Variants(softcap=True),
+        Variants(sinks=True),
+        PLAIN,
+    }
+
+
 def test_a_shape_cudnn_does_not_take_has_no_ratio():
     from fa_kernel.workbench.bench import cudnn_best, ratio_to_cudnn_best
 

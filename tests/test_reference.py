@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from fa_kernel.reference import attention_flops, attention_ref, error_report, judge, output_bound, visible_keys
+from fa_kernel.reference import (
+    attention_flops,
+    attention_ref,
+    error_report,
+    judge,
+    output_bound,
+    visible_keys,
+    visible_pairs,
+)
 
 
 def naive_attention(q, k, v, causal, scale, window=(-1, -1), softcap=0.0, sinks=None):
@@ -152,6 +160,16 @@ def test_a_broken_output_is_outside_the_bound():
 def test_flops_convention():
     assert attention_flops(8, 32, 4096, 4096, 128, False) == 4 * 8 * 32 * 4096 * 4096 * 128
     assert attention_flops(8, 32, 4096, 4096, 128, True) == 2 * 8 * 32 * 4096 * 4096 * 128
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 1), (7, 7), (5, 19), (19, 5), (64, 130)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_size", [(-1, -1), (0, 0), (3, -1), (-1, 2), (4, 1), (0, 25), (100, 100)])
+def test_visible_pairs_counts_the_mask(seqlen_q, seqlen_k, causal, window_size):
+    # Every edge in both directions, the diagonal off the grid on either side (Sq > Sk, Sk > Sq),
+    # rows with no key, windows wider than the sequence.
+    mask = visible_keys(seqlen_q, seqlen_k, causal, window_size=window_size)
+    assert visible_pairs(seqlen_q, seqlen_k, causal, window_size) == int(mask.sum())
 
 
 def test_error_report_requires_nan_where_the_reference_is_nan():

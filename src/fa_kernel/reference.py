@@ -498,3 +498,14 @@ def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_
     """4·B·H·Sq·Sk·D (two GEMMs), halved for causal: the convention flash-attn and cuDNN report."""
     flops = 4.0 * batch * nheads * seqlen_q * seqlen_k * head_dim
     return flops / 2 if causal else flops
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int] = (-1, -1)) -> int:
+    """The (query, key) pairs visible_keys leaves visible, counted row by row without the
+    [seqlen_q, seqlen_k] mask (a window's work: 4·D flops a pair)."""
+    left, right = window_size
+    right = 0 if causal else right
+    diagonal = torch.arange(seqlen_q, dtype=torch.int64) + (seqlen_k - seqlen_q)
+    last = (diagonal + right).clamp(max=seqlen_k - 1) if right >= 0 else torch.full_like(diagonal, seqlen_k - 1)
+    first = (diagonal - left).clamp(min=0) if left >= 0 else torch.zeros_like(diagonal)
+    return int((last - first + 1).clamp(min=0).sum())

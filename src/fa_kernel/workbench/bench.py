@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 import torch
 
 from fa_kernel.interface import flash_attn_func
-from fa_kernel.reference import attention_flops, random_qkv
+from fa_kernel.reference import attention_flops, random_qkv, visible_pairs
+from fa_kernel.variants import Variants
 
 Key = TypeVar("Key", bound=Hashable)  # what alternated timers are named by
 
@@ -261,11 +262,29 @@ def runners(shape: Shape, seed: int = 0, backward: bool = False) -> dict[str, Ca
 
 # The variants the asv suite and `perf/variants.py` time: flash_attn_func's keyword arguments
 # (sinks: a logit per head, drawn at setup).
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "window 1k": dict(window_size=(1024, 0)),
     "softcap 30": dict(softcap=30.0),
     "sinks": dict(sinks=True),
 }
+
+
+# `fa-kernel bench --grid variants`: each of VARIANTS, causal bf16 at 2k and 8k tokens a sequence
+# (32k tokens a launch), at the head dims both the gradients and FlexAttention's anchor take.
+VARIANT_SHAPES = tuple(Shape(32768 // s, 16, s, d, True, torch.bfloat16) for d in (64, 128) for s in (2048, 8192))
+
+
+def variant_flops(shape: Shape, variant: dict) -> float:
+    """The forward's FLOPs of `variant` on `shape`: 4·D a (query, key) pair its mask leaves
+    visible (a window's work grows with the window, and its TFLOP/s is counted on that)."""
+    pairs = visible_pairs(shape.seqlen_q, shape.keys, shape.causal, variant.get("window_size", (-1, -1)))
+    return 4.0 * shape.batch * shape.nheads * pairs * shape.head_dim
+
+
+def variant_build(shape: Shape, variant: dict) -> Variants:
+    """The variants the kernels of `variant` (VARIANTS' keywords) on `shape` compile in."""
+    sinks = torch.empty(0) if variant.get("sinks") else None
+    return Variants.of(shape.causal, variant.get("window_size", (-1, -1)), variant.get("softcap", 0.0), sinks)
 
 
 def variant_runners(shape: Shape, variant: dict, seed: int = 0, backward: bool = False) -> dict[str, Callable]:
@@ -390,12 +409,31 @@ def measure(
     alternated rounds, each the median of `repeats` CUDA-event timings after `warmup` calls;
     `backward`: of the backward alone (runners), at BACKWARD_FLOPS times the forward's FLOPs."""
     flops = shape.flops * (BACKWARD_FLOPS if backward else 1.0)
+    return _alternated_tflops(runners(shape, backward=backward), flops, rounds, repeats, warmup)
 
+
+def measure_variant(
+    shape: Shape, variant: dict, rounds: int = 5, repeats: int = 50, warmup: int = 10, backward: bool = False
+) -> dict[str, Timing]:
+    """TFLOP/s (variant_flops: on the visible pairs) of fa_kernel with `variant` and its anchor
+    (variant_runners), measured as `measure` does."""
+    flops = variant_flops(shape, variant) * (BACKWARD_FLOPS if backward else 1.0)
+    return _alternated_tflops(variant_runners(shape, variant, backward=backward), flops, rounds, repeats, warmup)
+
+
+def _alternated_tflops(
+    fns: dict[str, Callable[[], object]], flops: float, rounds: int, repeats: int, warmup: int
+) -> dict[str, Timing]:
     def timer(fn: Callable[[], object]) -> Callable[[], float]:
         return lambda: flops / (cuda_median_ms(fn, warmup, repeats) * 1e-3) / 1e12
 
-    samples = alternated({name: timer(fn) for name, fn in runners(shape, backward=backward).items()}, rounds)
+    samples = alternated({name: timer(fn) for name, fn in fns.items()}, rounds)
     return {name: Timing(tuple(values)) for name, values in samples.items()}
+
+
+def variant_anchor(timings: dict[str, Timing]) -> str:
+    """The name of the anchor variant_runners timed beside fa_kernel."""
+    return "flex" if "flex" in timings else "fa_kernel plain"
 
 
 def cudnn_best(timings: dict[str, Timing]) -> str | None:
@@ -410,7 +448,14 @@ def ratio_to_cudnn_best(timings: dict[str, Timing], ours: str = "fa_kernel") -> 
     best = cudnn_best(timings)
     if best is None or ours not in timings:
         return None
-    return Timing(tuple(mine / theirs for mine, theirs in zip(timings[ours].rounds, timings[best].rounds, strict=True)))
+    return ratio_to(timings, best, ours)
+
+
+def ratio_to(timings: dict[str, Timing], anchor: str, ours: str = "fa_kernel") -> Timing:
+    """`ours`' TFLOP/s over `anchor`'s, round by round (timed back to back in each round)."""
+    return Timing(
+        tuple(mine / theirs for mine, theirs in zip(timings[ours].rounds, timings[anchor].rounds, strict=True))
+    )
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """`fa-kernel bench`: TFLOP/s of fa_kernel beside torch SDPA's cuDNN (both layouts) and flash
-backends over a grid of shapes, alternated in rounds, with the ratio to the faster cuDNN."""
+backends over a grid of shapes, alternated in rounds, with the ratio to the faster cuDNN; the
+variants grid: fa_kernel with a window, a softcap or sinks beside its anchor (FlexAttention, or
+for sinks the plain kernel)."""
 
 from __future__ import annotations
 
@@ -12,20 +14,27 @@ from rich.progress import track
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels
 from fa_kernel.decode import compiled_decode_kernels
 from fa_kernel.interface import compile_arch, kernel_build
+from fa_kernel.variants import PLAIN
 from fa_kernel.workbench.bench import (
     CUDNN_LAYOUTS,
     DECODE_SHAPES,
     H200_HBM_BYTES_PER_S,
     SPLIT_KV_QUERIES,
+    VARIANT_SHAPES,
+    VARIANTS,
     Shape,
     Timing,
     cudnn_best,
     measure,
+    measure_variant,
     model_grid,
     plot_seqlen_sweep,
     plot_shapes,
+    ratio_to,
     ratio_to_cudnn_best,
     summarise,
+    variant_anchor,
+    variant_build,
 )
 from fa_kernel.workbench.builds import kernels_build, quiet_tilelang, served_build
 from fa_kernel.workbench.console import DTYPES, EXIT_FAILED, EXIT_NO_GPU, build_with_progress, make_console, print_table
@@ -47,6 +56,8 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         console.print("fa-kernel bench needs a CUDA GPU; torch.cuda.is_available() is False here.")
         return EXIT_NO_GPU
+    if args.grid == "variants":
+        return run_variants(args, console)
     if args.grid == "models":
         shapes = [shape for d in args.dtype for shape in model_grid(DTYPES[d])]
     elif args.grid == "decode":
@@ -137,6 +148,80 @@ def run(args) -> int:
             f"GB/s of K and V read, from the same timings; HBM {H200_HBM_BYTES_PER_S / 1e12:.1f} TB/s (H200 SXM)"
         )
         print_table(console, bandwidth_headers, _bandwidth_rows(results), args.markdown, title=bandwidth_title)
+    return 0
+
+
+def run_variants(args, console) -> int:
+    """`--grid variants`: fa_kernel with each of bench.VARIANTS on bench.VARIANT_SHAPES, beside
+    its anchor, in TFLOP/s on the visible pairs (bench.variant_flops)."""
+    cases = [
+        (replace(shape, dtype=DTYPES[d]), name)
+        for d in args.dtype
+        for shape in VARIANT_SHAPES
+        if not args.head_dim or shape.head_dim in args.head_dim
+        if not args.seqlen_q or shape.seqlen_q in args.seqlen_q
+        for name in VARIANTS
+    ]
+    device = torch.device("cuda")
+    arch = compile_arch(device)
+    builds: list[dict] = []
+    builders: list = []
+    for shape, name in cases:
+        launch = (shape.batch, shape.nheads, shape.seqlen_q)
+        # fa_kernel's build of the variant, and the plain one (sinks' anchor).
+        for variants in (variant_build(shape, VARIANTS[name]), PLAIN):
+            forward = kernel_build(device, shape.head_dim, shape.causal, shape.dtype, shape.keys, launch=launch)
+            builds.append(forward | {"variants": variants})
+            builders.append(None)
+            if args.backward:
+                builds.append(kernels_build(shape, arch) | {"variants": variants})
+                builders.append(compiled_gradient_kernels)
+    if not build_with_progress(console, builds, args.jobs, verbose=False, quiet=args.json, builder=builders):
+        return EXIT_FAILED
+    results = [
+        (shape, name, measure_variant(shape, VARIANTS[name], args.rounds, args.repeats, backward=args.backward))
+        for shape, name in track(cases, description="benchmarking", console=console, transient=True)
+    ]
+    if args.json:
+        records = []
+        for shape, name, timings in results:
+            anchor = variant_anchor(timings)
+            records.append(
+                {
+                    "shape": shape.label(),
+                    "variant": name,
+                    "anchor": anchor,
+                    "tflops": {each: timing.median for each, timing in timings.items()},
+                    "rounds": {each: list(timing.rounds) for each, timing in timings.items()},
+                    "ratio_to_anchor": ratio_to(timings, anchor).median,
+                }
+            )
+        record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variants": records}
+        record["pass"] = "backward" if args.backward else "forward"
+        print(json.dumps(record))
+        return 0
+    rows = []
+    for shape, name, timings in results:
+        anchor = variant_anchor(timings)
+        ratio = ratio_to(timings, anchor)
+        rows.append(
+            [
+                shape.label(),
+                name,
+                f"{timings['fa_kernel'].median:.0f}",
+                anchor,
+                f"{timings[anchor].median:.0f}",
+                f"{ratio.median:.2f}x",
+                f"{min(ratio.rounds):.2f}-{max(ratio.rounds):.2f}",
+            ]
+        )
+    headers = ["shape BxHxSxD", "variant", "fa_kernel", "anchor", "anchor TFLOP/s", "vs anchor", "ratio range"]
+    title = (
+        f"{'Backward' if args.backward else 'Forward'} TFLOP/s on the visible pairs, {torch.cuda.get_device_name()}:"
+        f" medians of {args.rounds} rounds alternated in this process, each the median of {args.repeats} timings;"
+        " the anchor FlexAttention (compiled, the same block mask and score_mod), for sinks the plain kernel"
+    )
+    print_table(console, headers, rows, args.markdown, title=title)
     return 0
 
 

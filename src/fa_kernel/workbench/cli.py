@@ -68,11 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument(
         "--grid",
-        choices=["standard", "models", "decode"],
+        choices=["standard", "models", "decode", "variants"],
         default="standard",
         help="standard: eight shapes (MHA, GQA, prefill); models: the head counts, GQA groups and head dims of "
         "released models at 512-32k tokens, causal and not, and prefill chunks (bench.model_grid); decode: a few "
-        "queries against a long KV cache (bench.DECODE_SHAPES), the split-KV kernels too, also in GB/s of K/V",
+        "queries against a long KV cache (bench.DECODE_SHAPES), the split-KV kernels too, also in GB/s of K/V; "
+        "variants: a window, a softcap and sinks (bench.VARIANTS) on causal 2k and 8k sequences against "
+        "FlexAttention, for sinks the plain kernel",
     )
     bench.add_argument(
         "--backward",
