@@ -336,7 +336,11 @@ def flex_attention_call(q, k, v, causal: bool, window_size: tuple[int, int], sof
         return softcap * torch.tanh(score / softcap)
 
     block_mask = create_block_mask(mask_mod, None, None, seqlen_q, seqlen_k, device=q.device)
-    compiled = torch.compile(flex_attention)
+    # Each shape, mask and softcap is a compile of its own (dynamic=False: a softcap that varies
+    # would become a symbolic float flex cannot lower). Past dynamo's recompile limit flex falls
+    # back to eager, which materialises the scores: the limit is raised for a sweep's rows.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+    compiled = torch.compile(flex_attention, dynamic=False)
     inputs = tuple(t.detach().transpose(1, 2).contiguous().requires_grad_(backward) for t in (q, k, v))
     gqa = k.shape[2] != q.shape[2]
 
