@@ -20,7 +20,7 @@ from fa_kernel.emulator import attention_backward_tiled, attention_tiled
 from fa_kernel.emulator_split_kv import attention_split_kv
 from fa_kernel.reference import judge, random_qkv
 from fa_kernel.reference_backward import judge_backward
-from fa_kernel.variants import window_first_tile
+from fa_kernel.variants import keys_a_row_sees, window_first_tile
 
 # Small tiles, so that short sequences hold many of them: the edges' cases are about tiles.
 CONFIG = TileConfig(64, 32, 2, 128)
@@ -193,3 +193,53 @@ def test_emulated_split_kv_variants_within_the_bound(causal, window, softcap, wi
 )
 def test_the_splits_start_at_the_first_querys_first_key(seqlen_q, seqlen_k, left, expected):
     assert window_first_tile(seqlen_q, seqlen_k, left, 64) == expected
+
+
+@pytest.mark.parametrize(
+    "seqlen_k, causal, window_size, expected",
+    [
+        (32768, True, (-1, -1), 32768),  # no left edge: every key of the sequence
+        (32768, False, (128, -1), 32768),  # a left edge without a right one: the keys after it
+        (32768, True, (128, -1), 129),  # causal is right = 0: the row's key and 128 before it
+        (32768, True, (128, 5), 129),  # causal's right edge wins over the window's
+        (32768, False, (128, 5), 134),
+        (32768, False, (0, 0), 1),
+        (100, True, (4096, 0), 100),  # a window wider than the sequence
+        (100, False, (99, 0), 100),
+        (100, False, (98, 0), 99),
+    ],
+)
+def test_a_row_sees_the_window_span_or_the_sequence(seqlen_k, causal, window_size, expected):
+    assert keys_a_row_sees(seqlen_k, causal, window_size) == expected
+
+
+def test_a_short_window_on_a_long_sequence_gets_the_short_entry():
+    # The config table is keyed by the keys a row sees: a window of 128 keys on 32k tokens runs the
+    # config tuned for few keys, as the same window does on a short sequence.
+    from fa_kernel.configs import select_config
+
+    for head_dim in (64, 128):
+        short = select_config("sm_90", head_dim, True, 1024)
+        windowed = select_config("sm_90", head_dim, True, keys_a_row_sees(32768, True, (128, 0)))
+        assert windowed == short != select_config("sm_90", head_dim, True, 32768)
+
+
+def test_the_forward_picks_its_config_by_the_keys_a_row_sees(monkeypatch):
+    import fa_kernel.interface as interface
+
+    asked = []
+
+    class Asked(Exception):
+        pass
+
+    def kernel_build(device, head_dim, causal, dtype, seqlen_k, launch):
+        asked.append(seqlen_k)
+        raise Asked
+
+    monkeypatch.setattr(interface, "kernel_build", kernel_build)
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
+    k = v = torch.zeros(1, 4096, 2, 64, dtype=torch.float16)
+    for window_size in ((-1, -1), (128, -1)):
+        with pytest.raises(Asked):
+            interface.forward_kernel_attention(q, k, v, 0.125, True, window_size=window_size)
+    assert asked == [4096, 129]

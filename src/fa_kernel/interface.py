@@ -27,7 +27,7 @@ from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, 
 from fa_kernel.device import device_facts, device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
-from fa_kernel.variants import Variants, exponent_scale, launch_arguments
+from fa_kernel.variants import Variants, exponent_scale, keys_a_row_sees, launch_arguments
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -331,13 +331,15 @@ def forward_kernel_attention(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) by the forward kernel, in the config the table gives for seqlen_k and the
-    launch's grid, whatever flash_attn_func would choose: q, k, v dense [batch, seqlen, heads,
+    """(out, lse) by the forward kernel, in the config the table gives for the keys a row sees
+    (variants.keys_a_row_sees) and the launch's grid, whatever flash_attn_func would choose: q, k, v dense [batch, seqlen, heads,
     head_dim] on one Hopper GPU as flash_attn_func checks and makes them, seqlen_k >= 1."""
     out, lse = _outputs_like(q)
     batch, seqlen_q, heads, head_dim = q.shape
     variants = Variants.of(causal, window_size, softcap, sinks)
-    build = kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1], launch=(batch, heads, seqlen_q))
+    # A window's row block visits a few tiles however long the sequence: the config of that many keys.
+    keys = keys_a_row_sees(k.shape[1], causal, window_size)
+    build = kernel_build(q.device, head_dim, causal, q.dtype, keys, launch=(batch, heads, seqlen_q))
     kernel = compiled_forward(**build, variants=variants)
     variant_args = launch_arguments(variants, window_size, softcap, softmax_scale, sinks)
     with torch.cuda.device(q.device):

@@ -71,6 +71,18 @@ def window_first_tile(seqlen_q: int, seqlen_k: int, left: int, block_n: int) -> 
     return min(max(0, seqlen_k - seqlen_q - left) // block_n, max(0, -(-seqlen_k // block_n) - 1))
 
 
+def keys_a_row_sees(seqlen_k: int, causal: bool, window_size: tuple[int, int]) -> int:
+    """The most keys one query row sees: with a left edge and a right one (causal's included),
+    the window's span left + 1 + right, else seqlen_k. The forward's config is chosen by it: a
+    window's row block visits a few tiles however long the sequence, the case the tables' short
+    entries are tuned for."""
+    left, right = window_size
+    right = 0 if causal else right
+    if left < 0 or right < 0:
+        return seqlen_k
+    return max(1, min(seqlen_k, left + 1 + right))
+
+
 # A window edge past every key of any sequence the kernels take (lengths below 2^30).
 NO_LIMIT = 2**30
 
