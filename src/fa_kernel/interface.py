@@ -332,8 +332,9 @@ def forward_kernel_attention(
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) by the forward kernel, in the config the table gives for the keys a row sees
-    (variants.keys_a_row_sees) and the launch's grid, whatever flash_attn_func would choose: q, k, v dense [batch, seqlen, heads,
-    head_dim] on one Hopper GPU as flash_attn_func checks and makes them, seqlen_k >= 1."""
+    (variants.keys_a_row_sees) and the launch's grid, whatever flash_attn_func would choose: q,
+    k, v dense [batch, seqlen, heads, head_dim] on one Hopper GPU as flash_attn_func checks and
+    makes them, seqlen_k >= 1."""
     out, lse = _outputs_like(q)
     batch, seqlen_q, heads, head_dim = q.shape
     variants = Variants.of(causal, window_size, softcap, sinks)
