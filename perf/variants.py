@@ -14,7 +14,10 @@ Done-when lines:
 - window: 32k tokens with a 4k window, causal, d128 bf16, against plain causal at 4k tokens;
 - flex: windows of 128, 1k and 4k (causal) and softcaps 30 and 50 (causal), d64 and d128,
   lengths 2k to 32k (32k tokens a row), against FlexAttention;
-- cost: softcap 30 and sinks against the same call without them (the plain kernel).
+- cost: softcap 30 and sinks against the same call without them (the plain kernel);
+- configs (not run by default): windows of 128, 1k and 4k keys at 8k tokens under each forward
+  config the tables ship, beside the one flash_attn_func picks (variants.keys_a_row_sees):
+  the measurement a window's config entry would come from.
 """
 
 from __future__ import annotations
@@ -167,12 +170,59 @@ def cost_table(args) -> None:
                 )
 
 
-TABLES = {"window": window_table, "flex": flex_table, "cost": cost_table}
+def window_configs(head_dim: int) -> list:
+    """Every forward config the tables ship for causal `head_dim` on sm_90 (long, short and grid
+    entries), each once: the candidates for a window's entry."""
+    from fa_kernel.workbench.builds import shipped_builds
+
+    builds = shipped_builds("sm_90", head_dims=(head_dim,))
+    return list(dict.fromkeys(build["config"] for build in builds if build["causal"]))
+
+
+def configs_table(args) -> None:
+    print("\n## window configs: each shipped config (causal, left edge) against the one flash_attn_func picks")
+    for head_dim in (64, 128):
+        for window in (128, 1024, 4096):
+            config_row(Case(4, 8192, head_dim, window_size=(window, 0)), args)
+
+
+def config_row(case: Case, args) -> None:
+    """TFLOP/s of the case under flash_attn_func's pick and under each shipped config, each judged
+    first, alternated."""
+    from suite.launch import kernel_for, run_config
+
+    from fa_kernel.variants import Variants
+
+    q, k, v = random_qkv(case.batch, case.seqlen, case.seqlen, case.nheads, case.nheads, case.head_dim, case.dtype, 1)
+    scale, flops, variants = case.head_dim**-0.5, case.flops(backward=False), Variants(window_left=True)
+    calls = {"picked": lambda: flash_attn_func(q, k, v, causal=True, window_size=case.window_size)}
+    for config in window_configs(case.head_dim):
+        kernel = kernel_for(q, True, config, variants=variants)
+
+        def call(kernel=kernel, config=config):
+            return run_config(
+                q, k, v, scale, True, config, kernel=kernel, variants=variants, window_size=case.window_size
+            )
+
+        out, lse = call()
+        verdict = judge(q, k, v, out, lse, True, window_size=case.window_size)
+        if not verdict.passed:
+            raise AssertionError(f"{case.name()} {config}: {verdict}")
+        calls[str(config)] = call
+    timers = {
+        name: (lambda fn=fn: flops / cuda_median_ms(fn, repeats=args.repeats) / 1e9) for name, fn in calls.items()
+    }
+    samples = alternated(timers, args.rounds)
+    figures = " | ".join(f"{name} {statistics.median(s):.0f}" for name, s in samples.items())
+    print(f"| {case.name()} | {figures} |", flush=True)
+
+
+TABLES = {"window": window_table, "flex": flex_table, "cost": cost_table, "configs": configs_table}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tables", nargs="+", choices=sorted(TABLES), default=list(TABLES))
+    parser.add_argument("--tables", nargs="+", choices=sorted(TABLES), default=["window", "flex", "cost"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--backward", action="store_true", help="time the gradients instead of the forward")
