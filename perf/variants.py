@@ -15,6 +15,8 @@ Done-when lines:
 - flex: windows of 128, 1k and 4k (causal) and softcaps 30 and 50 (causal), d64 and d128,
   lengths 2k to 32k (32k tokens a row), against FlexAttention;
 - cost: softcap 30 and sinks against the same call without them (the plain kernel);
+- decode: a decode step with a left edge (64x32/8 heads, d128 bf16, 8k and 32k keys, windows of
+  1k and 4k) in GB/s of the window's K/V, against a plain step over as many keys;
 - configs (not run by default): windows of 128, 1k and 4k keys at 8k tokens under each forward
   config the tables ship, beside the one flash_attn_func picks (variants.keys_a_row_sees):
   the measurement a window's config entry would come from.
@@ -217,12 +219,52 @@ def config_row(case: Case, args) -> None:
     print(f"| {case.name()} | {figures} |", flush=True)
 
 
-TABLES = {"window": window_table, "flex": flex_table, "cost": cost_table, "configs": configs_table}
+def decode_table(args) -> None:
+    print(
+        "\n## decode: a step with a left edge reads only the window's K/V (GB/s of the K/V it must read;"
+        " HBM: H100 SXM 3.35 TB/s, H200 4.8 TB/s), against a plain step over as many keys"
+    )
+    for seqlen_k in (8192, 32768):
+        for window in (1024, 4096):
+            decode_row(seqlen_k, window, args)
+
+
+def decode_row(seqlen_k: int, window: int, args) -> None:
+    """64 sequences of one query, 32 query heads on 8 K/V heads, d128 bf16: the step over the
+    window's window + 1 keys of `seqlen_k`, and a plain step over window + 1 keys (the same bytes)."""
+    batch, heads, heads_kv, head_dim, dtype = 64, 32, 8, 128, torch.bfloat16
+    q, k, v = random_qkv(batch, 1, seqlen_k, heads, heads_kv, head_dim, dtype, seed=1)
+    keys = window + 1
+    k_short, v_short = k[:, -keys:].contiguous(), v[:, -keys:].contiguous()
+    out, lse = flash_attn_func(q, k, v, window_size=(window, -1), return_lse=True)
+    verdict = judge(q, k, v, out, lse, False, window_size=(window, -1))
+    if not verdict.passed:
+        raise AssertionError(f"decode {seqlen_k} keys, window {window}: {verdict}")
+    read = 2 * batch * keys * heads_kv * head_dim * dtype.itemsize  # K and V, once each
+    calls = {
+        "window": lambda: flash_attn_func(q, k, v, window_size=(window, -1)),
+        f"plain {keys} keys": lambda: flash_attn_func(q, k_short, v_short),
+    }
+    timers = {name: (lambda fn=fn: read / cuda_median_ms(fn, repeats=args.repeats) / 1e6) for name, fn in calls.items()}
+    samples = alternated(timers, args.rounds)
+    figures = " | ".join(f"{name} {statistics.median(s):.0f} GB/s" for name, s in samples.items())
+    ratio = [a / b for a, b in zip(*samples.values(), strict=True)]
+    label = f"{batch}x{heads}/{heads_kv}x1x{seqlen_k}x{head_dim} window {window}"
+    print(f"| {label} | {figures} | {statistics.median(ratio):.3f}x ({min(ratio):.3f}-{max(ratio):.3f}) |", flush=True)
+
+
+TABLES = {
+    "window": window_table,
+    "flex": flex_table,
+    "cost": cost_table,
+    "configs": configs_table,
+    "decode": decode_table,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tables", nargs="+", choices=sorted(TABLES), default=["window", "flex", "cost"])
+    parser.add_argument("--tables", nargs="+", choices=sorted(TABLES), default=["window", "flex", "cost", "decode"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--backward", action="store_true", help="time the gradients instead of the forward")
