@@ -16,6 +16,9 @@ outermost first:
   kernels               the compiled TileLang kernels alone, into buffers made beforehand
   SDPA cuDNN            torch's scaled_dot_product_attention on the cuDNN backend (BHSD)
 
+`--training`: a training call's layers instead (training_layers), on issue 53's small shapes,
+with each layer's wall time a call beside its host time.
+
 and the GPU microseconds of the kernels (a CUDA graph of GRAPH_CALLS launches, replayed under
 CUDA events: no host in it). `--profile` prints cProfile's top functions of flash_attn_func.
 """
@@ -36,7 +39,7 @@ from fa_kernel import decode, flash_attn_func, interface
 from fa_kernel.device import device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
-from fa_kernel.workbench.bench import Shape, host_us_per_call
+from fa_kernel.workbench.bench import Shape, cuda_median_ms, host_us_per_call
 from fa_kernel.workbench.builds import quiet_tilelang
 
 SHAPES = [
@@ -69,7 +72,10 @@ def layers(shape: Shape) -> dict:
         rows = (shape.batch, splits, shape.nheads, shape.seqlen_q)
         o_partial = q.new_empty((*rows, shape.head_dim), dtype=torch.float32)
         lse_partial = q.new_empty(rows, dtype=torch.float32)
-        kernels = decode.compiled_decode_kernels(head_dim=shape.head_dim, causal=causal, dtype=_name(q), arch=arch)
+        block_m = decode.launch_tile(q, k).block_m  # the tile the launch runs (16 or 64 rows)
+        kernels = decode.compiled_decode_kernels(
+            head_dim=shape.head_dim, causal=causal, dtype=_name(q), arch=arch, block_m=block_m
+        )
 
         def raw():
             kernels[0](q, k, v, o_partial, lse_partial, scale * LOG2E, tiles_per_split)
@@ -94,6 +100,52 @@ def layers(shape: Shape) -> dict:
 
     calls["SDPA cuDNN"] = sdpa
     return calls
+
+
+# Issue 53's small training shapes, where a whole training call took twice cuDNN's wall time.
+TRAINING_SHAPES = [
+    Shape(1, 16, 512, 64, True, torch.bfloat16),
+    Shape(4, 32, 1024, 128, False, torch.bfloat16),
+    Shape(1, 8, 4096, 128, False, torch.bfloat16, nheads_kv=1),
+]
+
+
+def training_layers(shape: Shape) -> dict:
+    """name -> a call of that layer of a training call (forward and backward) on the shape:
+
+    training call     flash_attn_func with requires_grad, then backward: what a trainer pays
+    backward op       torch.ops.fa_kernel.backward on saved outputs: the gradient's custom op
+    backward_into     the gradient's launches into gradients made beforehand
+    SDPA cuDNN        torch's cuDNN backend forward and backward (BHSD), the anchor
+    """
+    q, k, v = (t.requires_grad_() for t in shape.inputs(0))
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    causal = shape.causal
+    dout = torch.randn_like(q)
+
+    def training_call():
+        out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    detached = [t.detach() for t in (q, k, v)]
+    gradients = [torch.empty_like(t) for t in detached]
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    dout_t = dout.transpose(1, 2).contiguous()
+    gqa = shape.nheads != shape.heads_kv
+
+    def sdpa_training_call():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out_t = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, enable_gqa=gqa)
+        torch.autograd.grad(out_t, (qt, kt, vt), dout_t)
+
+    return {
+        "training call": training_call,
+        "backward op": lambda: torch.ops.fa_kernel.backward(dout, None, *detached, out, lse, scale, causal, False),
+        "backward_into": lambda: interface.backward_into(*gradients, dout, None, *detached, out, lse, scale, causal),
+        "SDPA cuDNN": sdpa_training_call,
+    }
 
 
 def _name(t: torch.Tensor) -> str:
@@ -132,8 +184,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--profile", action="store_true", help="cProfile's top functions of flash_attn_func")
+    parser.add_argument(
+        "--training", action="store_true", help="a training call's layers (forward and backward) on TRAINING_SHAPES"
+    )
     args = parser.parse_args()
     quiet_tilelang()
+    if args.training:
+        return training(args)
     print("| shape | layer | host µs a call | GPU µs a call (CUDA graph) |\n|---|---|---|---|")
     for shape in SHAPES:
         for name, call in layers(shape).items():
@@ -143,6 +200,28 @@ def main() -> int:
             print(f"| {shape.label()} | {name} | {host:.1f} | {gpu_text} |", flush=True)
     if args.profile:
         call = layers(SHAPES[2])["flash_attn_func"]
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(args.calls):
+            call()
+        profile.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    return 0
+
+
+def training(args) -> int:
+    """--training: each layer's host µs a call and its wall µs (a call, then a synchronise: what a
+    training step waits for), and with --profile cProfile's top functions of the first shape's
+    training call."""
+    print("| shape | layer | host µs a call | wall µs a call |\n|---|---|---|---|")
+    for shape in TRAINING_SHAPES:
+        for name, call in training_layers(shape).items():
+            host = host_us_per_call(call, args.calls)
+            wall = cuda_median_ms(call) * 1e3
+            print(f"| {shape.label()} | {name} | {host:.1f} | {wall:.1f} |", flush=True)
+    if args.profile:
+        call = training_layers(TRAINING_SHAPES[0])["training call"]
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(args.calls):
