@@ -104,22 +104,22 @@ def forward_program(
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
 
     @T.macro
-    def write_mask(acc_s, kv_start, q_start):
-        """-inf where a key is hidden, 0 elsewhere, into the score accumulator: the GEMM then
-        adds Q.K^T to it."""
+    def write_mask(rule, acc_s, kv_start, q_start):
+        """-inf where a key is hidden (`rule`: the work tile's, WorkTile.rule), 0 elsewhere, into
+        the score accumulator: the GEMM then adds Q.K^T to it."""
         for i, j in T.Parallel(block_m, block_n):
-            acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, 0)
+            acc_s[i, j] = T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, 0)
 
     @T.macro
-    def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
+    def issue_scores(rule, Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
         """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
         `mask_written`) where the tile needs one, else onto zero; under a softcap always onto
         zero (capped_scores masks after the cap)."""
         if variants.softcap:
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-        elif visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
+        elif rule.tile_needs_mask(kv_start, block_n, q_start, block_m):
             if not mask_written:
-                write_mask(acc_s, kv_start, q_start)
+                write_mask(rule, acc_s, kv_start, q_start)
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
         else:
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
@@ -128,20 +128,20 @@ def forward_program(
         return capped_score(score, softcap_log2)
 
     @T.macro
-    def cap_and_mask(acc_s, kv_start, q_start):
-        if visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
+    def cap_and_mask(rule, acc_s, kv_start, q_start):
+        if rule.tile_needs_mask(kv_start, block_n, q_start, block_m):
             for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))
+                acc_s[i, j] = T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))
         else:
             for i, j in T.Parallel(block_m, block_n):
                 acc_s[i, j] = capped(acc_s[i, j])
 
-    def capped_scores(acc_s, kv_start, q_start):
+    def capped_scores(rule, acc_s, kv_start, q_start):
         """softcap: the scores become their tanh (c·log2e is then scale_log2), and the mask a
         select after it, where the tile needs one (an additive -inf would come out as -1).
         (Without one nothing: no macro call, which would bind its arguments in the program.)"""
         if variants.softcap:
-            cap_and_mask(acc_s, kv_start, q_start)
+            cap_and_mask(rule, acc_s, kv_start, q_start)
 
     # ---- the online softmax (softmax.py): fp32 row state, exp2 with the scale folded in ----
 
@@ -169,12 +169,12 @@ def forward_program(
         schedule.place_in_round, schedule.work_tile, schedule.warpgroup_kv_blocks
     )  # fmt: skip
 
-    def without_max(row_max, kv_start, row):
+    def without_max(rule, row_max, kv_start, row):
         """Whether a row takes the tile's max (the vote): it has none yet, and with a left edge its
         window reaches the tile (before, its scores are all hidden: nothing to take)."""
         if not visibility.limits_left:
             return row_max == neg_inf
-        return T.And(row_max == neg_inf, visibility.first_key(row) < kv_start + block_n)
+        return T.And(row_max == neg_inf, rule.first_key(row) < kv_start + block_n)
 
     def walk_start(kv_first, kv_block):
         """The first key of a work tile's kv_block-th K/V tile (left edge: from its kv_first-th)."""
@@ -189,9 +189,9 @@ def forward_program(
         kv_first = tile.kv_first
         T.set_max_nreg(PRODUCER_REGISTERS, 0)
         for tile_round in T.serial(rounds):
-            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round, tile.rule)
             if visibility.limits_left:
-                kv_first = schedule.first_kv_block(q_start)
+                kv_first = schedule.first_kv_block(q_start, tile.rule)
             T.mbarrier_wait_parity(pipe.q_empty, (tile_round & 1) ^ 1)
             T.tma_copy(Q[b, q_start : q_start + block_m, head, :], pipe.Q, barrier=pipe.q_full)
             T.mbarrier_arrive(pipe.q_full)
@@ -212,12 +212,12 @@ def forward_program(
         epilogue of the tile before it."""
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         kv_first = tile.kv_first
-        b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
+        b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0, tile.rule)
         if visibility.limits_left:
-            kv_first = schedule.first_kv_block(q_start)
+            kv_first = schedule.first_kv_block(q_start, tile.rule)
         T.mbarrier_wait_parity(pipe.q_full, 0)
         T.mbarrier_wait_parity(pipe.k_full[0], 0)
-        issue_scores(pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, walk_start(kv_first, 0), q_start)
+        issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, walk_start(kv_first, 0), q_start)
 
     @T.macro
     def start_work_tile(pipe, regs, tile, block, thread, tile_round):
@@ -225,11 +225,11 @@ def forward_program(
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         own_kv_blocks, kv_first = regs.own_kv_blocks, tile.kv_first
         if not overlap_epilogue:
-            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round, tile.rule)
             if visibility.limits_left:
-                kv_first = schedule.first_kv_block(q_start)
+                kv_first = schedule.first_kv_block(q_start, tile.rule)
             T.fill(regs.acc_o, 0)
-        own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128, kv_first)  # noqa: F841 (a register store)
+        own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128, kv_first, tile.rule)  # noqa: F841 (a register store)
         softmax.start_rows(regs.rows)
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.q_full, tile_round & 1)
@@ -254,7 +254,7 @@ def forward_program(
         first_stage = ring_slot(kv_before)[0]
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.k_full[first_stage], ring_slot(kv_before)[1])
-            issue_scores(pipe.Q, ring_stage(pipe.K, first_stage), acc_s, kv_start, q_start)
+            issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, first_stage), acc_s, kv_start, q_start)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
         if overlap_epilogue:
@@ -264,7 +264,7 @@ def forward_program(
         T.mbarrier_arrive(pipe.k_empty[first_stage])
         if own_kv_blocks == 1:
             T.mbarrier_arrive(pipe.q_empty)  # (as in kv_step)
-        capped_scores(acc_s, kv_start, q_start)
+        capped_scores(tile.rule, acc_s, kv_start, q_start)
         softmax.fold_tile(acc_s, regs.rows, scale_log2)
         T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
@@ -282,20 +282,20 @@ def forward_program(
         T.mbarrier_wait_parity(pipe.k_full[stage], phase)
         if take_turns:
             wait_turn(thread)
-        issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
+        issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
         T.mbarrier_wait_parity(pipe.v_full[prev_stage], prev_phase)
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
         if take_turns:
             pass_turn(thread, kv_block, num_kv_blocks)
         T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-        capped_scores(acc_s, kv_start, q_start)
+        capped_scores(tile.rule, acc_s, kv_start, q_start)
         # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
         softmax.exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
         row_over = 0
         for i in T.Parallel(block_m):
             # A row with no max yet takes this tile's: its P~ could underflow (softmax.fold_tile).
-            if T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(rows.row_max[i], kv_start, q_start + i)):
+            if T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(tile.rule, rows.row_max[i], kv_start, q_start + i)):
                 row_over = 1
         T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p and acc_o may be overwritten
         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
@@ -306,10 +306,10 @@ def forward_program(
             # same wgmma gives the same S), the online softmax for the rows over the limit,
             # and acc_o rescaled to their new max (P~_{j-1}.V_{j-1}, the last to add to it at
             # the old one, is done).
-            issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
+            issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-            capped_scores(acc_s, kv_start, q_start)
+            capped_scores(tile.rule, acc_s, kv_start, q_start)
             softmax.fold_tile(acc_s, rows, scale_log2, stale_sum=rows.tile_sum)
             softmax.rescale_output(acc_o, rows.alpha)
         else:
@@ -336,12 +336,14 @@ def forward_program(
         if overlap_epilogue:
             # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
             # nothing but its GEMM may write acc_s once that is in flight.
-            next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(block, tile_round + 1)
+            next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(
+                block, tile_round + 1, next_tile.rule
+            )
             if visibility.limits_left:
-                next_kv_first = schedule.first_kv_block(next_q_start)
+                next_kv_first = schedule.first_kv_block(next_q_start, next_tile.rule)
             next_start = walk_start(next_kv_first, 0)
-            if not variants.softcap and visibility.tile_needs_mask(next_start, block_n, next_q_start, block_m):
-                write_mask(acc_s, next_start, next_q_start)
+            if not variants.softcap and next_tile.rule.tile_needs_mask(next_start, block_n, next_q_start, block_m):
+                write_mask(next_tile.rule, acc_s, next_start, next_q_start)
         T.mbarrier_wait_parity(pipe.v_full[last_stage], ring_slot(last)[1])
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
         if overlap_epilogue:
@@ -353,6 +355,7 @@ def forward_program(
                 T.mbarrier_wait_parity(pipe.q_full, (tile_round + 1) & 1)
                 T.mbarrier_wait_parity(pipe.k_full[ring_slot(next_first)[0]], ring_slot(next_first)[1])
             issue_scores(
+                next_tile.rule,
                 pipe.Q,
                 ring_stage(pipe.K, ring_slot(next_first)[0]),
                 acc_s,
@@ -401,7 +404,7 @@ def forward_program(
             for i, d in T.Parallel(block_m, head_dim):
                 acc_o[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
         for i in T.Parallel(block_m):
-            if q_start + i < seqlen_q:
+            if q_start + i < tile.rule.seqlen_q:
                 LSE[b, head, q_start + i] = T.if_then_else(
                     row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
                 )
@@ -534,7 +537,13 @@ def forward_program(
             )
             # The macros take T.alloc_var registers as their buffers (.buffer), to write them.
             tile = WorkTile(
-                b.buffer, head.buffer, kv_head.buffer, q_start.buffer, num_kv_blocks.buffer, buffer_of(kv_first)
+                b.buffer,
+                head.buffer,
+                kv_head.buffer,
+                q_start.buffer,
+                num_kv_blocks.buffer,
+                buffer_of(kv_first),
+                visibility,
             )
             next_tile = WorkTile(
                 next_b.buffer,
@@ -543,6 +552,7 @@ def forward_program(
                 next_q_start.buffer,
                 next_num_kv_blocks.buffer,
                 buffer_of(next_kv_first),
+                visibility,
             )
             rows = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
             regs = ConsumerRegisters(acc_s, acc_p, acc_o, rows, row_over.buffer, own_kv_blocks.buffer)

@@ -69,7 +69,9 @@ class Pipeline:
 @dataclass(frozen=True)
 class WorkTile:
     """A work tile, in T.alloc_var registers: its batch, query head, K/V head, first query row
-    and the K/V tiles its block visits (with a left edge, from its kv_first-th; else None)."""
+    and the K/V tiles its block visits (with a left edge, from its kv_first-th; else None); and
+    the visibility rule of its lengths (mask.Visibility: the launch's, or a ragged batch's
+    sequence's)."""
 
     b: object
     head: object
@@ -77,6 +79,7 @@ class WorkTile:
     q_start: object
     num_kv_blocks: object
     kv_first: object = None
+    rule: Any = None
 
     def registers(self) -> tuple:
         """(b, head, kv_head, q_start, num_kv_blocks): a macro binds its names to these buffers,
