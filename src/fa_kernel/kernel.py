@@ -27,6 +27,7 @@ happens once per (dtype, head_dim, causal, tile config, target).
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
+import dataclasses
 import functools
 
 import tilelang.language as T
@@ -67,14 +68,26 @@ def forward_program(
     config: TileConfig,
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ):
     """The kernel as a TileLang PrimFunc.
 
     Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], Output [B, Sq, H, D],
     LSE [B, H, Sq] (fp32, natural log) and scale_log2 = softmax_scale * log2(e); then those of
     the `variants` compiled in (variants.launch_arguments).
+
+    `varlen`: a ragged batch, packed: Q and Output [total_q, H, D], K and V [total_k, Hkv, D],
+    LSE [H, total_q]; then, after the variants', cu_seqlens_q and cu_seqlens_k (int32 [B + 1]:
+    sequence i's rows from cu_seqlens[i]) and max_seqlen_q, max_seqlen_k. Each sequence is
+    attended on its own (its own bottom-right diagonal and window); the per-tile grid spans the
+    longest, and a thread block whose query block is past its sequence's end does nothing.
     """
     batch, seqlen_q, seqlen_k, heads, heads_kv = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv")
+    if varlen:
+        if config.persistent:
+            raise ValueError(f"config: a ragged batch runs on the per-tile grid (persistent=False), got {config}")
+        total_q, total_k, cu_len = T.dynamic("total_q, total_k, cu_len")
+        batch = cu_len - 1
     block_m, block_n, stages = config.block_m, config.block_n, config.num_stages
     consumers = config.threads
     if consumers % 128 or not 128 <= consumers <= 384:
@@ -102,6 +115,21 @@ def forward_program(
     # score accumulator; each variant's value a kernel parameter only where compiled in ----
 
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
+
+    # A ragged batch's tensors are packed (no batch dimension): `rows_of` takes b None for them.
+    q_shape = [total_q, heads, head_dim] if varlen else [batch, seqlen_q, heads, head_dim]
+    kv_shape = [total_k, heads_kv, head_dim] if varlen else [batch, seqlen_k, heads_kv, head_dim]
+    lse_shape = [heads, total_q] if varlen else [batch, heads, seqlen_q]
+    # Two annotations, not one object: TileLang would bind both parameters to one buffer.
+    cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
+    cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None
+
+    def batch_of(b):
+        return None if varlen else b
+
+    def at_offset(offset, row):
+        """A row of the tile's sequence in a packed tensor (offset None: a batched one's own)."""
+        return row if offset is None else offset + row
 
     @T.macro
     def write_mask(rule, acc_s, kv_start, q_start):
@@ -149,7 +177,7 @@ def forward_program(
 
     # ---- the pipeline (pipeline.py): taking turns on the tensor cores, the K/V ring, O's way out ----
 
-    wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output = pipeline_parts(
+    wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output, rows_of = pipeline_parts(
         head_dim=head_dim, block_n=block_n, stages=stages, consumers=consumers
     )
 
@@ -193,15 +221,18 @@ def forward_program(
             if visibility.limits_left:
                 kv_first = schedule.first_kv_block(q_start, tile.rule)
             T.mbarrier_wait_parity(pipe.q_empty, (tile_round & 1) ^ 1)
-            T.tma_copy(Q[b, q_start : q_start + block_m, head, :], pipe.Q, barrier=pipe.q_full)
+            T.tma_copy(
+                rows_of(Q, batch_of(b), at_offset(tile.q_offset, q_start), block_m, head), pipe.Q, barrier=pipe.q_full
+            )
             T.mbarrier_arrive(pipe.q_full)
             for kv_block in T.serial(num_kv_blocks):
                 stage, phase = ring_slot(kv_before + kv_block)
                 kv_start = walk_start(kv_first, kv_block)
-                load_tile(K, b, kv_start, kv_head, pipe.K, pipe.k_empty, pipe.k_full, stage, phase)
+                key_row = at_offset(tile.k_offset, kv_start)
+                load_tile(K, batch_of(b), key_row, kv_head, pipe.K, pipe.k_empty, pipe.k_full, stage, phase)
                 if not o_buffer and kv_block == 0:
                     T.mbarrier_wait_parity(pipe.o_stored, (tile_round & 1) ^ 1)  # last tile's O
-                load_tile(V, b, kv_start, kv_head, pipe.V, pipe.v_empty, pipe.v_full, stage, phase)
+                load_tile(V, batch_of(b), key_row, kv_head, pipe.V, pipe.v_empty, pipe.v_full, stage, phase)
             kv_before = kv_before + num_kv_blocks
 
     # ---- the consumer warpgroups: one step per part of the loop, in its order ----
@@ -388,6 +419,21 @@ def forward_program(
             T.mbarrier_arrive(pipe.v_empty[stage])
 
     @T.macro
+    def store_sequence_rows(O_tile, Output, tile, first_row, rows, storing_threads, thread):
+        """A ragged batch's O: rows first_row.. of the staged tile into the packed output. A TMA
+        box clips only at the packed tensor's end, so the sequence's last, partial block stores
+        its own rows element by element, the storing threads each a share; a full block by TMA."""
+        head, q_start, seqlen = tile.head, tile.q_start, tile.rule.seqlen_q
+        if q_start + block_m <= seqlen:
+            store_output(O_tile, Output, None, head, tile.q_offset + q_start, first_row, rows, storing_threads)
+        else:
+            for step in T.serial(T.ceildiv(rows * head_dim, storing_threads)):
+                element = step * storing_threads + thread % storing_threads
+                row = first_row + element // head_dim
+                if T.And(element < rows * head_dim, q_start + row < seqlen):
+                    Output[tile.q_offset + q_start + row, head, element % head_dim] = O_tile[row, element % head_dim]
+
+    @T.macro
     def epilogue(pipe, regs, tile, LSE, Output, Sinks, thread):
         """One normalisation after the loop, the LSE, and O's TMA store. The normalisation runs
         on O's way into shared memory, except for the V ring without the overlapped epilogue,
@@ -405,9 +451,14 @@ def forward_program(
                 acc_o[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
         for i in T.Parallel(block_m):
             if q_start + i < tile.rule.seqlen_q:
-                LSE[b, head, q_start + i] = T.if_then_else(
-                    row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
-                )
+                if varlen:
+                    LSE[head, tile.q_offset + q_start + i] = T.if_then_else(
+                        row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
+                    )
+                else:
+                    LSE[b, head, q_start + i] = T.if_then_else(
+                        row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
+                    )
         # The TMA store reads by the async proxy what the threads wrote by the generic one:
         # each thread fences its writes before the sync that lets the store go.
         if o_buffer:
@@ -420,7 +471,10 @@ def forward_program(
                 pipe.O[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
             T.fence_proxy_async()
             T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
-            store_output(pipe.O, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
+            if varlen:
+                store_sequence_rows(pipe.O, Output, tile, first_row, rows_per_warpgroup, 128, thread)
+            else:
+                store_output(pipe.O, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
         else:
             # In the V ring: the other warpgroups' last P.V may still be reading it.
             T.sync_threads(OUTPUT_BARRIERS[0], consumers)
@@ -431,7 +485,10 @@ def forward_program(
                 T.copy(acc_o, pipe.V[0:block_m, :])
             T.fence_proxy_async()
             T.sync_threads(OUTPUT_BARRIERS[0], consumers)
-            store_output(pipe.V, Output, b, head, q_start, 0, block_m, consumers)
+            if varlen:
+                store_sequence_rows(pipe.V, Output, tile, 0, block_m, consumers, thread)
+            else:
+                store_output(pipe.V, Output, b, head, q_start, 0, block_m, consumers)
             T.tma_store_wait(0)
             # The next V lands by TMA (the async proxy) where O was written and read.
             T.fence_proxy_async()
@@ -454,16 +511,20 @@ def forward_program(
 
     @T.prim_func
     def flash_attention_forward(
-        Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
-        K: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
-        V: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
-        Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
-        LSE: T.Tensor([batch, heads, seqlen_q], accum),
+        Q: T.Tensor(q_shape, dtype),
+        K: T.Tensor(kv_shape, dtype),
+        V: T.Tensor(kv_shape, dtype),
+        Output: T.Tensor(q_shape, dtype),
+        LSE: T.Tensor(lse_shape, accum),
         scale_log2: T.float32,
         window_left: window_left,
         window_right: window_right,
         softcap_log2: softcap_log2,  # 2·log2e·scale / c
         Sinks: kernel_parameter(T.Tensor([heads], accum), variants.sinks),
+        CuSeqlensQ: kernel_parameter(cu_seqlens_q, varlen),
+        CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
+        max_seqlen_q: kernel_parameter(seqlen_q, varlen),
+        max_seqlen_k: kernel_parameter(seqlen_k, varlen),
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=WARPGROUP_ANY) as block:
@@ -531,6 +592,21 @@ def forward_program(
             if config.persistent:
                 place_in_last = place_in_round(block[0], num_tiles // workers)
                 rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
+            # A ragged batch: the thread block's sequence (the grid's batch index), its offsets
+            # and lengths read once; its rule the sequence's; none of its rounds where its query
+            # block lies past the sequence's end.
+            rule, q_offset, k_offset = visibility, None, None
+            if varlen:
+                q_offset = T.alloc_var(T.int32)
+                k_offset = T.alloc_var(T.int32)
+                sequence_q = T.alloc_var(T.int32)
+                sequence_k = T.alloc_var(T.int32)
+                q_offset = CuSeqlensQ[block[2]]
+                k_offset = CuSeqlensK[block[2]]
+                sequence_q = CuSeqlensQ[block[2] + 1] - q_offset
+                sequence_k = CuSeqlensK[block[2] + 1] - k_offset
+                rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
+                rounds = T.if_then_else(work_tile(block, 0, rule)[3] < sequence_q, 1, 0)
 
             pipe = Pipeline(
                 Q_shared, K_shared, V_shared, O_shared, q_full, q_empty, o_stored, k_full, k_empty, v_full, v_empty
@@ -543,7 +619,9 @@ def forward_program(
                 q_start.buffer,
                 num_kv_blocks.buffer,
                 buffer_of(kv_first),
-                visibility,
+                rule,
+                q_offset,
+                k_offset,
             )
             next_tile = WorkTile(
                 next_b.buffer,
@@ -593,6 +671,7 @@ def compiled_forward(
     arch: str | None = None,
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ):
     """The compiled kernel, cached in this process; TileLang's disk cache spans processes.
 
@@ -600,6 +679,12 @@ def compiled_forward(
     that architecture without needing a GPU (nvcc only).
     """
     program = forward_program(
-        head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count, variants=variants
+        head_dim=head_dim,
+        causal=causal,
+        dtype=dtype,
+        config=config,
+        sm_count=sm_count,
+        variants=variants,
+        varlen=varlen,
     )
     return compile_program(program, arch, PASS_CONFIGS)
