@@ -127,6 +127,10 @@ def forward_program(
     def batch_of(b):
         return None if varlen else b
 
+    def lse_of_row(rows, i):
+        """Row i's LSE (natural log): -inf for a row that saw no key (its sum 0)."""
+        return T.if_then_else(rows.row_sum[i] == 0, neg_inf, softmax.log2_sum(rows, i) * LN2)
+
     def at_offset(offset, row):
         """A row of the tile's sequence in a packed tensor (offset None: a batched one's own)."""
         return row if offset is None else offset + row
@@ -452,13 +456,9 @@ def forward_program(
         for i in T.Parallel(block_m):
             if q_start + i < tile.rule.seqlen_q:
                 if varlen:
-                    LSE[head, tile.q_offset + q_start + i] = T.if_then_else(
-                        row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
-                    )
+                    LSE[head, tile.q_offset + q_start + i] = lse_of_row(regs.rows, i)
                 else:
-                    LSE[b, head, q_start + i] = T.if_then_else(
-                        row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
-                    )
+                    LSE[b, head, q_start + i] = lse_of_row(regs.rows, i)
         # The TMA store reads by the async proxy what the threads wrote by the generic one:
         # each thread fences its writes before the sync that lets the store go.
         if o_buffer:
