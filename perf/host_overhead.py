@@ -199,15 +199,19 @@ def main() -> int:
             gpu_text = "-" if gpu is None else f"{gpu:.1f}"
             print(f"| {shape.label()} | {name} | {host:.1f} | {gpu_text} |", flush=True)
     if args.profile:
-        call = layers(SHAPES[2])["flash_attn_func"]
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(args.calls):
-            call()
-        profile.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        print_profile(layers(SHAPES[2])["flash_attn_func"], args.calls)
     return 0
+
+
+def print_profile(call, calls: int) -> None:
+    """cProfile's top 25 functions by own time over `calls` calls of `call`."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        call()
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
 
 def training(args) -> int:
@@ -221,14 +225,7 @@ def training(args) -> int:
             wall = cuda_median_ms(call) * 1e3
             print(f"| {shape.label()} | {name} | {host:.1f} | {wall:.1f} |", flush=True)
     if args.profile:
-        call = training_layers(TRAINING_SHAPES[0])["training call"]
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(args.calls):
-            call()
-        profile.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        print_profile(training_layers(TRAINING_SHAPES[0])["training call"], args.calls)
     return 0
 
 
