@@ -25,7 +25,6 @@ Done-when lines:
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,7 +33,8 @@ import torch
 from fa_kernel import flash_attn_func
 from fa_kernel.reference import judge, random_qkv, visible_pairs
 from fa_kernel.reference_backward import judge_backward
-from fa_kernel.workbench.bench import BACKWARD_FLOPS, alternated, cuda_median_ms, flex_attention_call, gradient_of
+from fa_kernel.workbench.bench import BACKWARD_FLOPS, cuda_median_ms, flex_attention_call, gradient_of
+from perf import ab
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,15 @@ def judged(case: Case, q, k, v, sinks, backward: bool) -> None:
         raise AssertionError(f"{case.name()}: {verdict}")
 
 
+def rate(call, work: float, args, per_ms: float = 1e9):
+    """A timer of `call`: `work` over its median milliseconds, per `per_ms` (TFLOP/s of FLOPs with
+    1e9, GB/s of bytes with 1e6)."""
+    return lambda: work / cuda_median_ms(call, repeats=args.repeats) / per_ms
+
+
 def row(cases: dict[str, Case], anchor: str, args, with_flex: bool) -> None:
-    """Time the named cases (and FlexAttention on the first) alternated; print TFLOP/s and each
-    one's ratio to `anchor`, round by round."""
+    """Time the named cases (and FlexAttention on the first: "flex") alternated, each judged first
+    where its reference fits; print TFLOP/s and each one's ratio to `anchor` (ab.print_row)."""
     first = next(iter(cases.values()))
     timers = {}
     for name, case in cases.items():
@@ -112,64 +118,50 @@ def row(cases: dict[str, Case], anchor: str, args, with_flex: bool) -> None:
         # reference keeps several [batch, heads, seqlen, seqlen] tensors at once).
         if case.seqlen * case.seqlen * case.batch * case.nheads <= (2**29 if args.backward else 2**31):
             judged(case, q, k, v, sinks, args.backward)
-        call, flops = fa_call(case, q, k, v, sinks, args.backward), case.flops(args.backward)
-        timers[name] = lambda call=call, flops=flops: flops / cuda_median_ms(call, repeats=args.repeats) / 1e9
-        if with_flex and name == next(iter(cases)):
-            flex = flex_call(case, q, k, v, args.backward)
-            timers["flex"] = lambda call=flex, flops=flops: flops / cuda_median_ms(call, repeats=args.repeats) / 1e9
-    samples = alternated(timers, args.rounds)
-    figures = " | ".join(f"{name} {statistics.median(s):.0f}" for name, s in samples.items())
-    ratios = []
-    for name, s in samples.items():
-        if name != anchor:
-            each = [ours / base for ours, base in zip(s, samples[anchor], strict=True)]
-            ratios.append(f"{name}/{anchor} {statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
-    print(f"| {first.name()} | {figures} | {' | '.join(ratios)} |", flush=True)
+        flops = case.flops(args.backward)
+        timers[name] = rate(fa_call(case, q, k, v, sinks, args.backward), flops, args)
+        if with_flex and case is first:
+            timers["flex"] = rate(flex_call(case, q, k, v, args.backward), flops, args)
+    ab.print_row(first.name(), {anchor: timers.pop(anchor), **timers}, args.rounds)
+
+
+UNIT = "TFLOP/s on the visible pairs"
 
 
 def window_table(args) -> None:
-    print("\n## window: 32k tokens, 4k window, causal, against plain causal at 4k tokens (TFLOP/s on visible pairs)")
+    print("\n## window: 32k tokens, 4k window, causal, against plain causal at 4k tokens")
+    ab.print_header(UNIT, ["causal 4k", "window"])
     for head_dim in (128,):
-        row(
-            {
-                "window": Case(1, 32768, head_dim, window_size=(4096, 0)),
-                "causal 4k": Case(8, 4096, head_dim),
-            },
-            "causal 4k",
-            args,
-            with_flex=False,
-        )
+        cases = {"window": Case(1, 32768, head_dim, window_size=(4096, 0)), "causal 4k": Case(8, 4096, head_dim)}
+        row(cases, "causal 4k", args, with_flex=False)
 
 
 def flex_table(args) -> None:
-    print("\n## against FlexAttention (fa_kernel/flex per row)")
+    print("\n## against FlexAttention")
+    ab.print_header(UNIT, ["flex", "fa_kernel"])
     for head_dim in (64, 128):
         for seqlen in (2048, 8192, 32768):
             batch = max(1, 32768 // seqlen)
             for window in ((128, 0), (1024, 0), (4096, 0)):
                 if window[0] < seqlen:
-                    row({"fa": Case(batch, seqlen, head_dim, window_size=window)}, "flex", args, with_flex=True)
+                    row({"fa_kernel": Case(batch, seqlen, head_dim, window_size=window)}, "flex", args, True)
             for softcap in (30.0, 50.0):
-                row({"fa": Case(batch, seqlen, head_dim, softcap=softcap)}, "flex", args, with_flex=True)
+                row({"fa_kernel": Case(batch, seqlen, head_dim, softcap=softcap)}, "flex", args, True)
 
 
 def cost_table(args) -> None:
     print("\n## cost of softcap and sinks (each against the plain kernel on the same shape)")
+    ab.print_header(UNIT, ["plain", "softcap 30", "sinks"])
     for head_dim in (64, 128):
         for seqlen in (2048, 8192):
             batch = 32768 // seqlen
             for causal in (False, True):
-                plain = Case(batch, seqlen, head_dim, causal)
-                row(
-                    {
-                        "plain": plain,
-                        "softcap 30": Case(batch, seqlen, head_dim, causal, softcap=30.0),
-                        "sinks": Case(batch, seqlen, head_dim, causal, sinks=True),
-                    },
-                    "plain",
-                    args,
-                    with_flex=False,
-                )
+                cases = {
+                    "plain": Case(batch, seqlen, head_dim, causal),
+                    "softcap 30": Case(batch, seqlen, head_dim, causal, softcap=30.0),
+                    "sinks": Case(batch, seqlen, head_dim, causal, sinks=True),
+                }
+                row(cases, "plain", args, with_flex=False)
 
 
 def window_configs(head_dim: int) -> list:
@@ -184,6 +176,7 @@ def window_configs(head_dim: int) -> list:
 def configs_table(args) -> None:
     print("\n## window configs: each shipped config (causal, left edge) against the one flash_attn_func picks")
     for head_dim in (64, 128):
+        ab.print_header(UNIT, ["picked", *(str(config) for config in window_configs(head_dim))])
         for window in (128, 1024, 4096):
             config_row(Case(4, 8192, head_dim, window_size=(window, 0)), args)
 
@@ -197,7 +190,7 @@ def config_row(case: Case, args) -> None:
 
     q, k, v = random_qkv(case.batch, case.seqlen, case.seqlen, case.nheads, case.nheads, case.head_dim, case.dtype, 1)
     scale, flops, variants = case.head_dim**-0.5, case.flops(backward=False), Variants(window_left=True)
-    calls = {"picked": lambda: flash_attn_func(q, k, v, causal=True, window_size=case.window_size)}
+    timers = {"picked": rate(lambda: flash_attn_func(q, k, v, causal=True, window_size=case.window_size), flops, args)}
     for config in window_configs(case.head_dim):
         kernel = kernel_for(q, True, config, variants=variants)
 
@@ -210,20 +203,16 @@ def config_row(case: Case, args) -> None:
         verdict = judge(q, k, v, out, lse, True, window_size=case.window_size)
         if not verdict.passed:
             raise AssertionError(f"{case.name()} {config}: {verdict}")
-        calls[str(config)] = call
-    timers = {
-        name: (lambda fn=fn: flops / cuda_median_ms(fn, repeats=args.repeats) / 1e9) for name, fn in calls.items()
-    }
-    samples = alternated(timers, args.rounds)
-    figures = " | ".join(f"{name} {statistics.median(s):.0f}" for name, s in samples.items())
-    print(f"| {case.name()} | {figures} |", flush=True)
+        timers[str(config)] = rate(call, flops, args)
+    ab.print_row(case.name(), timers, args.rounds)
 
 
 def decode_table(args) -> None:
     print(
-        "\n## decode: a step with a left edge reads only the window's K/V (GB/s of the K/V it must read;"
-        " HBM: H100 SXM 3.35 TB/s, H200 4.8 TB/s), against a plain step over as many keys"
+        "\n## decode: a step with a left edge reads only the window's K/V (HBM: H100 SXM 3.35 TB/s,"
+        " H200 4.8 TB/s), against a plain step over as many keys"
     )
+    ab.print_header("GB/s of the K/V a step must read", ["plain, as many keys", "window"])
     for seqlen_k in (8192, 32768):
         for window in (1024, 4096):
             decode_row(seqlen_k, window, args)
@@ -241,16 +230,11 @@ def decode_row(seqlen_k: int, window: int, args) -> None:
     if not verdict.passed:
         raise AssertionError(f"decode {seqlen_k} keys, window {window}: {verdict}")
     read = 2 * batch * keys * heads_kv * head_dim * dtype.itemsize  # K and V, once each
-    calls = {
-        "window": lambda: flash_attn_func(q, k, v, window_size=(window, -1)),
-        f"plain {keys} keys": lambda: flash_attn_func(q, k_short, v_short),
+    timers = {
+        "plain": rate(lambda: flash_attn_func(q, k_short, v_short), read, args, per_ms=1e6),
+        "window": rate(lambda: flash_attn_func(q, k, v, window_size=(window, -1)), read, args, per_ms=1e6),
     }
-    timers = {name: (lambda fn=fn: read / cuda_median_ms(fn, repeats=args.repeats) / 1e6) for name, fn in calls.items()}
-    samples = alternated(timers, args.rounds)
-    figures = " | ".join(f"{name} {statistics.median(s):.0f} GB/s" for name, s in samples.items())
-    ratio = [a / b for a, b in zip(*samples.values(), strict=True)]
-    label = f"{batch}x{heads}/{heads_kv}x1x{seqlen_k}x{head_dim} window {window}"
-    print(f"| {label} | {figures} | {statistics.median(ratio):.3f}x ({min(ratio):.3f}-{max(ratio):.3f}) |", flush=True)
+    ab.print_row(f"{batch}x{heads}/{heads_kv}x1x{seqlen_k}x{head_dim} window {window}", timers, args.rounds)
 
 
 TABLES = {

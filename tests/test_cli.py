@@ -370,7 +370,7 @@ def test_bench_variants_grid_builds_each_variant_and_times_it_against_its_anchor
     import json
 
     from fa_kernel.backward import compiled_gradient_kernels
-    from fa_kernel.variants import PLAIN, Variants
+    from fa_kernel.variants import PLAIN, Variants, keys_a_row_sees
     from fa_kernel.workbench import bench_command as command
     from fa_kernel.workbench.bench import VARIANTS
 
@@ -385,8 +385,12 @@ def test_bench_variants_grid_builds_each_variant_and_times_it_against_its_anchor
 
     monkeypatch.setattr(command, "measure_variant", measured)
     stub_builds(monkeypatch)
-    # The stubbed forward build is a tuple: a dict of it, so that the variants can join it.
-    monkeypatch.setattr(command, "kernel_build", lambda device, d, causal, dtype, keys, launch: dict(head_dim=d))
+    # The forward build as the window picks its config: (head_dim, keys a row sees) in a dict, so
+    # that the variants can join it.
+    def kernel_build(device, d, causal, dtype, keys, launch, window_size):
+        return dict(head_dim=d, keys=keys_a_row_sees(keys, causal, window_size))
+
+    monkeypatch.setattr(command, "kernel_build", kernel_build)
     built = []
     monkeypatch.setattr(
         command, "build_with_progress", lambda *args, builder=None, **kw: built.append((args[1], builder)) or True
@@ -400,14 +404,15 @@ def test_bench_variants_grid_builds_each_variant_and_times_it_against_its_anchor
         "4x16x8192x128 bfloat16 causal",
     }
     ((builds, builders),) = built
-    # Each variant's own build (a left edge, the cap, sinks) and the plain one, forward only.
-    assert {build["variants"] for build in builds} == {
-        Variants(window_left=True),
-        Variants(softcap=True),
-        Variants(sinks=True),
-        PLAIN,
-    }
-    assert compiled_gradient_kernels not in builders
+    # Each variant's own build (a left edge, the cap, sinks), the window's config by its span, and
+    # the plain one for sinks' anchor only; forward only.
+    assert [(build["variants"], build["keys"]) for build in builds[:4]] == [
+        (Variants(window_left=True), 1025),
+        (Variants(softcap=True), 2048),
+        (Variants(sinks=True), 2048),
+        (PLAIN, 2048),
+    ]
+    assert len(builds) == 8 and compiled_gradient_kernels not in builders
     assert main(["bench", "--grid", "variants", "--backward", "--json", "--seqlen-q", "8192"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["pass"] == "backward" and all(backward for _, _, backward in timed[-2 * len(VARIANTS) :])

@@ -232,11 +232,12 @@ def test_the_forward_picks_its_config_by_the_keys_a_row_sees(monkeypatch):
     class Asked(Exception):
         pass
 
-    def kernel_build(device, head_dim, causal, dtype, seqlen_k, launch):
+    def tile_config_for(device, head_dim, causal, seqlen_k, grid):
         asked.append(seqlen_k)
         raise Asked
 
-    monkeypatch.setattr(interface, "kernel_build", kernel_build)
+    monkeypatch.setattr(interface, "device_target", lambda device: (132, "sm_90a"))
+    monkeypatch.setattr(interface, "tile_config_for", tile_config_for)
     q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
     k = v = torch.zeros(1, 4096, 2, 64, dtype=torch.float16)
     for window_size in ((-1, -1), (128, -1)):

@@ -140,19 +140,23 @@ def kernel_build(
     launch: tuple[int, int, int] | None = None,
     config: TileConfig | None = None,
     sm_count: int | None = None,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> dict:
     """compiled_forward's arguments for this case on this device: the config the table gives
-    for seqlen_k on a launch of (batch, heads, seqlen_q) (its grid against the device's SMs;
-    None: a full grid), or `config`; the device's architecture and its SM count (the persistent
-    grid's size; or `sm_count`). `fa_kernel.workbench.builds` builds the same ahead of use, and the tests
-    build other configs and grids through it."""
+    for the keys a row sees (seqlen_k, or a window's span: variants.keys_a_row_sees) on a launch
+    of (batch, heads, seqlen_q) (its grid against the device's SMs; None: a full grid), or
+    `config`; the device's architecture and its SM count (the persistent grid's size; or
+    `sm_count`). `fa_kernel.workbench.builds` builds the same ahead of use, and the tests build
+    other configs and grids through it."""
     device_sm_count, arch = device_target(device)
     grid = None if launch is None else tiles_per_sm(*launch, device_sm_count)
+    # A window's row block visits a few tiles however long the sequence: the config of that many keys.
+    keys = seqlen_k if seqlen_k is None else keys_a_row_sees(seqlen_k, causal, window_size)
     return dict(
         head_dim=head_dim,
         causal=causal,
         dtype=_DTYPE_NAMES[dtype],
-        config=config or tile_config_for(device, head_dim, causal, seqlen_k, grid),
+        config=config or tile_config_for(device, head_dim, causal, keys, grid),
         arch=arch,
         sm_count=sm_count or device_sm_count,
     )
@@ -332,15 +336,14 @@ def forward_kernel_attention(
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) by the forward kernel, in the config the table gives for the keys a row sees
-    (variants.keys_a_row_sees) and the launch's grid, whatever flash_attn_func would choose: q,
+    and the launch's grid (kernel_build), whatever flash_attn_func would choose: q,
     k, v dense [batch, seqlen, heads, head_dim] on one Hopper GPU as flash_attn_func checks and
     makes them, seqlen_k >= 1."""
     out, lse = _outputs_like(q)
     batch, seqlen_q, heads, head_dim = q.shape
     variants = Variants.of(causal, window_size, softcap, sinks)
-    # A window's row block visits a few tiles however long the sequence: the config of that many keys.
-    keys = keys_a_row_sees(k.shape[1], causal, window_size)
-    build = kernel_build(q.device, head_dim, causal, q.dtype, keys, launch=(batch, heads, seqlen_q))
+    launch = (batch, heads, seqlen_q)
+    build = kernel_build(q.device, head_dim, causal, q.dtype, k.shape[1], launch=launch, window_size=window_size)
     kernel = compiled_forward(**build, variants=variants)
     variant_args = launch_arguments(variants, window_size, softcap, softmax_scale, sinks)
     with torch.cuda.device(q.device):

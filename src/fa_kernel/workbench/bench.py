@@ -18,6 +18,7 @@ cast; cuDNN's and flash's own).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -282,9 +283,10 @@ def variant_flops(shape: Shape, variant: dict) -> float:
 
 
 def variant_build(shape: Shape, variant: dict) -> Variants:
-    """The variants the kernels of `variant` (VARIANTS' keywords) on `shape` compile in."""
-    sinks = torch.empty(0) if variant.get("sinks") else None
-    return Variants.of(shape.causal, variant.get("window_size", (-1, -1)), variant.get("softcap", 0.0), sinks)
+    """The variants the kernels of `variant` (VARIANTS' keywords, sinks=True for drawn sinks) on
+    `shape` compile in."""
+    window, softcap = variant.get("window_size", (-1, -1)), variant.get("softcap", 0.0)
+    return dataclasses.replace(Variants.of(shape.causal, window, softcap, None), sinks=bool(variant.get("sinks")))
 
 
 def variant_runners(shape: Shape, variant: dict, seed: int = 0, backward: bool = False) -> dict[str, Callable]:

@@ -14,7 +14,7 @@ from rich.progress import track
 from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels
 from fa_kernel.decode import compiled_decode_kernels
 from fa_kernel.interface import compile_arch, kernel_build
-from fa_kernel.variants import PLAIN, keys_a_row_sees
+from fa_kernel.variants import PLAIN
 from fa_kernel.workbench.bench import (
     CUDNN_LAYOUTS,
     DECODE_SHAPES,
@@ -168,13 +168,13 @@ def run_variants(args, console) -> int:
     builders: list = []
     for shape, name in cases:
         launch = (shape.batch, shape.nheads, shape.seqlen_q)
-        # fa_kernel's build of the variant, and the plain one (sinks' anchor).
-        window = VARIANTS[name].get("window_size", (-1, -1))
-        for variants, keys in (
-            (variant_build(shape, VARIANTS[name]), keys_a_row_sees(shape.keys, shape.causal, window)),
-            (PLAIN, shape.keys),
-        ):
-            forward = kernel_build(device, shape.head_dim, shape.causal, shape.dtype, keys, launch=launch)
+        compiled_in = variant_build(shape, VARIANTS[name])
+        # fa_kernel's build of the variant, and for sinks the plain one (their anchor).
+        ours = (compiled_in, VARIANTS[name].get("window_size", (-1, -1)))
+        for variants, window in (ours, (PLAIN, (-1, -1))) if compiled_in.sinks else (ours,):
+            forward = kernel_build(
+                device, shape.head_dim, shape.causal, shape.dtype, shape.keys, launch=launch, window_size=window
+            )
             builds.append(forward | {"variants": variants})
             builders.append(None)
             if args.backward:
