@@ -16,9 +16,9 @@ import numbers
 
 import torch
 
-from fa_kernel.interface import check_inputs, kernel_build, tile_config_for
+from fa_kernel.interface import check_inputs, kernel_build
 from fa_kernel.kernel import compiled_forward
-from fa_kernel.variants import Variants, exponent_scale, keys_a_row_sees, launch_arguments
+from fa_kernel.variants import Variants, exponent_scale, launch_arguments
 
 
 def flash_attn_varlen_func(
@@ -82,11 +82,8 @@ def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_s
     """(the varlen build's kernel, its arguments after LSE up to the variants'): the config the
     table gives for the keys a row sees, on the per-tile grid (a ragged batch's own)."""
     head_dim = q.shape[-1]
-    keys = keys_a_row_sees(max(1, max_seqlen_k), causal, window_size)
-    config = dataclasses.replace(
-        tile_config_for(q.device, head_dim, causal, keys), persistent=False, overlap_epilogue=False
-    )
-    build = kernel_build(q.device, head_dim, causal, q.dtype, config=config)
+    batched = kernel_build(q.device, head_dim, causal, q.dtype, max(1, max_seqlen_k), window_size=window_size)
+    build = dict(batched, config=dataclasses.replace(batched["config"], persistent=False, overlap_epilogue=False))
     variants = Variants.of(causal, window_size, softcap, sinks)
     kernel = compiled_forward(**build, variants=variants, varlen=True)
     values = launch_arguments(variants, window_size, softcap, scale, sinks)
