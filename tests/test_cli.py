@@ -385,6 +385,7 @@ def test_bench_variants_grid_builds_each_variant_and_times_it_against_its_anchor
 
     monkeypatch.setattr(command, "measure_variant", measured)
     stub_builds(monkeypatch)
+
     # The forward build as the window picks its config: (head_dim, keys a row sees) in a dict, so
     # that the variants can join it.
     def kernel_build(device, d, causal, dtype, keys, launch, window_size):
