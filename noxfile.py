@@ -107,6 +107,9 @@ def gpu(session: nox.Session) -> None:
     session.env["HYPOTHESIS_PROFILE"] = os.environ.get("HYPOTHESIS_PROFILE", "gpu")
     session.env["FA_KERNEL_REQUIRE_GPU"] = "1"
     session.env["FA_KERNEL_GPUS"] = str(gpus)
+    # Each worker's share of its GPU (tests/conftest.py): a worker's cached memory is freed for
+    # the others instead of growing until another worker's test runs out.
+    session.env["FA_KERNEL_GPU_MEMORY_FRACTION"] = os.environ.get("FA_KERNEL_GPU_MEMORY_FRACTION", "0.9")
     args = list(session.posargs)
     marker, per_gpu = "gpu", GPU_WORKERS_PER_GPU
     if "--smoke" in args:

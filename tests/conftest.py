@@ -85,13 +85,16 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(autouse=True, scope="session")
 def _gpu_memory_share():
-    # tools/mutants/ runs several mutants' tests on one GPU: FA_KERNEL_GPU_MEMORY_FRACTION is each
-    # mutant's share, split among its xdist workers, so that one mutant's tests cannot take the
-    # memory another's need (an out-of-memory failure there is no kill).
+    # FA_KERNEL_GPU_MEMORY_FRACTION of a GPU, split among the xdist workers that share it: `nox -s
+    # gpu` sets it so that one worker's allocator cache cannot starve the others (an H100 ran out
+    # with one worker holding 67 GiB), and a test that needs more than its share fails by name;
+    # tools/mutants/ sets each mutant's share, so that one mutant's tests cannot take the memory
+    # another's need (an out-of-memory failure there is no kill).
     fraction = os.environ.get("FA_KERNEL_GPU_MEMORY_FRACTION")
     if fraction and HAS_CUDA:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        torch.cuda.set_per_process_memory_fraction(float(fraction) / workers)
+        gpus = max(1, int(os.environ.get("FA_KERNEL_GPUS", "1")))
+        torch.cuda.set_per_process_memory_fraction(float(fraction) / -(-workers // gpus))
     yield
 
 

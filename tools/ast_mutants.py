@@ -91,7 +91,7 @@ SCOPES = {
     "pipeline.py": Scope(("consumer_registers", "own_output_buffer", "pipeline_parts"), constants=True),
     # The kernels' shared parts: the visibility rule (a class: its methods) and the online softmax.
     "mask.py": Scope(("Visibility",), constants=False),
-    "softmax.py": Scope(("online_softmax", "capped_score", "fma_reciprocal"), constants=False),
+    "softmax.py": Scope(("online_softmax", "capped_score"), constants=False),
     "interface.py": Scope(("_attention", "forward_kernel_attention"), constants=False),
     "configs.py": Scope(("select_config", "key_ranges", "split_kv_serves", "forward_keys_per_sm"), constants=False),
     "numerics.py": Scope((), constants=True),

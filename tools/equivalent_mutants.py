@@ -189,19 +189,6 @@ CONTIGUOUS_IS_ITSELF = Reason(
     "Tensor.contiguous() returns a contiguous tensor itself, so calling it on every input copies nothing more",
     "tests/test_equivalent_mutants.py::test_contiguous_is_the_tensor_itself_where_it_already_is",
 )
-CAP_PAST_SATURATION = Reason(
-    "the softcap's exponent is clamped only to keep 2^exponent + 1 finite: from 26 on (tanh of half "
-    "its value over log2e) the kernels' tanh is 1.0 in fp32, so a clamp at 32, 63 or 65 (the "
-    "constant moved, or the comparison one off) gives every score the same bits as at 64",
-    "tests/test_numerics.py::test_the_cap_exponent_only_keeps_the_power_finite",
-)
-SEED_IS_A_GUESS = Reason(
-    "RECIPROCAL_SEED is the Newton steps' first guess: one off in its last bit moves the guess by "
-    "2^-23 of itself, within the 5% the three steps square away; the tanh stays within TANH_ERROR, "
-    "the bound every softcap test judges by",
-    "tests/test_numerics.py::test_a_seed_one_off_still_meets_tanh_error",
-)
-
 EMULATOR_CHECK = "tests/test_equivalent_mutants.py::test_recorded_emulator_mutants_are_bitwise_the_same"
 EMULATOR_MASKS_MORE_TILES = Reason(
     "the emulator's needs_mask holds for a superset of the tiles; the mask of a tile whose keys are all "
@@ -251,24 +238,6 @@ EQUIVALENT: dict[str, Reason] = {
     **{
         f"numerics.py:<module>:constant:STALE_SUM_LIMIT = 4096.0->STALE_SUM_LIMIT = {limit}": STALE_SUM_LIMIT_IS_FREE
         for limit in ("8192.0", "2048.0", "4097.0", "4095.0")
-    },
-    **{
-        f"numerics.py:<module>:constant:CAP_EXPONENT = 64.0->CAP_EXPONENT = {cap}": CAP_PAST_SATURATION
-        for cap in ("32.0", "65.0", "63.0")
-    },
-    **{
-        f"softmax.py:capped_score:{rewrite}": CAP_PAST_SATURATION
-        for rewrite in (
-            "off_by_one:exponent > CAP_EXPONENT->exponent + 1 > CAP_EXPONENT",
-            "off_by_one:exponent > CAP_EXPONENT->exponent - 1 > CAP_EXPONENT",
-            "relational:exponent > CAP_EXPONENT->exponent >= CAP_EXPONENT",
-            "off_by_one:exponent > CAP_EXPONENT->exponent > CAP_EXPONENT + 1",
-            "off_by_one:exponent > CAP_EXPONENT->exponent > CAP_EXPONENT - 1",
-        )
-    },
-    **{
-        f"numerics.py:<module>:constant:RECIPROCAL_SEED = 2129859011->RECIPROCAL_SEED = {seed}": SEED_IS_A_GUESS
-        for seed in ("2129859012", "2129859010")
     },
     "interface.py:_attention:guard_never:t.is_contiguous()->False": CONTIGUOUS_IS_ITSELF,
     # ---- the emulator's tile loop (tools/mutants/ --generated --target emulator)

@@ -13,17 +13,11 @@ LN2 = math.log(2.0)
 # the normalisation cancels, and a max that rose weights the new keys up, not down.
 STALE_SUM_LIMIT = 4096.0
 
-# The kernels' tanh (softcap) is 1 - 2r, r = 1 / (2^(2x·LOG2E) + 1): the power by MUFU's ex2.approx
+# The kernels' tanh (softcap) is 1 - 2 / (2^(2x·LOG2E) + 1): the power by MUFU's ex2.approx
 # (relative error 2^-22, PTX ISA) of an exponent rounded to fp32 (2x·LOG2E <= 26 before tanh
-# saturates in fp32: 26·ln2·2^-24 relative in the power), each damped by d tanh / d(power) <= 1/2;
-# r by RECIPROCAL_SEED and three Newton steps on the FMA pipe (relative error below 2^-22, so
-# 2r errs by 2^-21 at most): an absolute error of tanh below 2^-20, so a capped score errs by at
-# most softcap·TANH_ERROR more than the scaled score it caps (tanh is 1-Lipschitz).
+# saturates in fp32: 26·ln2·2^-24 relative in the power), both damped by d tanh / d(power) <= 1/2;
+# the quotient by the fast division (rcp.approx and a multiply: 2 ulp, under 2^-21 for a quotient
+# below 2): an absolute error of tanh below 2^-20, so a capped score errs by at most
+# softcap·TANH_ERROR more than the scaled score it caps (tanh is 1-Lipschitz).
 # tests/test_numerics.py checks it over the whole range in fp32.
 TANH_ERROR = 2.0**-20
-# The exponent past which the kernels' tanh is 1 in fp32 anyway: clamped there, the power stays a
-# finite normal number for the reciprocal's seed.
-CAP_EXPONENT = 64.0
-# 1/d's first guess from d's bits (the exponent negated, the mantissa's reciprocal linearly):
-# within 5.1% of 1/d for every normal fp32 d.
-RECIPROCAL_SEED = 0x7EF311C3

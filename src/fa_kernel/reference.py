@@ -425,11 +425,10 @@ def judge(
     output bound from the same-precision baseline and the fp32 LSE bound (attention_ref's
     variants alike).
 
-    With a softcap the baseline computes tanh exactly in fp32 and the kernel by ex2 and a
-    reciprocal of Newton steps (numerics.TANH_ERROR): each capped score may err by
-    softcap·TANH_ERROR more, which moves the LSE by as much and an output by at most twice that
-    times max|v| (a perturbation δ of a row's scores moves its weights by P∘(δ − P·δ), at most
-    2·max δ in sum)."""
+    With a softcap the baseline computes tanh exactly in fp32 and the kernel by ex2 and a fast
+    division (numerics.TANH_ERROR): each capped score may err by softcap·TANH_ERROR more, which
+    moves the LSE by as much and an output by at most twice that times max|v| (a perturbation δ
+    of a row's scores moves its weights by P∘(δ − P·δ), at most 2·max δ in sum)."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     options: dict[str, Any] = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     ref, ref_lse = attention_ref(q, k, v, causal, scale, **options)

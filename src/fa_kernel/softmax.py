@@ -14,44 +14,15 @@ from typing import Any, NamedTuple
 
 import tilelang.language as T
 
-from fa_kernel.numerics import CAP_EXPONENT, RECIPROCAL_SEED, STALE_SUM_LIMIT
+from fa_kernel.numerics import STALE_SUM_LIMIT
 
 
 def capped_score(score, softcap_log2):
     """A softcap's score: tanh(x·scale / c) of the raw score x, as 1 - 2 / (2^(x·softcap_log2) + 1)
     with softcap_log2 = 2·log2e·scale / c (numerics.TANH_ERROR); ±1 for x = ±inf, NaN for NaN.
-    The power by MUFU's ex2, its reciprocal on the FMA pipe (fma_reciprocal): a division's rcp
-    would be a second MUFU operation a score besides the softmax's ex2, and those bound the
-    softcap's speed (docs/perf-log.md)."""
-    # Past CAP_EXPONENT tanh is 1 in fp32; the clamp keeps the power finite for the reciprocal's
-    # seed (a select, not a min: NaN > CAP_EXPONENT is false, so NaN passes through).
-    return bound(
-        score * softcap_log2,
-        lambda exponent: (
-            1 - 2 * fma_reciprocal(T.exp2(T.if_then_else(exponent > CAP_EXPONENT, CAP_EXPONENT, exponent)) + 1)
-        ),
-    )
-
-
-def fma_reciprocal(d):
-    """1/d for d in [1, 2^CAP_EXPONENT + 1] without MUFU: RECIPROCAL_SEED's guess (within 5.1%),
-    then three Newton steps r + r(1 - d·r), each squaring the relative error (to below 2^-22)."""
-
-    def newton(d):
-        r = T.reinterpret(RECIPROCAL_SEED - T.reinterpret(d, "int32"), "float32")
-        for _ in range(3):
-            # Two FMAs; 1 - d·r is exact near convergence, so 1/1 comes out 1.
-            r = bound(r, lambda r: r + r * (1 - d * r))
-        return r
-
-    return bound(d, newton)
-
-
-def bound(value, body):
-    """body(v), v bound to `value` once (a let): a value used twice is computed once, not copied
-    into the generated code at each use."""
-    var = T.Var("v", "float32")
-    return T.Let(body(var), where={var: value})
+    Two MUFU operations a score (ex2, and the fast division's rcp): the reciprocal by Newton steps
+    on the FMA pipe instead was slower (docs/perf-log.md)."""
+    return 1 - 2 / (T.exp2(score * softcap_log2) + 1)
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,7 @@ def run_mutant(
     env["PYTHONUNBUFFERED"] = "1"  # each test's dot as it ends: the silence rule (_wait) reads them
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["FA_KERNEL_GPUS"] = "1"  # its workers share that one GPU's memory (tests/conftest.py)
     log, check_hung = "", False
     for tier, pytest_args in tiers:
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *pytest_args]
