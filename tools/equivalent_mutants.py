@@ -302,7 +302,7 @@ EQUIVALENT: dict[str, Reason] = {
     # non-causal launches test the diagonal too, and write_mask writes only the seqlen_k mask
     # the diagonal: tiles whose last key is the first row's last visible one get the mask too
     # the causal mask's past-the-end term: one key past seqlen_k left to the diagonal
-    "kernel.py:issue_scores:guard_always:not mask_written->True": MASK_WRITTEN_AGAIN,
+    "mask.py:issue_scores:guard_always:not mask_written->True": MASK_WRITTEN_AGAIN,
     # taking turns: on where the config asks for it with one warpgroup, or for every config; off
     # for two warpgroups
     "kernel.py:forward_program:or_and:config.take_turns and warpgroups > 1->config.take_turns or warpgroups > 1": (
@@ -395,11 +395,11 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:flash_attention_forward:guard_always:not o_buffer->True": UNUSED_BARRIER,
     "kernel.py:flash_attention_forward:guard_always:config.persistent->True#2": PER_TILE_ROUNDS_REDO_THE_TILE,
     "kernel.py:release_unread_tiles:guard_always:take_turns->True": ONE_WARPGROUP_READS_EVERY_TILE,
-    "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m + 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
-    "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m - 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
+    "epilogue.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m + 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
+    "epilogue.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m - 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
     # the stores past the end: LSE rows past seqlen_q, a persistent round past the last tile
     **{
-        f"kernel.py:epilogue:{rewrite}": LSE_STORE_BOUNDED
+        f"epilogue.py:epilogue:{rewrite}": LSE_STORE_BOUNDED
         for rewrite in (
             "guard_always:q_start + i < tile.rule.seqlen_q->True",
             "off_by_one:q_start + i < tile.rule.seqlen_q->q_start + i - 1 < tile.rule.seqlen_q",
@@ -417,8 +417,8 @@ EQUIVALENT: dict[str, Reason] = {
         )
     },
     # the LSE of a row that sees no key: log2(0) = -inf gives the select's -inf
-    "kernel.py:lse_of_row:off_by_one:rows.row_sum[i] == 0->rows.row_sum[i] + 1 == 0": LOG2_OF_ZERO,
-    "kernel.py:lse_of_row:off_by_one:rows.row_sum[i] == 0->rows.row_sum[i] == -1": LOG2_OF_ZERO,
+    "epilogue.py:lse_of_row:off_by_one:rows.row_sum[i] == 0->rows.row_sum[i] + 1 == 0": LOG2_OF_ZERO,
+    "epilogue.py:lse_of_row:off_by_one:rows.row_sum[i] == 0->rows.row_sum[i] == -1": LOG2_OF_ZERO,
     # the causal mask's past-the-end term
     # the online softmax: a row with no visible key yet, at -inf
     # the rows that keep their stale max: every row takes the new one, or the limit moved by one

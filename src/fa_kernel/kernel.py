@@ -17,9 +17,10 @@ tiles in snake order, and can issue the next tile's first Q.K^T under this tile'
 (`overlap_epilogue`); O leaves by TMA store from a buffer of its own where one fits, else from
 the V ring. docs/design.md tells the whole argument and the measurements behind each choice.
 
-`forward_program` reads top to bottom in named parts: the mask, the softmax, the pipeline's
-helpers (turns, the K/V ring, O's store), the tile scheduler, the producer, the consumer's steps
-in the loop's order, and the kernel, which allocates and calls them. Its T.alloc_var registers
+`forward_program` reads top to bottom in named parts: the tensors, the mask, the softmax, the
+pipeline's helpers (turns, the K/V ring, O's store), the epilogue, the tile scheduler, the
+producer, the consumer's steps in the loop's order, and the kernel, which allocates and calls
+them; each part but the producer and the steps is built by the module named in its header. Its T.alloc_var registers
 reach the macros as buffers (`WorkTile`, `ConsumerRegisters`), so that a macro's assignment is a
 store. Batch, lengths, head counts and the softmax scale are runtime arguments: a compile
 happens once per (dtype, head_dim, causal, tile config, target).
@@ -33,11 +34,11 @@ import functools
 import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
-from fa_kernel.mask import variant_visibility
-from fa_kernel.numerics import LN2, LOG2E, STALE_SUM_LIMIT
+from fa_kernel.epilogue import epilogue_parts
+from fa_kernel.mask import forward_score_parts, variant_visibility
+from fa_kernel.numerics import STALE_SUM_LIMIT
 from fa_kernel.pipeline import (
     H100_SM_COUNT,
-    OUTPUT_BARRIERS,
     PRODUCER_REGISTERS,
     PRODUCER_THREADS,
     TURN_BARRIERS,
@@ -51,7 +52,7 @@ from fa_kernel.pipeline import (
     pipeline_parts,
 )
 from fa_kernel.scheduler import tile_scheduler
-from fa_kernel.softmax import RowState, capped_score, online_softmax
+from fa_kernel.softmax import RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
@@ -111,12 +112,9 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
-    # ---- the mask: the visibility rule (mask.py) with the variants' edges, written into the
-    # score accumulator; each variant's value a kernel parameter only where compiled in ----
+    # ---- the tensors: batched [batch, seqlen, heads, head_dim], or a ragged batch's packed
+    # [total, heads, head_dim] with its sequences' offsets (`rows_of` takes b None for them) ----
 
-    visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
-
-    # A ragged batch's tensors are packed (no batch dimension): `rows_of` takes b None for them.
     q_shape = [total_q, heads, head_dim] if varlen else [batch, seqlen_q, heads, head_dim]
     kv_shape = [total_k, heads_kv, head_dim] if varlen else [batch, seqlen_k, heads_kv, head_dim]
     lse_shape = [heads, total_q] if varlen else [batch, heads, seqlen_q]
@@ -127,53 +125,17 @@ def forward_program(
     def batch_of(b):
         return None if varlen else b
 
-    def lse_of_row(rows, i):
-        """Row i's LSE (natural log): -inf for a row that saw no key (its sum 0)."""
-        return T.if_then_else(rows.row_sum[i] == 0, neg_inf, softmax.log2_sum(rows, i) * LN2)
-
     def at_offset(offset, row):
         """A row of the tile's sequence in a packed tensor (offset None: a batched one's own)."""
         return row if offset is None else offset + row
 
-    @T.macro
-    def write_mask(rule, acc_s, kv_start, q_start):
-        """-inf where a key is hidden (`rule`: the work tile's, WorkTile.rule), 0 elsewhere, into
-        the score accumulator: the GEMM then adds Q.K^T to it."""
-        for i, j in T.Parallel(block_m, block_n):
-            acc_s[i, j] = T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, 0)
+    # ---- the mask (mask.py): the visibility rule with the variants' edges, written into the
+    # score accumulator; each variant's value a kernel parameter only where compiled in ----
 
-    @T.macro
-    def issue_scores(rule, Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
-        """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
-        `mask_written`) where the tile needs one, else onto zero; under a softcap always onto
-        zero (capped_scores masks after the cap)."""
-        if variants.softcap:
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-        elif rule.tile_needs_mask(kv_start, block_n, q_start, block_m):
-            if not mask_written:
-                write_mask(rule, acc_s, kv_start, q_start)
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-        else:
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-
-    def capped(score):
-        return capped_score(score, softcap_log2)
-
-    @T.macro
-    def cap_and_mask(rule, acc_s, kv_start, q_start):
-        if rule.tile_needs_mask(kv_start, block_n, q_start, block_m):
-            for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))
-        else:
-            for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = capped(acc_s[i, j])
-
-    def capped_scores(rule, acc_s, kv_start, q_start):
-        """softcap: the scores become their tanh (c·log2e is then scale_log2), and the mask a
-        select after it, where the tile needs one (an additive -inf would come out as -1).
-        (Without one nothing: no macro call, which would bind its arguments in the program.)"""
-        if variants.softcap:
-            cap_and_mask(rule, acc_s, kv_start, q_start)
+    visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
+    write_mask, issue_scores, capped_scores = forward_score_parts(
+        block_m=block_m, block_n=block_n, softcap=variants.softcap, softcap_log2=softcap_log2
+    )
 
     # ---- the online softmax (softmax.py): fp32 row state, exp2 with the scale folded in ----
 
@@ -184,6 +146,14 @@ def forward_program(
     wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output, rows_of = pipeline_parts(
         head_dim=head_dim, block_n=block_n, stages=stages, consumers=consumers
     )
+
+    # ---- the epilogue (epilogue.py): the sinks, one normalisation, the LSE, O's store ----
+
+    epilogue = epilogue_parts(
+        head_dim=head_dim, block_m=block_m, consumers=consumers, o_buffer=o_buffer,
+        overlap_epilogue=overlap_epilogue, sinks=variants.sinks, varlen=varlen, softmax=softmax,
+        store_output=store_output,
+    )  # fmt: skip
 
     # ---- the tile scheduler (scheduler.py): each thread block's work tiles, and their K/V tiles ----
 
@@ -421,78 +391,6 @@ def forward_program(
             T.mbarrier_arrive(pipe.k_empty[stage])
             T.mbarrier_wait_parity(pipe.v_full[stage], phase)
             T.mbarrier_arrive(pipe.v_empty[stage])
-
-    @T.macro
-    def store_sequence_rows(O_tile, Output, tile, first_row, rows, storing_threads, thread):
-        """A ragged batch's O: rows first_row.. of the staged tile into the packed output. A TMA
-        box clips only at the packed tensor's end, so the sequence's last, partial block stores
-        its own rows element by element, the storing threads each a share; a full block by TMA."""
-        head, q_start, seqlen = tile.head, tile.q_start, tile.rule.seqlen_q
-        if q_start + block_m <= seqlen:
-            store_output(O_tile, Output, None, head, tile.q_offset + q_start, first_row, rows, storing_threads)
-        else:
-            for step in T.serial(T.ceildiv(rows * head_dim, storing_threads)):
-                element = step * storing_threads + thread % storing_threads
-                row = first_row + element // head_dim
-                if T.And(element < rows * head_dim, q_start + row < seqlen):
-                    Output[tile.q_offset + q_start + row, head, element % head_dim] = O_tile[row, element % head_dim]
-
-    @T.macro
-    def epilogue(pipe, regs, tile, LSE, Output, Sinks, thread):
-        """One normalisation after the loop, the LSE, and O's TMA store. The normalisation runs
-        on O's way into shared memory, except for the V ring without the overlapped epilogue,
-        where it runs in place before the sync (while the other warpgroups finish). Under the
-        overlapped epilogue S_0 is in flight, and nothing but wgmma may write an accumulator.
-        Sinks: each row's sink joins its sum here (softmax.join_sink), once."""
-        acc_o, row_sum = regs.acc_o, regs.rows.row_sum
-        b, head, q_start = tile.b, tile.head, tile.q_start
-        kept = None  # what acc_o's weights keep of their worth once a sink joined (alpha)
-        if variants.sinks:
-            softmax.join_sink(regs.rows, Sinks[head] * LOG2E)
-            kept = regs.rows.alpha
-        if not (overlap_epilogue or o_buffer):
-            for i, d in T.Parallel(block_m, head_dim):
-                acc_o[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
-        for i in T.Parallel(block_m):
-            if q_start + i < tile.rule.seqlen_q:
-                if varlen:
-                    LSE[head, tile.q_offset + q_start + i] = lse_of_row(regs.rows, i)
-                else:
-                    LSE[b, head, q_start + i] = lse_of_row(regs.rows, i)
-        # The TMA store reads by the async proxy what the threads wrote by the generic one:
-        # each thread fences its writes before the sync that lets the store go.
-        if o_buffer:
-            # Each warpgroup writes and stores its own rows, so none waits for another at a
-            # tile's end; it waits only for its own last store to have read the buffer.
-            first_row = thread // 128 * rows_per_warpgroup
-            T.tma_store_wait(0)
-            T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
-            for i, d in T.Parallel(block_m, head_dim):
-                pipe.O[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
-            T.fence_proxy_async()
-            T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
-            if varlen:
-                store_sequence_rows(pipe.O, Output, tile, first_row, rows_per_warpgroup, 128, thread)
-            else:
-                store_output(pipe.O, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
-        else:
-            # In the V ring: the other warpgroups' last P.V may still be reading it.
-            T.sync_threads(OUTPUT_BARRIERS[0], consumers)
-            if overlap_epilogue:
-                for i, d in T.Parallel(block_m, head_dim):
-                    pipe.V[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
-            else:
-                T.copy(acc_o, pipe.V[0:block_m, :])
-            T.fence_proxy_async()
-            T.sync_threads(OUTPUT_BARRIERS[0], consumers)
-            if varlen:
-                store_sequence_rows(pipe.V, Output, tile, 0, block_m, consumers, thread)
-            else:
-                store_output(pipe.V, Output, b, head, q_start, 0, block_m, consumers)
-            T.tma_store_wait(0)
-            # The next V lands by TMA (the async proxy) where O was written and read.
-            T.fence_proxy_async()
-            T.mbarrier_arrive(pipe.o_stored)
 
     @T.macro
     def advance(tile, next_tile):

@@ -20,6 +20,8 @@ class Mutant:
     old: str
     new: str
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) patches in the same file
+    # (file, old, new) patches of other files: a setting elsewhere that would hide the bug.
+    elsewhere: tuple[tuple[str, str, str], ...] = ()
     # Tests written to catch this bug, run before the smoke tier: otherwise a mutant that only
     # they kill compiles the smoke tier's kernels first.
     first: tuple[str, ...] = ()
@@ -32,6 +34,13 @@ class Mutant:
         for old, new in ((self.old, self.new), *self.more):
             text = apply_patch(text, old, new, self.within)
         return text
+
+    def other_sources(self) -> dict[str, str]:
+        """{file: its text with the patches applied} of the other files `elsewhere` patches."""
+        texts: dict[str, str] = {}
+        for file, old, new in self.elsewhere:
+            texts[file] = apply_patch(texts.get(file) or (PACKAGE / file).read_text(), old, new)
+        return texts
 
     @property
     def id(self) -> str:
@@ -275,7 +284,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # With O in a buffer of its own, every warpgroup stores the first warpgroup's rows.
         "output_rows_of_the_first_warpgroup_only",
-        "kernel.py",
+        "epilogue.py",
         "first_row = thread // 128 * rows_per_warpgroup",
         "first_row = 0",
     ),
@@ -328,11 +337,12 @@ KERNEL_MUTANTS = [
         # One LSE row past seqlen_q, with TileLang's own bounds guard switched off: the write lands
         # past the end of lse (with the guard on, this mutant is equivalent; docs/testing.md).
         "lse_row_past_the_end_unguarded",
-        "kernel.py",
+        "epilogue.py",
         "q_start + i < tile.rule.seqlen_q",
         "q_start + i <= tile.rule.seqlen_q",
-        more=(
+        elsewhere=(
             (
+                "kernel.py",
                 "PASS_CONFIGS = OWN_SYNCS",
                 "PASS_CONFIGS = {**OWN_SYNCS, "
                 "__import__('tilelang').PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
@@ -343,7 +353,7 @@ KERNEL_MUTANTS = [
     Mutant("gqa_wrong_kv_head", "scheduler.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
     Mutant(
         "lse_in_log2",
-        "kernel.py",
+        "epilogue.py",
         "softmax.log2_sum(rows, i) * LN2",
         "softmax.log2_sum(rows, i)",
     ),
@@ -408,7 +418,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # Under a softcap the mask is dropped: the cap's select keeps every key.
         "softcap_mask_dropped",
-        "kernel.py",
+        "mask.py",
         "T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))",
         "capped(acc_s[i, j])",
         first=SOFTCAP_TESTS,
@@ -523,7 +533,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # A sequence's last, partial block stored by a whole TMA box: rows of the next sequence overwritten.
         "varlen_partial_block_by_tma",
-        "kernel.py",
+        "epilogue.py",
         "q_start + block_m <= seqlen",
         "q_start < seqlen",
         within="store_sequence_rows",
