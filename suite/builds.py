@@ -173,3 +173,30 @@ def split_kv_variant_builds(arch: str) -> list[dict]:
         for causal in (False, True)
         for variants in variants_of(causal)
     ]
+
+
+def varlen_builds(arch: str) -> list[dict]:
+    """compiled_forward's arguments of every varlen build flash_attn_varlen_func runs: each config
+    the tables give a head dim and mask, on the per-tile grid (persistent and overlap off), bf16
+    and fp16, plain; and the variants tests/test_varlen.py launches (causal d64 fp16)."""
+    import dataclasses
+
+    from fa_kernel.configs import key_ranges, select_config
+
+    builds = []
+    for head_dim, causal, dtype in itertools.product((64, 128, 256), (False, True), ("float16", "bfloat16")):
+        for _, most, _ in key_ranges("sm_90", head_dim, causal):
+            config = select_config("sm_90", head_dim, causal, most)
+            config = dataclasses.replace(config, persistent=False, overlap_epilogue=False)
+            builds.append(dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch=arch, varlen=True))
+    config = dataclasses.replace(select_config("sm_90", 64, True, 1024), persistent=False, overlap_epilogue=False)
+    for variants in (
+        Variants(window_left=True),
+        Variants(window_left=True, window_right=True),
+        Variants(softcap=True),
+        Variants(sinks=True),
+    ):
+        builds.append(
+            dict(head_dim=64, causal=True, dtype="float16", config=config, arch=arch, varlen=True, variants=variants)
+        )
+    return [build for index, build in enumerate(builds) if build not in builds[:index]]

@@ -114,7 +114,7 @@ def test_a_gradient_at_head_dim_256_is_refused_before_the_forward(monkeypatch):
     # Valid for the forward (the device checks pass on a stub): only the gradient has no kernel.
     from fa_kernel import interface
 
-    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.0625)
+    monkeypatch.setattr(interface, "check_inputs", lambda q, k, v, scale, causal, **variants: 0.0625)
     monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
     q, k, v = (t.requires_grad_() for t in qkv(head_dim=256))
     with pytest.raises(ValueError, match=r"q: expected headdim in \(64, 128\) where a gradient is needed .*got 256"):
@@ -134,7 +134,7 @@ def test_the_backward_op_is_registered_for_torch_compile():
 def test_deterministic_must_be_a_bool(monkeypatch):
     from fa_kernel import interface
 
-    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.0625)
+    monkeypatch.setattr(interface, "check_inputs", lambda q, k, v, scale, causal, **variants: 0.0625)
     monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
     with pytest.raises(TypeError, match=r"deterministic: expected a bool, got int"):
         flash_attn_func(*qkv(), deterministic=1)
@@ -191,7 +191,7 @@ def test_causal_with_a_window_on_its_right_is_still_causal(monkeypatch):
 
     assert Variants.of(True, (4, 7), 0.0, None) == Variants(window_left=True)
     assert Variants.of(False, (-1, 7), 0.0, None) == Variants(window_right=True)
-    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
+    monkeypatch.setattr(interface, "check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
     launched = []
     monkeypatch.setattr(interface, "_attention", lambda *args: launched.append(args) or (None, None))
     flash_attn_func(*qkv(), causal=True, window_size=(4, 7))
@@ -225,7 +225,7 @@ def test_autograd_hands_the_variants_to_the_backward_and_dsinks_to_the_sinks(mon
             into.copy_(grad)
         return dsinks
 
-    monkeypatch.setattr(interface, "_check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
+    monkeypatch.setattr(interface, "check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
     monkeypatch.setattr(interface, "_attention", attention)
     monkeypatch.setattr(interface, "backward_into", backward_into)
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 70, 90, 4, 2, 64, torch.float16, seed=5, device="cpu"))

@@ -76,16 +76,16 @@ def test_known_mutants_exist(mutants):
         mutants,
         "kv_end",
         "off_by_one",
-        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
-        "T.ceildiv((visibility.keys_before(q_start + block_m) + 1), block_n)",
+        "T.ceildiv(rule.keys_before(q_start + block_m), block_n)",
+        "T.ceildiv((rule.keys_before(q_start + block_m) + 1), block_n)",
     )
     assert tile.id.startswith("scheduler-kv_end-off_by_one-")
     _find(
         mutants,
         "warpgroup_kv_blocks",
         "min_max",
-        "T.min(first_row + rows_per_warpgroup, seqlen_q)",
-        "T.max(first_row + rows_per_warpgroup, seqlen_q)",
+        "T.min(first_row + rows_per_warpgroup, rule.seqlen_q)",
+        "T.max(first_row + rows_per_warpgroup, rule.seqlen_q)",
     )
     limit = _find(mutants, "<module>", "constant", "STALE_SUM_LIMIT = 4096.0", "STALE_SUM_LIMIT = 8192.0")
     assert limit.id == "numerics-STALE_SUM_LIMIT-constant-1"

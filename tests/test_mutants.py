@@ -348,16 +348,17 @@ def test_a_bitwise_seed_is_reused_whole_and_a_half_written_one_goes(tmp_path):
 
 def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
     from suite.boundaries import build_id, sweep_builds
-    from tools.ast_mutants import generate
 
     source = (mutants.PACKAGE / "kernel.py").read_text()
     build = next(b for b in sweep_builds() if build_id(b) == "d128-causal-128x176/2st/256thr")
     original = triage.generated_code_digests(source, [build], [0])
     # T.copy takes its source fragment's extent, so a destination region one row short lowers
     # to the same code, though the PrimFunc differs.
-    short_copy = next(m for m in generate() if m.id == "kernel-epilogue-off_by_one-14")
-    assert "pipe.V[0:(block_m - 1), :]" in short_copy.line_for_list()
-    assert triage.generated_code_digests(short_copy.mutated_source(), [build], [0]) == original
+    down_cast = "T.copy(acc_s, acc_p)  # the only down-cast"
+    assert source.count(down_cast) == 1
+    short_copy = source.replace(down_cast, "T.copy(acc_s, acc_p[0:(block_m - 1), :])  # the only down-cast")
+    assert triage.primfunc_digests(short_copy, [build]) != triage.primfunc_digests(source, [build])
+    assert triage.generated_code_digests(short_copy, [build], [0]) == original
     dropped_rescale = catalogue.KERNEL_MUTANTS[0].mutated_source()
     assert triage.generated_code_digests(dropped_rescale, [build], [0]) != original
 

@@ -89,3 +89,13 @@ def test_variant_cases_count_the_pairs_their_mask_leaves_visible():
         case = Case(1, 300, 64, causal, window)
         pairs = case.flops(backward=False) / (4 * case.batch * case.nheads * case.head_dim)
         assert pairs == int(visible_keys(300, 300, causal, window_size=window).sum()), case.name()
+
+
+def test_packed_documents_span_512_to_8192_tokens_and_fill_the_batch():
+    # perf/varlen.py's batch: issue 55's mix of documents, drawn once.
+    from perf.varlen import document_lengths
+
+    lengths = document_lengths(32768)
+    assert all(512 <= n < 8192 for n in lengths) and sum(lengths) >= 32768 > sum(lengths[:-1])
+    assert document_lengths(32768) == lengths  # the same batch every run
+    assert len(set(lengths)) > len(lengths) // 2  # ragged, not one length

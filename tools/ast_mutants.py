@@ -22,8 +22,9 @@ Operators (the names are what `--operator` takes and what ids and keys carry):
 
 Scope (each mutant costs a GPU run): in kernel.py everything inside `forward_program` (its
 nested helpers and the `@T.prim_func` included) and the module-level constants; in pipeline.py
-the bodies of `consumer_registers` and `own_output_buffer`, and its constants; in mask.py the
-methods of `Visibility`, in softmax.py everything inside `online_softmax` (the parts every
+the bodies of `consumer_registers`, `own_output_buffer` and `pipeline_parts`, and its constants;
+in epilogue.py `epilogue_parts`; in mask.py the methods of `Visibility` and
+`forward_score_parts`, in softmax.py everything inside `online_softmax` (the parts every
 kernel shares); in interface.py the bodies of `_attention` and `forward_kernel_attention` (the
 launch); in configs.py the bodies of `select_config`, `key_ranges`, `split_kv_serves` and
 `forward_keys_per_sm` (the dispatch). Inside that, nothing is mutated in validation (an `if`
@@ -68,6 +69,7 @@ FILES = (
     "kernel.py",
     "scheduler.py",
     "pipeline.py",
+    "epilogue.py",
     "mask.py",
     "softmax.py",
     "numerics.py",
@@ -89,8 +91,10 @@ SCOPES = {
     "kernel.py": Scope(("forward_program",), constants=True),
     "scheduler.py": Scope(("tile_scheduler",), constants=False),
     "pipeline.py": Scope(("consumer_registers", "own_output_buffer", "pipeline_parts"), constants=True),
-    # The kernels' shared parts: the visibility rule (a class: its methods) and the online softmax.
-    "mask.py": Scope(("Visibility",), constants=False),
+    "epilogue.py": Scope(("epilogue_parts",), constants=False),
+    # The kernels' shared parts: the visibility rule (a class: its methods, and the forward's
+    # score mask) and the online softmax.
+    "mask.py": Scope(("Visibility", "forward_score_parts"), constants=False),
     "softmax.py": Scope(("online_softmax", "capped_score"), constants=False),
     "interface.py": Scope(("_attention", "forward_kernel_attention"), constants=False),
     "configs.py": Scope(("select_config", "key_ranges", "split_kv_serves", "forward_keys_per_sm"), constants=False),
@@ -150,6 +154,10 @@ class GeneratedMutant:
         if text[self.start : self.end] != self.original:
             raise ValueError(f"{self.id}: {self.file} changed since the mutant was generated; generate again")
         return text[: self.start] + self.replacement + text[self.end :]
+
+    def other_sources(self) -> dict[str, str]:
+        """No other file: a generated mutant rewrites one (a hand-written one may patch more)."""
+        return {}
 
     @property
     def key(self) -> str:

@@ -302,7 +302,7 @@ EQUIVALENT: dict[str, Reason] = {
     # non-causal launches test the diagonal too, and write_mask writes only the seqlen_k mask
     # the diagonal: tiles whose last key is the first row's last visible one get the mask too
     # the causal mask's past-the-end term: one key past seqlen_k left to the diagonal
-    "kernel.py:issue_scores:guard_always:not mask_written->True": MASK_WRITTEN_AGAIN,
+    "mask.py:issue_scores:guard_always:not mask_written->True": MASK_WRITTEN_AGAIN,
     # taking turns: on where the config asks for it with one warpgroup, or for every config; off
     # for two warpgroups
     "kernel.py:forward_program:or_and:config.take_turns and warpgroups > 1->config.take_turns or warpgroups > 1": (
@@ -340,16 +340,16 @@ EQUIVALENT: dict[str, Reason] = {
         key: VISITS_MASKED_TILES
         for key in (
             "scheduler.py:kv_end:guard_never:visibility.limits_right->False",
-            "scheduler.py:kv_end:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k + 1, block_n)",
-            "scheduler.py:kv_end:off_by_one:T.ceildiv(seqlen_k, block_n)->T.ceildiv(seqlen_k, block_n - 1)",
+            "scheduler.py:kv_end:off_by_one:T.ceildiv(rule.seqlen_k, block_n)->T.ceildiv(rule.seqlen_k + 1, block_n)",
+            "scheduler.py:kv_end:off_by_one:T.ceildiv(rule.seqlen_k, block_n)->T.ceildiv(rule.seqlen_k, block_n - 1)",
             *(
-                f"scheduler.py:kv_end:{mutation.replace('BOUND', 'visibility.keys_before(q_start + block_m)')}"
+                f"scheduler.py:kv_end:{mutation.replace('BOUND', 'rule.keys_before(q_start + block_m)')}"
                 for mutation in KEY_BOUND_MUTATIONS
             ),
-            "scheduler.py:warpgroup_kv_blocks:min_max:T.min(first_row + rows_per_warpgroup, seqlen_q)->"
-            "T.max(first_row + rows_per_warpgroup, seqlen_q)",
+            "scheduler.py:warpgroup_kv_blocks:min_max:T.min(first_row + rows_per_warpgroup, rule.seqlen_q)->"
+            "T.max(first_row + rows_per_warpgroup, rule.seqlen_q)",
             *(
-                f"scheduler.py:warpgroup_kv_blocks:{mutation.replace('BOUND', 'visibility.keys_before(last_rows_end)')}"
+                f"scheduler.py:warpgroup_kv_blocks:{mutation.replace('BOUND', 'rule.keys_before(last_rows_end)')}"
                 for mutation in KEY_BOUND_MUTATIONS[1:]
             ),
             "scheduler.py:warpgroup_kv_blocks:min_max:T.min(num_kv_blocks, visible_end if kv_first is None else "
@@ -363,11 +363,11 @@ EQUIVALENT: dict[str, Reason] = {
     **{
         key: ROWS_PAST_THE_END
         for key in (
-            "scheduler.py:warpgroup_kv_blocks:guard_always:T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)->"
-            "T.max(1, visible)",
-            "scheduler.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row - 1 < seqlen_q",
-            "scheduler.py:warpgroup_kv_blocks:off_by_one:first_row < seqlen_q->first_row < seqlen_q + 1",
-            "scheduler.py:warpgroup_kv_blocks:relational:first_row < seqlen_q->first_row <= seqlen_q",
+            "scheduler.py:warpgroup_kv_blocks:guard_always:"
+            "T.if_then_else(first_row < rule.seqlen_q, T.max(1, visible), 1)->T.max(1, visible)",
+            "scheduler.py:warpgroup_kv_blocks:off_by_one:first_row < rule.seqlen_q->first_row - 1 < rule.seqlen_q",
+            "scheduler.py:warpgroup_kv_blocks:off_by_one:first_row < rule.seqlen_q->first_row < rule.seqlen_q + 1",
+            "scheduler.py:warpgroup_kv_blocks:relational:first_row < rule.seqlen_q->first_row <= rule.seqlen_q",
             "scheduler.py:tile_scheduler:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q + 1, block_m)",
             "scheduler.py:tile_scheduler:off_by_one:T.ceildiv(seqlen_q, block_m)->T.ceildiv(seqlen_q, block_m - 1)",
         )
@@ -395,16 +395,16 @@ EQUIVALENT: dict[str, Reason] = {
     "kernel.py:flash_attention_forward:guard_always:not o_buffer->True": UNUSED_BARRIER,
     "kernel.py:flash_attention_forward:guard_always:config.persistent->True#2": PER_TILE_ROUNDS_REDO_THE_TILE,
     "kernel.py:release_unread_tiles:guard_always:take_turns->True": ONE_WARPGROUP_READS_EVERY_TILE,
-    "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m + 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
-    "kernel.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m - 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
+    "epilogue.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m + 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
+    "epilogue.py:epilogue:off_by_one:pipe.V[0:block_m, :]->pipe.V[0:block_m - 1, :]": COPY_TAKES_THE_SOURCE_EXTENT,
     # the stores past the end: LSE rows past seqlen_q, a persistent round past the last tile
     **{
-        f"kernel.py:epilogue:{rewrite}": LSE_STORE_BOUNDED
+        f"epilogue.py:epilogue:{rewrite}": LSE_STORE_BOUNDED
         for rewrite in (
-            "guard_always:q_start + i < seqlen_q->True",
-            "off_by_one:q_start + i < seqlen_q->q_start + i - 1 < seqlen_q",
-            "relational:q_start + i < seqlen_q->q_start + i <= seqlen_q",
-            "off_by_one:q_start + i < seqlen_q->q_start + i < seqlen_q + 1",
+            "guard_always:q_start + i < tile.rule.seqlen_q->True",
+            "off_by_one:q_start + i < tile.rule.seqlen_q->q_start + i - 1 < tile.rule.seqlen_q",
+            "relational:q_start + i < tile.rule.seqlen_q->q_start + i <= tile.rule.seqlen_q",
+            "off_by_one:q_start + i < tile.rule.seqlen_q->q_start + i < tile.rule.seqlen_q + 1",
         )
     },
     **{
@@ -417,8 +417,8 @@ EQUIVALENT: dict[str, Reason] = {
         )
     },
     # the LSE of a row that sees no key: log2(0) = -inf gives the select's -inf
-    "kernel.py:epilogue:off_by_one:row_sum[i] == 0->row_sum[i] + 1 == 0": LOG2_OF_ZERO,
-    "kernel.py:epilogue:off_by_one:row_sum[i] == 0->row_sum[i] == -1": LOG2_OF_ZERO,
+    "epilogue.py:lse_of_row:off_by_one:rows.row_sum[i] == 0->rows.row_sum[i] + 1 == 0": LOG2_OF_ZERO,
+    "epilogue.py:lse_of_row:off_by_one:rows.row_sum[i] == 0->rows.row_sum[i] == -1": LOG2_OF_ZERO,
     # the causal mask's past-the-end term
     # the online softmax: a row with no visible key yet, at -inf
     # the rows that keep their stale max: every row takes the new one, or the limit moved by one

@@ -29,7 +29,7 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     fallback the property strategies call directly, the kernel tests' own schedules and the
     guard-region tests' grids, and the variants' (window, softcap and sinks) sweep builds."""
     from suite.boundaries import FALLBACK_ENTRIES
-    from suite.builds import guard_region_builds, schedule_builds, variant_builds
+    from suite.builds import guard_region_builds, schedule_builds, variant_builds, varlen_builds
 
     from fa_kernel.workbench.builds import shipped_builds, unique
 
@@ -46,6 +46,7 @@ def suite_builds(sm_count: int, arch: str) -> list[dict]:
     builds += schedule_builds(arch)
     builds += guard_region_builds(arch, sm_count)
     builds += variant_builds(arch)
+    builds += varlen_builds(arch)
     return unique(builds)
 
 

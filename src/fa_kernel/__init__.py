@@ -1,7 +1,7 @@
 """fa_kernel: a FlashAttention-2 forward kernel in TileLang, with its reference and tools."""
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "__version__"]
 
 
 def __getattr__(name: str):
@@ -11,4 +11,8 @@ def __getattr__(name: str):
         from fa_kernel.interface import flash_attn_func
 
         return flash_attn_func
+    if name == "flash_attn_varlen_func":
+        from fa_kernel.varlen import flash_attn_varlen_func
+
+        return flash_attn_varlen_func
     raise AttributeError(f"module 'fa_kernel' has no attribute {name!r}")

@@ -96,7 +96,7 @@ def flash_attn_func(
     Returns:
         out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
     """
-    softmax_scale = _check_inputs(q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap, sinks=sinks)
+    softmax_scale = check_inputs(q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap, sinks=sinks)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     (left, right), softcap = (int(edge) for edge in window_size), float(softcap)
@@ -190,7 +190,7 @@ def serving_build(
     return None, kernel_build(device, head_dim, causal, dtype, seqlen_k, launch=(batch, heads, seqlen_q))
 
 
-def _check_inputs(q, k, v, softmax_scale, causal, **variants) -> float:
+def check_inputs(q, k, v, softmax_scale, causal, **variants) -> float:
     """Validate everything (`variants`: window_size, softcap, sinks); return the softmax scale to use."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):

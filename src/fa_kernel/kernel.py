@@ -17,9 +17,10 @@ tiles in snake order, and can issue the next tile's first Q.K^T under this tile'
 (`overlap_epilogue`); O leaves by TMA store from a buffer of its own where one fits, else from
 the V ring. docs/design.md tells the whole argument and the measurements behind each choice.
 
-`forward_program` reads top to bottom in named parts: the mask, the softmax, the pipeline's
-helpers (turns, the K/V ring, O's store), the tile scheduler, the producer, the consumer's steps
-in the loop's order, and the kernel, which allocates and calls them. Its T.alloc_var registers
+`forward_program` reads top to bottom in named parts: the tensors, the mask, the softmax, the
+pipeline's helpers (turns, the K/V ring, O's store), the epilogue, the tile scheduler, the
+producer, the consumer's steps in the loop's order, and the kernel, which allocates and calls
+them; each part but the producer and the steps is built by the module named in its header. Its T.alloc_var registers
 reach the macros as buffers (`WorkTile`, `ConsumerRegisters`), so that a macro's assignment is a
 store. Batch, lengths, head counts and the softmax scale are runtime arguments: a compile
 happens once per (dtype, head_dim, causal, tile config, target).
@@ -27,16 +28,17 @@ happens once per (dtype, head_dim, causal, tile config, target).
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
+import dataclasses
 import functools
 
 import tilelang.language as T
 
 from fa_kernel.configs import TileConfig
-from fa_kernel.mask import variant_visibility
-from fa_kernel.numerics import LN2, LOG2E, STALE_SUM_LIMIT
+from fa_kernel.epilogue import epilogue_parts
+from fa_kernel.mask import forward_score_parts, variant_visibility
+from fa_kernel.numerics import STALE_SUM_LIMIT
 from fa_kernel.pipeline import (
     H100_SM_COUNT,
-    OUTPUT_BARRIERS,
     PRODUCER_REGISTERS,
     PRODUCER_THREADS,
     TURN_BARRIERS,
@@ -50,7 +52,7 @@ from fa_kernel.pipeline import (
     pipeline_parts,
 )
 from fa_kernel.scheduler import tile_scheduler
-from fa_kernel.softmax import RowState, capped_score, online_softmax
+from fa_kernel.softmax import RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
@@ -67,14 +69,26 @@ def forward_program(
     config: TileConfig,
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ):
     """The kernel as a TileLang PrimFunc.
 
     Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], Output [B, Sq, H, D],
     LSE [B, H, Sq] (fp32, natural log) and scale_log2 = softmax_scale * log2(e); then those of
     the `variants` compiled in (variants.launch_arguments).
+
+    `varlen`: a ragged batch, packed: Q and Output [total_q, H, D], K and V [total_k, Hkv, D],
+    LSE [H, total_q]; then, after the variants', cu_seqlens_q and cu_seqlens_k (int32 [B + 1]:
+    sequence i's rows from cu_seqlens[i]) and max_seqlen_q, max_seqlen_k. Each sequence is
+    attended on its own (its own bottom-right diagonal and window); the per-tile grid spans the
+    longest, and a thread block whose query block is past its sequence's end does nothing.
     """
     batch, seqlen_q, seqlen_k, heads, heads_kv = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv")
+    if varlen:
+        if config.persistent:
+            raise ValueError(f"config: a ragged batch runs on the per-tile grid (persistent=False), got {config}")
+        total_q, total_k, cu_len = T.dynamic("total_q, total_k, cu_len")
+        batch = cu_len - 1
     block_m, block_n, stages = config.block_m, config.block_n, config.num_stages
     consumers = config.threads
     if consumers % 128 or not 128 <= consumers <= 384:
@@ -98,50 +112,30 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
-    # ---- the mask: the visibility rule (mask.py) with the variants' edges, written into the
+    # ---- the tensors: batched [batch, seqlen, heads, head_dim], or a ragged batch's packed
+    # [total, heads, head_dim] with its sequences' offsets (`rows_of` takes b None for them) ----
+
+    q_shape = [total_q, heads, head_dim] if varlen else [batch, seqlen_q, heads, head_dim]
+    kv_shape = [total_k, heads_kv, head_dim] if varlen else [batch, seqlen_k, heads_kv, head_dim]
+    lse_shape = [heads, total_q] if varlen else [batch, heads, seqlen_q]
+    # Two annotations, not one object: TileLang would bind both parameters to one buffer.
+    cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
+    cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None
+
+    def batch_of(b):
+        return None if varlen else b
+
+    def at_offset(offset, row):
+        """A row of the tile's sequence in a packed tensor (offset None: a batched one's own)."""
+        return row if offset is None else offset + row
+
+    # ---- the mask (mask.py): the visibility rule with the variants' edges, written into the
     # score accumulator; each variant's value a kernel parameter only where compiled in ----
 
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
-
-    @T.macro
-    def write_mask(acc_s, kv_start, q_start):
-        """-inf where a key is hidden, 0 elsewhere, into the score accumulator: the GEMM then
-        adds Q.K^T to it."""
-        for i, j in T.Parallel(block_m, block_n):
-            acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, 0)
-
-    @T.macro
-    def issue_scores(Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
-        """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
-        `mask_written`) where the tile needs one, else onto zero; under a softcap always onto
-        zero (capped_scores masks after the cap)."""
-        if variants.softcap:
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-        elif visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
-            if not mask_written:
-                write_mask(acc_s, kv_start, q_start)
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-        else:
-            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
-
-    def capped(score):
-        return capped_score(score, softcap_log2)
-
-    @T.macro
-    def cap_and_mask(acc_s, kv_start, q_start):
-        if visibility.tile_needs_mask(kv_start, block_n, q_start, block_m):
-            for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))
-        else:
-            for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = capped(acc_s[i, j])
-
-    def capped_scores(acc_s, kv_start, q_start):
-        """softcap: the scores become their tanh (c·log2e is then scale_log2), and the mask a
-        select after it, where the tile needs one (an additive -inf would come out as -1).
-        (Without one nothing: no macro call, which would bind its arguments in the program.)"""
-        if variants.softcap:
-            cap_and_mask(acc_s, kv_start, q_start)
+    write_mask, issue_scores, capped_scores = forward_score_parts(
+        block_m=block_m, block_n=block_n, softcap=variants.softcap, softcap_log2=softcap_log2
+    )
 
     # ---- the online softmax (softmax.py): fp32 row state, exp2 with the scale folded in ----
 
@@ -149,9 +143,17 @@ def forward_program(
 
     # ---- the pipeline (pipeline.py): taking turns on the tensor cores, the K/V ring, O's way out ----
 
-    wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output = pipeline_parts(
+    wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output, rows_of = pipeline_parts(
         head_dim=head_dim, block_n=block_n, stages=stages, consumers=consumers
     )
+
+    # ---- the epilogue (epilogue.py): the sinks, one normalisation, the LSE, O's store ----
+
+    epilogue = epilogue_parts(
+        head_dim=head_dim, block_m=block_m, consumers=consumers, o_buffer=o_buffer,
+        overlap_epilogue=overlap_epilogue, sinks=variants.sinks, varlen=varlen, softmax=softmax,
+        store_output=store_output,
+    )  # fmt: skip
 
     # ---- the tile scheduler (scheduler.py): each thread block's work tiles, and their K/V tiles ----
 
@@ -169,12 +171,12 @@ def forward_program(
         schedule.place_in_round, schedule.work_tile, schedule.warpgroup_kv_blocks
     )  # fmt: skip
 
-    def without_max(row_max, kv_start, row):
+    def without_max(rule, row_max, kv_start, row):
         """Whether a row takes the tile's max (the vote): it has none yet, and with a left edge its
         window reaches the tile (before, its scores are all hidden: nothing to take)."""
         if not visibility.limits_left:
             return row_max == neg_inf
-        return T.And(row_max == neg_inf, visibility.first_key(row) < kv_start + block_n)
+        return T.And(row_max == neg_inf, rule.first_key(row) < kv_start + block_n)
 
     def walk_start(kv_first, kv_block):
         """The first key of a work tile's kv_block-th K/V tile (left edge: from its kv_first-th)."""
@@ -189,19 +191,22 @@ def forward_program(
         kv_first = tile.kv_first
         T.set_max_nreg(PRODUCER_REGISTERS, 0)
         for tile_round in T.serial(rounds):
-            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round, tile.rule)
             if visibility.limits_left:
-                kv_first = schedule.first_kv_block(q_start)
+                kv_first = schedule.first_kv_block(q_start, tile.rule)
             T.mbarrier_wait_parity(pipe.q_empty, (tile_round & 1) ^ 1)
-            T.tma_copy(Q[b, q_start : q_start + block_m, head, :], pipe.Q, barrier=pipe.q_full)
+            T.tma_copy(
+                rows_of(Q, batch_of(b), at_offset(tile.q_offset, q_start), block_m, head), pipe.Q, barrier=pipe.q_full
+            )
             T.mbarrier_arrive(pipe.q_full)
             for kv_block in T.serial(num_kv_blocks):
                 stage, phase = ring_slot(kv_before + kv_block)
                 kv_start = walk_start(kv_first, kv_block)
-                load_tile(K, b, kv_start, kv_head, pipe.K, pipe.k_empty, pipe.k_full, stage, phase)
+                key_row = at_offset(tile.k_offset, kv_start)
+                load_tile(K, batch_of(b), key_row, kv_head, pipe.K, pipe.k_empty, pipe.k_full, stage, phase)
                 if not o_buffer and kv_block == 0:
                     T.mbarrier_wait_parity(pipe.o_stored, (tile_round & 1) ^ 1)  # last tile's O
-                load_tile(V, b, kv_start, kv_head, pipe.V, pipe.v_empty, pipe.v_full, stage, phase)
+                load_tile(V, batch_of(b), key_row, kv_head, pipe.V, pipe.v_empty, pipe.v_full, stage, phase)
             kv_before = kv_before + num_kv_blocks
 
     # ---- the consumer warpgroups: one step per part of the loop, in its order ----
@@ -212,12 +217,12 @@ def forward_program(
         epilogue of the tile before it."""
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         kv_first = tile.kv_first
-        b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0)
+        b, head, kv_head, q_start, num_kv_blocks = work_tile(block, 0, tile.rule)
         if visibility.limits_left:
-            kv_first = schedule.first_kv_block(q_start)
+            kv_first = schedule.first_kv_block(q_start, tile.rule)
         T.mbarrier_wait_parity(pipe.q_full, 0)
         T.mbarrier_wait_parity(pipe.k_full[0], 0)
-        issue_scores(pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, walk_start(kv_first, 0), q_start)
+        issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, 0), regs.acc_s, walk_start(kv_first, 0), q_start)
 
     @T.macro
     def start_work_tile(pipe, regs, tile, block, thread, tile_round):
@@ -225,11 +230,11 @@ def forward_program(
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
         own_kv_blocks, kv_first = regs.own_kv_blocks, tile.kv_first
         if not overlap_epilogue:
-            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round)
+            b, head, kv_head, q_start, num_kv_blocks = work_tile(block, tile_round, tile.rule)
             if visibility.limits_left:
-                kv_first = schedule.first_kv_block(q_start)
+                kv_first = schedule.first_kv_block(q_start, tile.rule)
             T.fill(regs.acc_o, 0)
-        own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128, kv_first)  # noqa: F841 (a register store)
+        own_kv_blocks = warpgroup_kv_blocks(q_start, num_kv_blocks, thread // 128, kv_first, tile.rule)  # noqa: F841 (a register store)
         softmax.start_rows(regs.rows)
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.q_full, tile_round & 1)
@@ -254,7 +259,7 @@ def forward_program(
         first_stage = ring_slot(kv_before)[0]
         if not overlap_epilogue:
             T.mbarrier_wait_parity(pipe.k_full[first_stage], ring_slot(kv_before)[1])
-            issue_scores(pipe.Q, ring_stage(pipe.K, first_stage), acc_s, kv_start, q_start)
+            issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, first_stage), acc_s, kv_start, q_start)
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
         if overlap_epilogue:
@@ -264,7 +269,7 @@ def forward_program(
         T.mbarrier_arrive(pipe.k_empty[first_stage])
         if own_kv_blocks == 1:
             T.mbarrier_arrive(pipe.q_empty)  # (as in kv_step)
-        capped_scores(acc_s, kv_start, q_start)
+        capped_scores(tile.rule, acc_s, kv_start, q_start)
         softmax.fold_tile(acc_s, regs.rows, scale_log2)
         T.copy(acc_s, acc_p)  # the only down-cast: P~ to the input dtype for the tensor cores
 
@@ -282,20 +287,20 @@ def forward_program(
         T.mbarrier_wait_parity(pipe.k_full[stage], phase)
         if take_turns:
             wait_turn(thread)
-        issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
+        issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
         T.mbarrier_wait_parity(pipe.v_full[prev_stage], prev_phase)
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, prev_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
         if take_turns:
             pass_turn(thread, kv_block, num_kv_blocks)
         T.wait_wgmma(1)  # S_j is ready; P~_{j-1}.V_{j-1} may still be running
         T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-        capped_scores(acc_s, kv_start, q_start)
+        capped_scores(tile.rule, acc_s, kv_start, q_start)
         # P~_j against the max before tile j (STALE_SUM_LIMIT): no row max, no rescale.
         softmax.exponentials(acc_s, rows.row_max_scaled, rows.tile_sum, scale_log2)
         row_over = 0
         for i in T.Parallel(block_m):
             # A row with no max yet takes this tile's: its P~ could underflow (softmax.fold_tile).
-            if T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(rows.row_max[i], kv_start, q_start + i)):
+            if T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(tile.rule, rows.row_max[i], kv_start, q_start + i)):
                 row_over = 1
         T.wait_wgmma(0)  # P~_{j-1}.V_{j-1} is done: acc_p and acc_o may be overwritten
         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
@@ -306,10 +311,10 @@ def forward_program(
             # same wgmma gives the same S), the online softmax for the rows over the limit,
             # and acc_o rescaled to their new max (P~_{j-1}.V_{j-1}, the last to add to it at
             # the old one, is done).
-            issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
+            issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)
             T.wait_wgmma(0)
             T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-            capped_scores(acc_s, kv_start, q_start)
+            capped_scores(tile.rule, acc_s, kv_start, q_start)
             softmax.fold_tile(acc_s, rows, scale_log2, stale_sum=rows.tile_sum)
             softmax.rescale_output(acc_o, rows.alpha)
         else:
@@ -336,12 +341,14 @@ def forward_program(
         if overlap_epilogue:
             # acc_s is free (P~ is in acc_p): the next work tile's mask goes in now, as
             # nothing but its GEMM may write acc_s once that is in flight.
-            next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(block, tile_round + 1)
+            next_b, next_head, next_kv_head, next_q_start, next_num_kv_blocks = work_tile(
+                block, tile_round + 1, next_tile.rule
+            )
             if visibility.limits_left:
-                next_kv_first = schedule.first_kv_block(next_q_start)
+                next_kv_first = schedule.first_kv_block(next_q_start, next_tile.rule)
             next_start = walk_start(next_kv_first, 0)
-            if not variants.softcap and visibility.tile_needs_mask(next_start, block_n, next_q_start, block_m):
-                write_mask(acc_s, next_start, next_q_start)
+            if not variants.softcap and next_tile.rule.tile_needs_mask(next_start, block_n, next_q_start, block_m):
+                write_mask(next_tile.rule, acc_s, next_start, next_q_start)
         T.mbarrier_wait_parity(pipe.v_full[last_stage], ring_slot(last)[1])
         T.wgmma_gemm(acc_p, ring_stage(pipe.V, last_stage), acc_o, policy=T.GemmWarpPolicy.FullRow)
         if overlap_epilogue:
@@ -353,6 +360,7 @@ def forward_program(
                 T.mbarrier_wait_parity(pipe.q_full, (tile_round + 1) & 1)
                 T.mbarrier_wait_parity(pipe.k_full[ring_slot(next_first)[0]], ring_slot(next_first)[1])
             issue_scores(
+                next_tile.rule,
                 pipe.Q,
                 ring_stage(pipe.K, ring_slot(next_first)[0]),
                 acc_s,
@@ -385,56 +393,6 @@ def forward_program(
             T.mbarrier_arrive(pipe.v_empty[stage])
 
     @T.macro
-    def epilogue(pipe, regs, tile, LSE, Output, Sinks, thread):
-        """One normalisation after the loop, the LSE, and O's TMA store. The normalisation runs
-        on O's way into shared memory, except for the V ring without the overlapped epilogue,
-        where it runs in place before the sync (while the other warpgroups finish). Under the
-        overlapped epilogue S_0 is in flight, and nothing but wgmma may write an accumulator.
-        Sinks: each row's sink joins its sum here (softmax.join_sink), once."""
-        acc_o, row_sum = regs.acc_o, regs.rows.row_sum
-        b, head, q_start = tile.b, tile.head, tile.q_start
-        kept = None  # what acc_o's weights keep of their worth once a sink joined (alpha)
-        if variants.sinks:
-            softmax.join_sink(regs.rows, Sinks[head] * LOG2E)
-            kept = regs.rows.alpha
-        if not (overlap_epilogue or o_buffer):
-            for i, d in T.Parallel(block_m, head_dim):
-                acc_o[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
-        for i in T.Parallel(block_m):
-            if q_start + i < seqlen_q:
-                LSE[b, head, q_start + i] = T.if_then_else(
-                    row_sum[i] == 0, neg_inf, softmax.log2_sum(regs.rows, i) * LN2
-                )
-        # The TMA store reads by the async proxy what the threads wrote by the generic one:
-        # each thread fences its writes before the sync that lets the store go.
-        if o_buffer:
-            # Each warpgroup writes and stores its own rows, so none waits for another at a
-            # tile's end; it waits only for its own last store to have read the buffer.
-            first_row = thread // 128 * rows_per_warpgroup
-            T.tma_store_wait(0)
-            T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
-            for i, d in T.Parallel(block_m, head_dim):
-                pipe.O[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
-            T.fence_proxy_async()
-            T.sync_threads(OUTPUT_BARRIERS[0] + thread // 128, 128)
-            store_output(pipe.O, Output, b, head, q_start, first_row, rows_per_warpgroup, 128)
-        else:
-            # In the V ring: the other warpgroups' last P.V may still be reading it.
-            T.sync_threads(OUTPUT_BARRIERS[0], consumers)
-            if overlap_epilogue:
-                for i, d in T.Parallel(block_m, head_dim):
-                    pipe.V[i, d] = softmax.normalised(acc_o, row_sum, i, d, kept)
-            else:
-                T.copy(acc_o, pipe.V[0:block_m, :])
-            T.fence_proxy_async()
-            T.sync_threads(OUTPUT_BARRIERS[0], consumers)
-            store_output(pipe.V, Output, b, head, q_start, 0, block_m, consumers)
-            T.tma_store_wait(0)
-            # The next V lands by TMA (the async proxy) where O was written and read.
-            T.fence_proxy_async()
-            T.mbarrier_arrive(pipe.o_stored)
-
-    @T.macro
     def advance(tile, next_tile):
         """overlap_epilogue: the next work tile, computed under this one's last P.V, becomes current."""
         b, head, kv_head, q_start, num_kv_blocks = tile.registers()
@@ -451,16 +409,20 @@ def forward_program(
 
     @T.prim_func
     def flash_attention_forward(
-        Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
-        K: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
-        V: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
-        Output: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
-        LSE: T.Tensor([batch, heads, seqlen_q], accum),
+        Q: T.Tensor(q_shape, dtype),
+        K: T.Tensor(kv_shape, dtype),
+        V: T.Tensor(kv_shape, dtype),
+        Output: T.Tensor(q_shape, dtype),
+        LSE: T.Tensor(lse_shape, accum),
         scale_log2: T.float32,
         window_left: window_left,
         window_right: window_right,
         softcap_log2: softcap_log2,  # 2·log2e·scale / c
         Sinks: kernel_parameter(T.Tensor([heads], accum), variants.sinks),
+        CuSeqlensQ: kernel_parameter(cu_seqlens_q, varlen),
+        CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
+        max_seqlen_q: kernel_parameter(seqlen_q, varlen),
+        max_seqlen_k: kernel_parameter(seqlen_k, varlen),
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=WARPGROUP_ANY) as block:
@@ -528,13 +490,36 @@ def forward_program(
             if config.persistent:
                 place_in_last = place_in_round(block[0], num_tiles // workers)
                 rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
+            # A ragged batch: the thread block's sequence (the grid's batch index), its offsets
+            # and lengths read once; its rule the sequence's; none of its rounds where its query
+            # block lies past the sequence's end.
+            rule, q_offset, k_offset = visibility, None, None
+            if varlen:
+                q_offset = T.alloc_var(T.int32)
+                k_offset = T.alloc_var(T.int32)
+                sequence_q = T.alloc_var(T.int32)
+                sequence_k = T.alloc_var(T.int32)
+                q_offset = CuSeqlensQ[block[2]]
+                k_offset = CuSeqlensK[block[2]]
+                sequence_q = CuSeqlensQ[block[2] + 1] - q_offset
+                sequence_k = CuSeqlensK[block[2] + 1] - k_offset
+                rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
+                rounds = T.if_then_else(work_tile(block, 0, rule)[3] < sequence_q, 1, 0)
 
             pipe = Pipeline(
                 Q_shared, K_shared, V_shared, O_shared, q_full, q_empty, o_stored, k_full, k_empty, v_full, v_empty
             )
             # The macros take T.alloc_var registers as their buffers (.buffer), to write them.
             tile = WorkTile(
-                b.buffer, head.buffer, kv_head.buffer, q_start.buffer, num_kv_blocks.buffer, buffer_of(kv_first)
+                b.buffer,
+                head.buffer,
+                kv_head.buffer,
+                q_start.buffer,
+                num_kv_blocks.buffer,
+                buffer_of(kv_first),
+                rule,
+                q_offset,
+                k_offset,
             )
             next_tile = WorkTile(
                 next_b.buffer,
@@ -543,6 +528,7 @@ def forward_program(
                 next_q_start.buffer,
                 next_num_kv_blocks.buffer,
                 buffer_of(next_kv_first),
+                visibility,
             )
             rows = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
             regs = ConsumerRegisters(acc_s, acc_p, acc_o, rows, row_over.buffer, own_kv_blocks.buffer)
@@ -583,6 +569,7 @@ def compiled_forward(
     arch: str | None = None,
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ):
     """The compiled kernel, cached in this process; TileLang's disk cache spans processes.
 
@@ -590,6 +577,12 @@ def compiled_forward(
     that architecture without needing a GPU (nvcc only).
     """
     program = forward_program(
-        head_dim=head_dim, causal=causal, dtype=dtype, config=config, sm_count=sm_count, variants=variants
+        head_dim=head_dim,
+        causal=causal,
+        dtype=dtype,
+        config=config,
+        sm_count=sm_count,
+        variants=variants,
+        varlen=varlen,
     )
     return compile_program(program, arch, PASS_CONFIGS)

@@ -22,9 +22,11 @@ built before windows).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import tilelang.language as T
 
+from fa_kernel.softmax import capped_score
 from fa_kernel.variants import Variants, kernel_parameter
 
 
@@ -121,3 +123,60 @@ def variant_visibility(seqlen_q, seqlen_k, causal: bool, variants: Variants):
     right = kernel_parameter(window_right, variants.window_right)
     visibility = Visibility(seqlen_q, seqlen_k, causal, left=left, right=right)
     return visibility, left, right, kernel_parameter(softcap_log2, variants.softcap)
+
+
+class ScoreParts(NamedTuple):
+    """The forward's mask on its score accumulator (forward_score_parts)."""
+
+    write_mask: Any  # macro (rule, acc_s, kv_start, q_start): -inf where hidden, 0 elsewhere
+    issue_scores: Any  # macro: start S = Q.K^T onto the mask where the tile needs one
+    capped_scores: Any  # (rule, acc_s, kv_start, q_start): a softcap's tanh, then the mask's select
+
+
+def forward_score_parts(*, block_m: int, block_n: int, softcap: bool, softcap_log2) -> ScoreParts:
+    """The rule applied to a forward kernel's `block_m` x `block_n` score tiles: `hides` added
+    before the GEMM, or under a softcap (`softcap_log2` its kernel parameter) a select after the
+    cap. Each macro takes the work tile's rule (a ragged batch's is its sequence's)."""
+    neg_inf = -T.infinity(T.float32)
+
+    @T.macro
+    def write_mask(rule, acc_s, kv_start, q_start):
+        """-inf where a key is hidden (`rule`: the work tile's, WorkTile.rule), 0 elsewhere, into
+        the score accumulator: the GEMM then adds Q.K^T to it."""
+        for i, j in T.Parallel(block_m, block_n):
+            acc_s[i, j] = T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, 0)
+
+    @T.macro
+    def issue_scores(rule, Q_shared, K_tile, acc_s, kv_start, q_start, mask_written=False):
+        """Start S = Q.K^T for one tile (asynchronous), onto its mask (written here unless
+        `mask_written`) where the tile needs one, else onto zero; under a softcap always onto
+        zero (capped_scores masks after the cap)."""
+        if softcap:
+            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+        elif rule.tile_needs_mask(kv_start, block_n, q_start, block_m):
+            if not mask_written:
+                write_mask(rule, acc_s, kv_start, q_start)
+            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+        else:
+            T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
+
+    def capped(score):
+        return capped_score(score, softcap_log2)
+
+    @T.macro
+    def cap_and_mask(rule, acc_s, kv_start, q_start):
+        if rule.tile_needs_mask(kv_start, block_n, q_start, block_m):
+            for i, j in T.Parallel(block_m, block_n):
+                acc_s[i, j] = T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))
+        else:
+            for i, j in T.Parallel(block_m, block_n):
+                acc_s[i, j] = capped(acc_s[i, j])
+
+    def capped_scores(rule, acc_s, kv_start, q_start):
+        """softcap: the scores become their tanh (c·log2e is then scale_log2), and the mask a
+        select after it, where the tile needs one (an additive -inf would come out as -1).
+        (Without one nothing: no macro call, which would bind its arguments in the program.)"""
+        if softcap:
+            cap_and_mask(rule, acc_s, kv_start, q_start)
+
+    return ScoreParts(write_mask, issue_scores, capped_scores)

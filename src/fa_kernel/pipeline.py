@@ -69,7 +69,9 @@ class Pipeline:
 @dataclass(frozen=True)
 class WorkTile:
     """A work tile, in T.alloc_var registers: its batch, query head, K/V head, first query row
-    and the K/V tiles its block visits (with a left edge, from its kv_first-th; else None)."""
+    and the K/V tiles its block visits (with a left edge, from its kv_first-th; else None); and
+    the visibility rule of its lengths (mask.Visibility: the launch's, or a ragged batch's
+    sequence's)."""
 
     b: object
     head: object
@@ -77,6 +79,11 @@ class WorkTile:
     q_start: object
     num_kv_blocks: object
     kv_first: object = None
+    rule: Any = None
+    # A ragged batch's (else None): the sequence's first query row and first key in the packed
+    # [total, heads, head_dim] tensors.
+    q_offset: object = None
+    k_offset: object = None
 
     def registers(self) -> tuple:
         """(b, head, kv_head, q_start, num_kv_blocks): a macro binds its names to these buffers,
@@ -128,6 +135,7 @@ class PipelineParts(NamedTuple):
     ring_stage: Any  # (ring, stage, columns) -> that stage's rows of a K or V ring
     load_tile: Any  # macro: TMA-load a K or V tile into a ring stage
     store_output: Any  # macro: TMA-store rows of the staged output tile
+    rows_of: Any  # (tensor, b, start, count, head, columns) -> those rows, batched or packed
 
 
 def pipeline_parts(*, head_dim: int, block_n: int, stages: int, consumers: int) -> PipelineParts:
@@ -159,6 +167,13 @@ def pipeline_parts(*, head_dim: int, block_n: int, stages: int, consumers: int) 
     def panel_columns(panel):
         return slice(panel * TMA_PANEL, (panel + 1) * TMA_PANEL)
 
+    def rows_of(tensor, b, start, count, head, columns=slice(None)):
+        """Rows start.. of one head: of batch b in [batch, seqlen, heads, head_dim], or (b None)
+        of a ragged batch's packed [total, heads, head_dim], start its sequence's offset added."""
+        if b is None:
+            return tensor[start : start + count, head, columns]
+        return tensor[b, start : start + count, head, columns]
+
     @T.macro
     def load_tile(source, b, kv_start, kv_head, ring, empty, full, stage, phase):
         """TMA-load rows kv_start.. of K or V into the ring's stage once the consumers have
@@ -166,7 +181,7 @@ def pipeline_parts(*, head_dim: int, block_n: int, stages: int, consumers: int) 
         T.mbarrier_wait_parity(empty[stage], phase ^ 1)
         for panel in T.unroll(head_dim // TMA_PANEL):
             T.tma_copy(
-                source[b, kv_start : kv_start + block_n, kv_head, panel_columns(panel)],
+                rows_of(source, b, kv_start, block_n, kv_head, panel_columns(panel)),
                 ring_stage(ring, stage, panel_columns(panel)),
                 barrier=full[stage],
             )
@@ -179,8 +194,8 @@ def pipeline_parts(*, head_dim: int, block_n: int, stages: int, consumers: int) 
         for panel in T.unroll(head_dim // TMA_PANEL):
             T.tma_copy(
                 O_tile[first_row : first_row + rows, panel_columns(panel)],
-                Output[b, q_start + first_row : q_start + first_row + rows, head, panel_columns(panel)],
+                rows_of(Output, b, q_start + first_row, rows, head, panel_columns(panel)),
                 leader_scope_threads=storing_threads,
             )
 
-    return PipelineParts(wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output)
+    return PipelineParts(wait_turn, pass_turn, ring_slot, ring_stage, load_tile, store_output, rows_of)

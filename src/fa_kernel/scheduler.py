@@ -25,9 +25,9 @@ class TileScheduler(NamedTuple):
     num_tiles: Any  # work tiles of the launch
     workers: Any  # thread blocks of the persistent grid
     place_in_round: Any  # (worker, tile_round) -> its place among the round's tiles
-    work_tile: Any  # (block, tile_round) -> (b, head, kv_head, q_start, num_kv_blocks)
-    first_kv_block: Any  # (q_start) -> left edge: the K/V tile the block's walk starts at
-    warpgroup_kv_blocks: Any  # (q_start, num_kv_blocks, warpgroup, kv_first) -> the tiles its rows see
+    work_tile: Any  # (block, tile_round, rule) -> (b, head, kv_head, q_start, num_kv_blocks)
+    first_kv_block: Any  # (q_start, rule) -> left edge: the K/V tile the block's walk starts at
+    warpgroup_kv_blocks: Any  # (q_start, num_kv_blocks, warpgroup, kv_first, rule) -> the tiles its rows see
 
 
 def tile_scheduler(
@@ -40,10 +40,12 @@ def tile_scheduler(
     rows_per_warpgroup: int,
     sm_count: int,
 ) -> TileScheduler:
-    """The scheduler of a launch of `batch` x `heads` over `visibility`'s lengths, with
-    `config`'s tiles, on `sm_count` SMs."""
+    """The scheduler of a launch of `batch` x `heads` over `visibility`'s lengths (of a ragged
+    batch: its longest sequence's), with `config`'s tiles, on `sm_count` SMs. Each work tile's
+    walk takes the rule of its own lengths (`rule`: the launch's `visibility` unless given; a
+    ragged batch's tile, its sequence's)."""
     block_m, block_n = config.block_m, config.block_n
-    seqlen_q, seqlen_k = visibility.seqlen_q, visibility.seqlen_k
+    seqlen_q = visibility.seqlen_q
     q_blocks = T.ceildiv(seqlen_q, block_m)
     num_tiles = q_blocks * heads * batch
     workers = T.min(sm_count, num_tiles)
@@ -54,7 +56,7 @@ def tile_scheduler(
         thread block's rounds instead of some blocks drawing the heavy ones."""
         return T.if_then_else(tile_round % 2 == 0, worker, workers - 1 - worker)
 
-    def work_tile(block, tile_round):
+    def work_tile(block, tile_round, rule=visibility):
         """(batch, head, K/V head, first query row, K/V tiles to visit: from first_kv_block's
         with a left edge, else from the first) of thread block `block`'s tile_round-th work tile."""
         if config.persistent:
@@ -68,31 +70,33 @@ def tile_scheduler(
             q_block = q_blocks - 1 - q_block
         kv_head = head // (heads // heads_kv)  # GQA/MQA: a group of query heads shares a K/V head
         q_start = q_block * block_m
-        num_kv_blocks = kv_end(q_start)
+        num_kv_blocks = kv_end(q_start, rule)
         if visibility.limits_left:
-            num_kv_blocks = num_kv_blocks - first_kv_block(q_start)
+            num_kv_blocks = num_kv_blocks - first_kv_block(q_start, rule)
         return b, head, kv_head, q_start, num_kv_blocks
 
-    def kv_end(q_start):
+    def kv_end(q_start, rule):
         """The K/V tile after the last one the block of rows from q_start visits."""
-        num_kv_blocks = T.ceildiv(seqlen_k, block_n)
+        num_kv_blocks = T.ceildiv(rule.seqlen_k, block_n)
+        if rule is not visibility and not visibility.limits_right:
+            # A ragged batch's sequence may have no key: its rows still visit one tile, which
+            # the mask hides whole (the launch's own keys are never 0).
+            num_kv_blocks = T.max(1, num_kv_blocks)
         if visibility.limits_right:
             # Tiles right of this block's last visible key are never loaded. At least one tile
             # is: every TMA load issued must be waited for before the block exits (a load in
             # flight would land in the next block's shared memory), and the consumers' loop is
             # written for one tile or more. The mask zeroes that tile.
-            num_kv_blocks = T.max(
-                1, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
-            )
+            num_kv_blocks = T.max(1, T.min(num_kv_blocks, T.ceildiv(rule.keys_before(q_start + block_m), block_n)))
         return num_kv_blocks
 
-    def first_kv_block(q_start):
+    def first_kv_block(q_start, rule=visibility):
         """Left edge: the first K/V tile the block visits, its first row's first key's; tiles
         before it are never loaded (its later rows' windows start later still). Never past its
         last tile: one tile always is."""
-        return T.min(T.max(0, visibility.first_key(q_start)) // block_n, kv_end(q_start) - 1)
+        return T.min(T.max(0, rule.first_key(q_start)) // block_n, kv_end(q_start, rule) - 1)
 
-    def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup, kv_first=None):
+    def warpgroup_kv_blocks(q_start, num_kv_blocks, warpgroup, kv_first=None, rule=visibility):
         """K/V tiles the rows of consumer warpgroup `warpgroup` see, of the block's num_kv_blocks
         from its tile kv_first (left edge; else 0), which its last rows see: with a right edge,
         up to the tile with its last row's last visible key;
@@ -107,9 +111,9 @@ def tile_scheduler(
         first_row = q_start + warpgroup * rows_per_warpgroup
         visible = num_kv_blocks
         if visibility.limits_right:
-            last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)
-            visible_end = T.ceildiv(visibility.keys_before(last_rows_end), block_n)
+            last_rows_end = T.min(first_row + rows_per_warpgroup, rule.seqlen_q)
+            visible_end = T.ceildiv(rule.keys_before(last_rows_end), block_n)
             visible = T.min(num_kv_blocks, visible_end if kv_first is None else visible_end - kv_first)
-        return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)
+        return T.if_then_else(first_row < rule.seqlen_q, T.max(1, visible), 1)
 
     return TileScheduler(q_blocks, num_tiles, workers, place_in_round, work_tile, first_kv_block, warpgroup_kv_blocks)

@@ -20,6 +20,8 @@ class Mutant:
     old: str
     new: str
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) patches in the same file
+    # (file, old, new) patches of other files: a setting elsewhere that would hide the bug.
+    elsewhere: tuple[tuple[str, str, str], ...] = ()
     # Tests written to catch this bug, run before the smoke tier: otherwise a mutant that only
     # they kill compiles the smoke tier's kernels first.
     first: tuple[str, ...] = ()
@@ -32,6 +34,13 @@ class Mutant:
         for old, new in ((self.old, self.new), *self.more):
             text = apply_patch(text, old, new, self.within)
         return text
+
+    def other_sources(self) -> dict[str, str]:
+        """{file: its text with the patches applied} of the other files `elsewhere` patches."""
+        texts: dict[str, str] = {}
+        for file, old, new in self.elsewhere:
+            texts[file] = apply_patch(texts.get(file) or (PACKAGE / file).read_text(), old, new)
+        return texts
 
     @property
     def id(self) -> str:
@@ -54,6 +63,7 @@ SOFTCAP_TESTS = (
 )
 ROW_WITHOUT_MAX = ("tests/test_nonfinite.py::test_a_row_whose_first_tile_is_all_minus_inf_keeps_every_later_tile",)
 GUARD_REGIONS = ("tests/test_guard_regions.py",)
+VARLEN = ("tests/test_varlen.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
 DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
@@ -124,7 +134,7 @@ KERNEL_MUTANTS = [
         # the tile that moves its max drops it (alpha from -inf).
         "row_without_max_not_voted",
         "kernel.py",
-        "T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(rows.row_max[i], kv_start, q_start + i))",
+        "T.Or(rows.tile_sum[i] > STALE_SUM_LIMIT, without_max(tile.rule, rows.row_max[i], kv_start, q_start + i))",
         "rows.tile_sum[i] > STALE_SUM_LIMIT",
         first=ROW_WITHOUT_MAX,
     ),
@@ -149,7 +159,7 @@ KERNEL_MUTANTS = [
         # (P~, not S): the recomputation of S forgotten.
         "new_max_from_stale_exponentials",
         "kernel.py",
-        "issue_scores(pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)\nT.wait_wgmma(0)",
+        "issue_scores(tile.rule, pipe.Q, ring_stage(pipe.K, stage), acc_s, kv_start, q_start)\nT.wait_wgmma(0)",
         "T.wait_wgmma(0)",
         first=JUMPS,
     ),
@@ -209,15 +219,15 @@ KERNEL_MUTANTS = [
     Mutant(
         "causal_loop_one_short",
         "scheduler.py",
-        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
-        "T.ceildiv(visibility.keys_before(q_start), block_n)",
+        "T.ceildiv(rule.keys_before(q_start + block_m), block_n)",
+        "T.ceildiv(rule.keys_before(q_start), block_n)",
     ),
     Mutant(
         # Every warpgroup stops a K/V tile short of its rows' last (the block's last tile, too).
         "warpgroup_kv_blocks_one_short",
         "scheduler.py",
-        "return T.if_then_else(first_row < seqlen_q, T.max(1, visible), 1)",
-        "return T.if_then_else(first_row < seqlen_q, T.max(1, visible - 1), 1)",
+        "return T.if_then_else(first_row < rule.seqlen_q, T.max(1, visible), 1)",
+        "return T.if_then_else(first_row < rule.seqlen_q, T.max(1, visible - 1), 1)",
         first=WARPGROUP_TILES,
     ),
     Mutant(
@@ -225,8 +235,8 @@ KERNEL_MUTANTS = [
         # where its rows straddle a K/V tile boundary).
         "warpgroup_stops_at_its_first_row",
         "scheduler.py",
-        "last_rows_end = T.min(first_row + rows_per_warpgroup, seqlen_q)",
-        "last_rows_end = T.min(first_row, seqlen_q)",
+        "last_rows_end = T.min(first_row + rows_per_warpgroup, rule.seqlen_q)",
+        "last_rows_end = T.min(first_row, rule.seqlen_q)",
         first=WARPGROUP_TILES,
     ),
     Mutant(
@@ -267,14 +277,14 @@ KERNEL_MUTANTS = [
         # causal: test_kernel's schedules build one.
         "next_tile_masked_as_current",
         "kernel.py",
-        "write_mask(acc_s, next_start, next_q_start)",
-        "q_start = tile.q_start\nwrite_mask(acc_s, next_start, q_start)",
+        "write_mask(next_tile.rule, acc_s, next_start, next_q_start)",
+        "q_start = tile.q_start\nwrite_mask(next_tile.rule, acc_s, next_start, q_start)",
         first=PERSISTENT,
     ),
     Mutant(
         # With O in a buffer of its own, every warpgroup stores the first warpgroup's rows.
         "output_rows_of_the_first_warpgroup_only",
-        "kernel.py",
+        "epilogue.py",
         "first_row = thread // 128 * rows_per_warpgroup",
         "first_row = 0",
     ),
@@ -327,11 +337,12 @@ KERNEL_MUTANTS = [
         # One LSE row past seqlen_q, with TileLang's own bounds guard switched off: the write lands
         # past the end of lse (with the guard on, this mutant is equivalent; docs/testing.md).
         "lse_row_past_the_end_unguarded",
-        "kernel.py",
-        "q_start + i < seqlen_q",
-        "q_start + i <= seqlen_q",
-        more=(
+        "epilogue.py",
+        "q_start + i < tile.rule.seqlen_q",
+        "q_start + i <= tile.rule.seqlen_q",
+        elsewhere=(
             (
+                "kernel.py",
                 "PASS_CONFIGS = OWN_SYNCS",
                 "PASS_CONFIGS = {**OWN_SYNCS, "
                 "__import__('tilelang').PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}",
@@ -342,25 +353,25 @@ KERNEL_MUTANTS = [
     Mutant("gqa_wrong_kv_head", "scheduler.py", "kv_head = head // (heads // heads_kv)", "kv_head = head % heads_kv"),
     Mutant(
         "lse_in_log2",
-        "kernel.py",
-        "softmax.log2_sum(regs.rows, i) * LN2",
-        "softmax.log2_sum(regs.rows, i)",
+        "epilogue.py",
+        "softmax.log2_sum(rows, i) * LN2",
+        "softmax.log2_sum(rows, i)",
     ),
     # ---- the forward's variants (windows, softcap, sinks): tests/test_variants_kernel.py first
     Mutant(
         # The walk starts a K/V tile after the one with the block's first row's first key.
         "window_walk_starts_a_tile_late",
         "scheduler.py",
-        "T.max(0, visibility.first_key(q_start)) // block_n",
-        "T.max(0, visibility.first_key(q_start)) // block_n + 1",
+        "T.max(0, rule.first_key(q_start)) // block_n",
+        "T.max(0, rule.first_key(q_start)) // block_n + 1",
         first=WINDOW_SWEEP,
     ),
     Mutant(
         # The walk starts at the block's last row's first key: its first rows lose keys.
         "window_walk_from_the_last_row",
         "scheduler.py",
-        "T.max(0, visibility.first_key(q_start)) // block_n",
-        "T.max(0, visibility.first_key(q_start + block_m - 1)) // block_n",
+        "T.max(0, rule.first_key(q_start)) // block_n",
+        "T.max(0, rule.first_key(q_start + block_m - 1)) // block_n",
         first=WINDOW_SWEEP,
     ),
     Mutant(
@@ -407,8 +418,8 @@ KERNEL_MUTANTS = [
     Mutant(
         # Under a softcap the mask is dropped: the cap's select keeps every key.
         "softcap_mask_dropped",
-        "kernel.py",
-        "T.if_then_else(visibility.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))",
+        "mask.py",
+        "T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))",
         "capped(acc_s[i, j])",
         first=SOFTCAP_TESTS,
     ),
@@ -482,8 +493,8 @@ KERNEL_MUTANTS = [
         # weights stay against the stand-in, and the next tile's rescale drops them.
         "window_vote_a_tile_late",
         "kernel.py",
-        "visibility.first_key(row) < kv_start + block_n",
-        "visibility.first_key(row) < kv_start",
+        "rule.first_key(row) < kv_start + block_n",
+        "rule.first_key(row) < kv_start",
         first=WINDOW_SWEEP,
     ),
     Mutant(
@@ -501,6 +512,40 @@ KERNEL_MUTANTS = [
         "weights = weights + T.exp2(Sinks[head] * LOG2E - reference)",
         "weights = weights",
         first=SPLIT_KV_VARIANTS,
+    ),
+    # ---- ragged batches (the forward's varlen build): tests/test_varlen.py
+    Mutant(
+        # Each sequence's queries read from one row late (a cu_seqlens offset off by one).
+        "varlen_query_offset_off_by_one",
+        "kernel.py",
+        "q_offset = CuSeqlensQ[block[2]]",
+        "q_offset = CuSeqlensQ[block[2]] + 1",
+        first=VARLEN,
+    ),
+    Mutant(
+        # Each sequence sees one key too few (the next entry of cu_seqlens_k read as exclusive twice).
+        "varlen_keys_one_short",
+        "kernel.py",
+        "sequence_k = CuSeqlensK[block[2] + 1] - k_offset",
+        "sequence_k = CuSeqlensK[block[2] + 1] - k_offset - 1",
+        first=VARLEN,
+    ),
+    Mutant(
+        # A sequence's last, partial block stored by a whole TMA box: rows of the next sequence overwritten.
+        "varlen_partial_block_by_tma",
+        "epilogue.py",
+        "q_start + block_m <= seqlen",
+        "q_start < seqlen",
+        within="store_sequence_rows",
+        first=VARLEN,
+    ),
+    Mutant(
+        # The thread blocks past a sequence's end run anyway (their rows are another sequence's).
+        "varlen_blocks_past_the_end_run",
+        "kernel.py",
+        "rounds = T.if_then_else(work_tile(block, 0, rule)[3] < sequence_q, 1, 0)",
+        "rounds = 1",
+        first=VARLEN,
     ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(

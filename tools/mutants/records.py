@@ -22,6 +22,8 @@ def fingerprint(mutant, tiers: list[tuple[str, list[str]]]) -> str:
 
     digest = hashlib.sha256(f"{json.dumps(tiers)} {mutant.id}\n".encode())
     digest.update(mutant.mutated_source().encode())
+    for file, other in mutant.other_sources().items():
+        digest.update(f"{file}\n{other}".encode())
     for path in tier_files(tiers):
         digest.update(f"{path.relative_to(ROOT)}\n".encode() + path.read_bytes())
     return digest.hexdigest()
@@ -30,7 +32,8 @@ def fingerprint(mutant, tiers: list[tuple[str, list[str]]]) -> str:
 def source_digest(mutant) -> str:
     """The mutant itself: its id and mutated file, whatever tests judge it."""
 
-    return hashlib.sha256(f"{mutant.id}\n{mutant.mutated_source()}".encode()).hexdigest()
+    others = "".join(f"{file}\n{other}" for file, other in mutant.other_sources().items())
+    return hashlib.sha256(f"{mutant.id}\n{mutant.mutated_source()}{others}".encode()).hexdigest()
 
 
 def recorded_kills(path: Path, mutants: list) -> dict[str, tuple[str, str, float]]:

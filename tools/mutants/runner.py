@@ -92,12 +92,14 @@ def _wait(process: subprocess.Popen, limit: float | None, silence: float | None)
 
 
 def mutant_package(mutant, text: str, workdir: Path, cache: Path) -> dict[str, str]:
-    """A copy of src/ in workdir/<mutant id> with `text` for the mutant's file, and the
-    environment that imports it (FA_KERNEL_EXPECT_SRC, which the tools check) and builds its
-    kernels into the TileLang cache `cache`."""
+    """A copy of src/ in workdir/<mutant id> with `text` for the mutant's file and its other
+    files' patches (Mutant.elsewhere), and the environment that imports it (FA_KERNEL_EXPECT_SRC,
+    which the tools check) and builds its kernels into the TileLang cache `cache`."""
     src = workdir / mutant.id / "src"
     shutil.copytree(ROOT / "src", src)
     (src / "fa_kernel" / mutant.file).write_text(text)
+    for file, other in mutant.other_sources().items():
+        (src / "fa_kernel" / file).write_text(other)
     return dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),

@@ -1,0 +1,129 @@
+"""`flash_attn_varlen_func`, shaped like flash-attn's: attention over a ragged batch packed into
+one stream, by the forward kernel's varlen build (`kernel.forward_program(varlen=True)`).
+
+Sequence i is rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and cu_seqlens_k[i]:cu_seqlens_k[i + 1]
+of k and v; it is attended on its own, with its own bottom-right diagonal and window, and no key
+of another sequence. The per-tile grid spans max_seqlen_q's query blocks; a thread block whose
+block lies past its sequence's end does nothing. Forward only so far: a call whose inputs need a
+gradient raises before anything launches (the gradient kernels take batched tensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import torch
+
+from fa_kernel.interface import check_inputs, kernel_build
+from fa_kernel.kernel import compiled_forward
+from fa_kernel.variants import Variants, exponent_scale, launch_arguments
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_lse: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ · softmax_scale) v of each sequence of a ragged batch.
+
+    Args:
+        q: [total_q, nheads, headdim], float16 or bfloat16, on a Hopper GPU.
+        k, v: [total_k, nheads_kv, headdim], same dtype and device as q (GQA as flash_attn_func).
+        cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] on q's device, from 0, non-decreasing, the
+            last entry q's (k's) total rows: sequence i's rows start at entry i. A sequence may be
+            empty. Their values are read on the host (one copy to it) to check them.
+        max_seqlen_q, max_seqlen_k: ints at least the longest sequence's length.
+        softmax_scale, causal, window_size, softcap, sinks: as flash_attn_func's, per sequence
+            (causal and windows around each sequence's own bottom-right diagonal).
+        return_lse: also return the LSE, fp32 [nheads, total_q] (flash-attn's varlen layout).
+
+    A sequence with queries and no keys gets output 0 and LSE -inf (its sink's, with sinks).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-d tensor [total, nheads, headdim], got shape {tuple(t.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name}: expected no gradient to be needed (flash_attn_varlen_func has no backward yet); "
+                "call it under torch.no_grad() or with detached inputs"
+            )
+    batch = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
+    variants = dict(window_size=window_size, softcap=softcap, sinks=sinks)
+    scale = check_inputs(q[None], k[None], v[None], softmax_scale, causal, **variants)
+    total_q, nheads, head_dim = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    if total_q and not k.shape[0]:
+        # No keys anywhere: nothing to load (a TMA map of an empty tensor is invalid).
+        out.zero_()
+        lse.copy_((sinks if sinks is not None else torch.full_like(lse[:, 0], -math.inf))[:, None].expand_as(lse))
+    elif total_q and batch:
+        q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+        kernel, arguments = _varlen_launch(q, k, max_seqlen_k, scale, causal, **variants)
+        with torch.cuda.device(q.device):
+            kernel(q, k, v, out, lse, *arguments, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return (out, lse) if return_lse else out
+
+
+def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_size, softcap, sinks):
+    """(the varlen build's kernel, its arguments after LSE up to the variants'): the config the
+    table gives for the keys a row sees, on the per-tile grid (a ragged batch's own)."""
+    head_dim = q.shape[-1]
+    batched = kernel_build(q.device, head_dim, causal, q.dtype, max(1, max_seqlen_k), window_size=window_size)
+    build = dict(batched, config=dataclasses.replace(batched["config"], persistent=False, overlap_epilogue=False))
+    variants = Variants.of(causal, window_size, softcap, sinks)
+    kernel = compiled_forward(**build, variants=variants, varlen=True)
+    values = launch_arguments(variants, window_size, softcap, scale, sinks)
+    return kernel, [exponent_scale(scale, softcap), *values]
+
+
+def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> int:
+    """Raise unless the cu_seqlens describe q's and k's rows and the max_seqlens bound them; the
+    batch. Reads their values on the host (one copy each)."""
+    lengths = {}
+    for name, cu, t, total_name in (("cu_seqlens_q", cu_seqlens_q, q, "q"), ("cu_seqlens_k", cu_seqlens_k, k, "k")):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
+            raise ValueError(f"{name}: expected an int32 tensor [batch + 1], got {cu.dtype} of shape {tuple(cu.shape)}")
+        if isinstance(t, torch.Tensor) and cu.device != t.device:
+            raise ValueError(f"{name}: expected {total_name}'s device {t.device}, got {cu.device}")
+        values = cu.tolist()
+        if values[0] != 0:
+            raise ValueError(f"{name}: expected its first entry 0, got {values[0]}")
+        steps = [b - a for a, b in zip(values, values[1:], strict=False)]
+        if any(step < 0 for step in steps):
+            index = next(i for i, step in enumerate(steps) if step < 0)
+            raise ValueError(f"{name}: expected non-decreasing entries, got {values[index]} then {values[index + 1]}")
+        if isinstance(t, torch.Tensor) and values[-1] != t.shape[0]:
+            raise ValueError(
+                f"{name}: expected its last entry {total_name}'s total rows {t.shape[0]}, got {values[-1]}"
+            )
+        lengths[name] = steps
+    if len(lengths["cu_seqlens_q"]) != len(lengths["cu_seqlens_k"]):
+        raise ValueError(
+            f"cu_seqlens_k: expected as many sequences as cu_seqlens_q ({len(lengths['cu_seqlens_q'])}), "
+            f"got {len(lengths['cu_seqlens_k'])}"
+        )
+    for name, bound, steps in (
+        ("max_seqlen_q", max_seqlen_q, lengths["cu_seqlens_q"]),
+        ("max_seqlen_k", max_seqlen_k, lengths["cu_seqlens_k"]),
+    ):
+        if not isinstance(bound, numbers.Integral) or isinstance(bound, bool):
+            raise TypeError(f"{name}: expected an int, got {type(bound).__name__}")
+        if bound < max(steps, default=0):
+            raise ValueError(f"{name}: expected at least the longest sequence's length {max(steps)}, got {bound}")
+    return len(lengths["cu_seqlens_q"])

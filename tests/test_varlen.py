@@ -1,0 +1,148 @@
+"""flash_attn_varlen_func: its argument checks here (no GPU needed: they run before the device's),
+and on a Hopper GPU each sequence of a ragged batch against the reference, no cross-talk between
+sequences, and the edges the varlen build adds (sequences of 0 and 1 rows, lengths at block
+boundaries, a sequence with no key)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import pytest
+import torch
+
+from fa_kernel.reference import attention_varlen_ref, judge
+
+
+def cu(*lengths: int, device="cpu") -> torch.Tensor:
+    """cu_seqlens of these lengths: int32 [len + 1], from 0."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def packed(lengths_q, lengths_k, nheads=4, nheads_kv=2, head_dim=64, dtype=torch.float16, device="cpu", seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lengths_q), nheads, head_dim, generator=generator).to(dtype=dtype, device=device)
+    k = torch.randn(sum(lengths_k), nheads_kv, head_dim, generator=generator).to(dtype=dtype, device=device)
+    v = torch.randn(sum(lengths_k), nheads_kv, head_dim, generator=generator).to(dtype=dtype, device=device)
+    return q, k, v, cu(*lengths_q, device=device), cu(*lengths_k, device=device)
+
+
+def call(q, k, v, cu_q, cu_k, max_q=None, max_k=None, **kwargs):
+    from fa_kernel import flash_attn_varlen_func
+
+    max_q = max((cu_q[1:] - cu_q[:-1]).tolist(), default=0) if max_q is None else max_q
+    max_k = max((cu_k[1:] - cu_k[:-1]).tolist(), default=0) if max_k is None else max_k
+    return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda a: a.update(cu_q=a["cu_q"].long()), "cu_seqlens_q: expected an int32 tensor"),
+        (lambda a: a.update(cu_k=a["cu_k"][None]), "cu_seqlens_k: expected an int32 tensor"),
+        (lambda a: a.update(cu_q=a["cu_q"] + 1), "cu_seqlens_q: expected its first entry 0"),
+        (
+            lambda a: a.update(cu_q=torch.tensor([0, 5, 3, 9], dtype=torch.int32)),
+            "expected non-decreasing entries, got 5 then 3",
+        ),
+        (lambda a: a.update(cu_k=cu(3, 4, 5)), "cu_seqlens_k: expected its last entry k's total rows 13, got 12"),
+        (lambda a: a.update(cu_k=cu(13)), "cu_seqlens_k: expected as many sequences as cu_seqlens_q (3), got 1"),
+        (lambda a: a.update(max_q=4), "max_seqlen_q: expected at least the longest sequence's length 5, got 4"),
+        (lambda a: a.update(max_k=6.0), "max_seqlen_k: expected an int, got float"),
+        (lambda a: a.update(q=a["q"][None]), "q: expected a 3-d tensor [total, nheads, headdim]"),
+        (lambda a: a.update(q=a["q"].requires_grad_()), "q: expected no gradient to be needed"),
+    ],
+)
+def test_bad_ragged_input_is_refused_by_name_before_launch(change, error):
+    q, k, v, cu_q, cu_k = packed([2, 5, 2], [3, 4, 6])
+    arguments = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=5, max_k=6)
+    change(arguments)
+    with pytest.raises((ValueError, TypeError), match=re.escape(error)):
+        call(**arguments)
+
+
+def test_good_ragged_input_passes_its_checks_up_to_the_device():
+    # The first error a CPU machine meets is the device's: every ragged check above passed.
+    q, k, v, cu_q, cu_k = packed([0, 5, 1], [3, 0, 6])
+    with pytest.raises(ValueError, match="q: expected a tensor on a CUDA device"):
+        call(q, k, v, cu_q, cu_k)
+
+
+# ---- on the GPU ----
+
+# Lengths next to the varlen builds' 64-, 128- and 192-row query blocks and 128/176-key tiles,
+# empty and one-row sequences beside long ones, one sequence holding most of the tokens, and a
+# sequence with queries and no key.
+RAGGED = [
+    ([1, 127, 128, 129, 0, 64], [1, 127, 128, 129, 3, 64]),
+    ([300, 0, 1, 5], [300, 7, 1, 177]),
+    ([2000, 3, 17], [2000, 3, 17]),
+    ([5, 9], [0, 12]),
+    ([191, 192, 193], [175, 176, 177]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths_q, lengths_k", RAGGED)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_each_sequence_within_the_bound(lengths_q, lengths_k, head_dim, causal):
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda", dtype=torch.bfloat16)
+    out, lse = call(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    judge_sequences(q, k, v, cu_q, cu_k, out, lse, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "variants", [dict(window_size=(50, 0)), dict(window_size=(7, 20)), dict(softcap=20.0), dict(sinks=True)]
+)
+def test_each_sequence_within_the_bound_with_the_variants(variants):
+    lengths_q, lengths_k = [1, 127, 128, 129, 0, 64], [1, 127, 128, 129, 3, 64]
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, device="cuda")
+    if variants.get("sinks"):
+        variants = dict(sinks=torch.randn(q.shape[1], device="cuda"))
+    out, lse = call(q, k, v, cu_q, cu_k, causal=True, return_lse=True, **variants)
+    judge_sequences(q, k, v, cu_q, cu_k, out, lse, causal=True, **variants)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_no_sequence_reads_another(causal):
+    # Another sequence's keys and values changed (finite values): every other sequence's output
+    # and LSE bitwise the same. The tiles at a sequence's end hold the next one's keys.
+    q, k, v, cu_q, cu_k = packed([127, 129, 64], [127, 129, 64], device="cuda")
+    before, lse_before = call(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[127:256] = torch.randn_like(k2[127:256]) * 30
+    v2[127:256] = torch.randn_like(v2[127:256]) * 30
+    after, lse_after = call(q, k2, v2, cu_q, cu_k, causal=causal, return_lse=True)
+    others = torch.cat([torch.arange(0, 127), torch.arange(256, 320)]).cuda()
+    assert torch.equal(before[others], after[others])
+    assert torch.equal(lse_before[:, others], lse_after[:, others])
+    assert not torch.equal(before[127:256], after[127:256])
+
+
+@pytest.mark.gpu
+def test_no_keys_anywhere_gives_zero_and_minus_infinity():
+    q, k, v, cu_q, cu_k = packed([3, 4], [0, 0], device="cuda")
+    out, lse = call(q, k, v, cu_q, cu_k, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and (lse == -math.inf).all()
+
+
+def judge_sequences(q, k, v, cu_q, cu_k, out, lse, **options):
+    """Each sequence judged on its own (reference.judge); the packed reference agrees too."""
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        (q0, q1), (k0, k1) = bounds_q[i : i + 2], bounds_k[i : i + 2]
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            assert torch.equal(out[q0:q1], torch.zeros_like(out[q0:q1])), f"sequence {i}: no key, output not 0"
+            continue
+        verdict = judge(
+            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1], lse[None, :, q0:q1], **options
+        )
+        assert verdict.passed, f"sequence {i} ({q1 - q0} queries, {k1 - k0} keys): {verdict}"
+    reference, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, **options)
+    assert reference.shape == out.shape
