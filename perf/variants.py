@@ -19,7 +19,10 @@ Done-when lines:
   1k and 4k) in GB/s of the window's K/V, against a plain step over as many keys;
 - configs (not run by default): windows of 128, 1k and 4k keys at 8k tokens under each forward
   config the tables ship, beside the one flash_attn_func picks (variants.keys_a_row_sees):
-  the measurement a window's config entry would come from.
+  the measurement a window's config entry would come from;
+- tanh (not run by default): softcap 30 with the shipped tanh (ex2 and a division) and with the
+  A/B build option tanh.approx (kernel.forward_program's tanh_approx, judged by its own bound,
+  numerics.TANH_APPROX_ERROR), each against the plain kernel.
 """
 
 from __future__ import annotations
@@ -207,6 +210,53 @@ def config_row(case: Case, args) -> None:
     ab.print_row(case.name(), timers, args.rounds)
 
 
+def tanh_table(args) -> None:
+    print("\n## softcap's tanh: the shipped ex2 and division against tanh.approx (an A/B build option)")
+    ab.print_header(UNIT, ["plain", "softcap 30", "softcap 30, tanh.approx"])
+    for head_dim in (64, 128):
+        for seqlen in (2048, 8192):
+            for causal in (False, True):
+                tanh_row(Case(32768 // seqlen, seqlen, head_dim, causal, softcap=30.0), args)
+
+
+def tanh_row(case: Case, args) -> None:
+    """The plain call, the softcap call, and the softcap under flash_attn_func's config built with
+    tanh.approx, each judged first, alternated."""
+    from suite.launch import run_config
+
+    from fa_kernel.interface import kernel_build
+    from fa_kernel.kernel import compiled_forward
+    from fa_kernel.numerics import TANH_APPROX_ERROR
+    from fa_kernel.variants import Variants
+
+    q, k, v = random_qkv(case.batch, case.seqlen, case.seqlen, case.nheads, case.nheads, case.head_dim, case.dtype, 1)
+    plain = Case(case.batch, case.seqlen, case.head_dim, case.causal)
+    for judged_case in (plain, case):
+        judged(judged_case, q, k, v, None, backward=False)
+    launch = (case.batch, case.nheads, case.seqlen)
+    build = kernel_build(q.device, case.head_dim, case.causal, q.dtype, case.seqlen, launch=launch)
+    variants = Variants(softcap=True)
+    kernel = compiled_forward(**build, variants=variants, tanh_approx=True)
+
+    def approx():
+        return run_config(
+            q, k, v, case.head_dim**-0.5, case.causal, build["config"], kernel=kernel, variants=variants,
+            softcap=case.softcap,
+        )  # fmt: skip
+
+    out, lse = approx()
+    verdict = judge(q, k, v, out, lse, case.causal, softcap=case.softcap, tanh_error=TANH_APPROX_ERROR)
+    if not verdict.passed:
+        raise AssertionError(f"{case.name()} tanh.approx: {verdict}")
+    flops = case.flops(backward=False)
+    timers = {
+        "plain": rate(fa_call(plain, q, k, v, None, False), flops, args),
+        "softcap 30": rate(fa_call(case, q, k, v, None, False), flops, args),
+        "softcap 30, tanh.approx": rate(approx, flops, args),
+    }
+    ab.print_row(case.name(), timers, args.rounds)
+
+
 def decode_table(args) -> None:
     print(
         "\n## decode: a step with a left edge reads only the window's K/V (HBM: H100 SXM 3.35 TB/s,"
@@ -243,6 +293,7 @@ TABLES = {
     "cost": cost_table,
     "configs": configs_table,
     "decode": decode_table,
+    "tanh": tanh_table,
 }
 
 

@@ -217,3 +217,18 @@ def test_overlapping_the_epilogue_without_a_persistent_grid_is_refused():
             config=TileConfig(128, 176, 2, 256, overlap_epilogue=True),
             arch="sm_90a",
         )
+
+
+def test_the_tanh_approx_option_puts_one_tanh_approx_where_the_division_was():
+    # The A/B build option (perf/variants.py's tanh table): tanh.approx.f32 replaces ex2 and the
+    # division in the cap, and the shipped softcap build keeps its division.
+    from fa_kernel.variants import PLAIN, Variants
+
+    config, softcap = TileConfig(128, 128, 2, 256, persistent=True), Variants(softcap=True)
+    build = dict(head_dim=64, causal=False, dtype="float16", config=config, arch="sm_90a", variants=softcap)
+    approx = compiled_forward(**build, tanh_approx=True).get_kernel_source()
+    shipped = compiled_forward(**build).get_kernel_source()
+    assert "tanh.approx.f32" in approx and "tanh_approx(" in approx and "2.000000e+00*/ / (exp2f" not in approx
+    assert "tanh_approx(" not in shipped and "2.000000e+00*/ / (exp2f" in shipped
+    with pytest.raises(ValueError, match=r"tanh_approx: only a softcap build has a tanh"):
+        compiled_forward(**{**build, "variants": PLAIN}, tanh_approx=True)

@@ -52,7 +52,7 @@ from fa_kernel.pipeline import (
     pipeline_parts,
 )
 from fa_kernel.scheduler import tile_scheduler
-from fa_kernel.softmax import RowState, online_softmax
+from fa_kernel.softmax import TANH_APPROX, RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
@@ -70,6 +70,7 @@ def forward_program(
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
     varlen: bool = False,
+    tanh_approx: bool = False,
 ):
     """The kernel as a TileLang PrimFunc.
 
@@ -82,7 +83,12 @@ def forward_program(
     sequence i's rows from cu_seqlens[i]) and max_seqlen_q, max_seqlen_k. Each sequence is
     attended on its own (its own bottom-right diagonal and window); the per-tile grid spans the
     longest, and a thread block whose query block is past its sequence's end does nothing.
+
+    `tanh_approx`: a softcap build's tanh by tanh.approx.f32 (softmax.capped_score), an A/B
+    build option that no table ships.
     """
+    if tanh_approx and not variants.softcap:
+        raise ValueError(f"tanh_approx: only a softcap build has a tanh, got variants {variants}")
     batch, seqlen_q, seqlen_k, heads, heads_kv = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv")
     if varlen:
         if config.persistent:
@@ -134,7 +140,7 @@ def forward_program(
 
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     write_mask, issue_scores, capped_scores = forward_score_parts(
-        block_m=block_m, block_n=block_n, softcap=variants.softcap, softcap_log2=softcap_log2
+        block_m=block_m, block_n=block_n, softcap=variants.softcap, softcap_log2=softcap_log2, tanh_approx=tanh_approx
     )
 
     # ---- the online softmax (softmax.py): fp32 row state, exp2 with the scale folded in ----
@@ -407,6 +413,8 @@ def forward_program(
     def buffer_of(register):
         return None if register is None else register.buffer
 
+    prelude = WARPGROUP_ANY + (TANH_APPROX if tanh_approx else "")
+
     @T.prim_func
     def flash_attention_forward(
         Q: T.Tensor(q_shape, dtype),
@@ -425,7 +433,7 @@ def forward_program(
         max_seqlen_k: kernel_parameter(seqlen_k, varlen),
     ):
         grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
-        with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=WARPGROUP_ANY) as block:
+        with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=prelude) as block:
             if config.blocks_per_sm > 1:
                 # __launch_bounds__(threads, 2): ptxas budgets registers for two resident
                 # blocks (the config's tiles keep shared memory within half an SM), so one
@@ -570,6 +578,7 @@ def compiled_forward(
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
     varlen: bool = False,
+    tanh_approx: bool = False,
 ):
     """The compiled kernel, cached in this process; TileLang's disk cache spans processes.
 
@@ -584,5 +593,6 @@ def compiled_forward(
         sm_count=sm_count,
         variants=variants,
         varlen=varlen,
+        tanh_approx=tanh_approx,
     )
     return compile_program(program, arch, PASS_CONFIGS)

@@ -133,10 +133,13 @@ class ScoreParts(NamedTuple):
     capped_scores: Any  # (rule, acc_s, kv_start, q_start): a softcap's tanh, then the mask's select
 
 
-def forward_score_parts(*, block_m: int, block_n: int, softcap: bool, softcap_log2) -> ScoreParts:
+def forward_score_parts(
+    *, block_m: int, block_n: int, softcap: bool, softcap_log2, tanh_approx: bool = False
+) -> ScoreParts:
     """The rule applied to a forward kernel's `block_m` x `block_n` score tiles: `hides` added
-    before the GEMM, or under a softcap (`softcap_log2` its kernel parameter) a select after the
-    cap. Each macro takes the work tile's rule (a ragged batch's is its sequence's)."""
+    before the GEMM, or under a softcap (`softcap_log2` its kernel parameter; `tanh_approx`:
+    softmax.capped_score's) a select after the cap. Each macro takes the work tile's rule (a
+    ragged batch's is its sequence's)."""
     neg_inf = -T.infinity(T.float32)
 
     @T.macro
@@ -161,7 +164,7 @@ def forward_score_parts(*, block_m: int, block_n: int, softcap: bool, softcap_lo
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
 
     def capped(score):
-        return capped_score(score, softcap_log2)
+        return capped_score(score, softcap_log2, tanh_approx)
 
     @T.macro
     def cap_and_mask(rule, acc_s, kv_start, q_start):

@@ -21,3 +21,6 @@ STALE_SUM_LIMIT = 4096.0
 # softcap·TANH_ERROR more than the scaled score it caps (tanh is 1-Lipschitz).
 # tests/test_numerics.py checks it over the whole range in fp32.
 TANH_ERROR = 2.0**-20
+# tanh.approx.f32, one MUFU operation (an A/B build option, not shipped: perf/variants.py's tanh
+# table): the PTX ISA gives about 2^-11 relative, so 2^-10 absolute for |tanh| <= 1, rounded up.
+TANH_APPROX_ERROR = 2.0**-10

@@ -366,14 +366,16 @@ def lse_bound(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> Bound:
     return Bound(baseline_max_abs=0.0, rounding_max_abs=0.0, atol=lse_tolerance(q, k, softmax_scale).item(), rtol=0.0)
 
 
-def lse_tolerance(q: torch.Tensor, k: torch.Tensor, softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
-    """lse_bound's atol, float64 on q's device; a softcap's tanh adds softcap·TANH_ERROR to each
+def lse_tolerance(
+    q: torch.Tensor, k: torch.Tensor, softmax_scale: float, softcap: float = 0.0, tanh_error: float = TANH_ERROR
+) -> torch.Tensor:
+    """lse_bound's atol, float64 on q's device; a softcap's tanh adds softcap·tanh_error to each
     score's error (the cap itself is 1-Lipschitz: it does not grow the dot product's)."""
     u = torch.finfo(torch.float32).eps / 2
     head_dim, seqlen_k = q.shape[-1], k.shape[1]
     abs_dots = torch.einsum("bqhd,bkhd->bhqk", q.float().abs(), repeat_kv(k, q.shape[2]).float().abs())
     score_err = head_dim * u * largest_finite_abs(abs_dots) * softmax_scale
-    return score_err + seqlen_k * u + 2 * 2.0**-22 + softcap * TANH_ERROR
+    return score_err + seqlen_k * u + 2 * 2.0**-22 + softcap * tanh_error
 
 
 def largest_finite_abs(t: torch.Tensor) -> torch.Tensor:
@@ -420,15 +422,17 @@ def judge(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    tanh_error: float = TANH_ERROR,
 ) -> Verdict:
     """Judge a kernel's (out, lse) for these inputs against the fp32 reference, with the
     output bound from the same-precision baseline and the fp32 LSE bound (attention_ref's
     variants alike).
 
     With a softcap the baseline computes tanh exactly in fp32 and the kernel by ex2 and a fast
-    division (numerics.TANH_ERROR): each capped score may err by softcap·TANH_ERROR more, which
-    moves the LSE by as much and an output by at most twice that times max|v| (a perturbation δ
-    of a row's scores moves its weights by P∘(δ − P·δ), at most 2·max δ in sum)."""
+    division (numerics.TANH_ERROR; `tanh_error` for another tanh): each capped score may err by
+    softcap·tanh_error more, which moves the LSE by as much and an output by at most twice that
+    times max|v| (a perturbation δ of a row's scores moves its weights by P∘(δ − P·δ), at most
+    2·max δ in sum)."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     options: dict[str, Any] = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     ref, ref_lse = attention_ref(q, k, v, causal, scale, **options)
@@ -444,7 +448,7 @@ def judge(
         if q.numel() and k.numel()
         else q.new_zeros(0)
     )
-    tanh_term = 2 * softcap * TANH_ERROR * largest_finite_abs(v)
+    tanh_term = 2 * softcap * tanh_error * largest_finite_abs(v)
     bound_terms = _output_bound_terms(
         ref, baseline, q.dtype, k.shape[1], peak_weight * largest_finite_abs(v), extra=tanh_term
     )
@@ -452,7 +456,7 @@ def judge(
     # Everything on the device, read back in one transfer (one sync per judged launch).
     parts = [bound_terms, error_figures(out, ref, bound_terms[2], rtol)]
     if lse is not None:
-        lse_atol = lse_tolerance(q, k, scale, softcap)
+        lse_atol = lse_tolerance(q, k, scale, softcap, tanh_error)
         parts += [lse_atol[None], error_figures(lse, ref_lse, lse_atol)]
     figures = torch.cat(parts).tolist()
     baseline_err, rounding_err, atol = figures[:3]

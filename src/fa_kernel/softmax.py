@@ -14,15 +14,28 @@ from typing import Any, NamedTuple
 
 import tilelang.language as T
 
-from fa_kernel.numerics import STALE_SUM_LIMIT
+from fa_kernel.numerics import LN2, STALE_SUM_LIMIT
 
 
-def capped_score(score, softcap_log2):
+def capped_score(score, softcap_log2, approx: bool = False):
     """A softcap's score: tanh(x·scale / c) of the raw score x, as 1 - 2 / (2^(x·softcap_log2) + 1)
     with softcap_log2 = 2·log2e·scale / c (numerics.TANH_ERROR); ±1 for x = ±inf, NaN for NaN.
     Two MUFU operations a score (ex2, and the fast division's rcp): the reciprocal by Newton steps
-    on the FMA pipe instead was slower (docs/perf-log.md)."""
+    on the FMA pipe instead was slower (docs/perf-log.md). `approx`: tanh.approx.f32, one MUFU
+    operation but numerics.TANH_APPROX_ERROR (an A/B build option; needs TANH_APPROX's prelude)."""
+    if approx:
+        return T.call_extern("float32", "tanh_approx", score * (softcap_log2 * (LN2 / 2)))
     return 1 - 2 / (T.exp2(score * softcap_log2) + 1)
+
+
+# The device function capped_score(approx=True) calls: TileLang 0.1.15 has no tanh.approx.
+TANH_APPROX = r"""
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""
 
 
 @dataclass(frozen=True)
