@@ -31,6 +31,18 @@ def assert_matches_reference(q, k, v, causal, softmax_scale=None):
     return out, lse
 
 
+def assert_matches_reference_by_batch(q, k, v, causal, scores_per_judge=2**26):
+    """assert_matches_reference with the judge given a few batch elements at a time (each its
+    own attention problem): its fp32 [b, h, q, k] temporaries for a whole grid band's batch
+    would outgrow a test worker's share of the GPU (conftest's memory fraction)."""
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    step = max(1, scores_per_judge // (q.shape[1] * q.shape[2] * k.shape[1]))
+    for start in range(0, q.shape[0], step):
+        part = slice(start, start + step)
+        verdict = judge(q[part], k[part], v[part], out[part], lse[part], causal)
+        assert verdict.passed, f"batch elements {start} to {min(start + step, q.shape[0]) - 1}: {verdict}"
+
+
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv) that reach every branch of the loop: ragged
 # lengths, GQA, Sq > Sk rows that see no key (causal), a single row and key.
 LOOP_SHAPES = [(2, 257, 300, 4, 2), (1, 300, 77, 2, 1), (1, 1, 1, 1, 1)]
@@ -165,7 +177,7 @@ def test_a_grid_bands_limit_and_one_tile_past_it_run_their_own_configs(head_dim,
         grid = tiles_per_sm(batch, heads, seqlen_q, sm_count)
         assert tile_config_for(device, head_dim, causal, seqlen_k, grid) == config
         q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads, head_dim, torch.bfloat16, seed=tiles)
-        assert_matches_reference(q, k, v, causal)
+        assert_matches_reference_by_batch(q, k, v, causal)
 
 
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():

@@ -69,6 +69,40 @@ def test_good_ragged_input_passes_its_checks_up_to_the_device():
         call(q, k, v, cu_q, cu_k)
 
 
+def walk_length(length_q, length_k, first_row, block_m, block_n, causal, window_size):
+    """K/V tiles of `block_n` keys from the first any row of the block sees to the last (at
+    least one), by visiting every row: row r sees key j when j - (r + length_k - length_q) is
+    within the window (right edge 0 when causal)."""
+    left, right = window_size[0], 0 if causal else window_size[1]
+    tiles = set()
+    for row in range(first_row, min(first_row + block_m, length_q)):
+        diagonal = row + length_k - length_q
+        for key in range(length_k):
+            if (left < 0 or key >= diagonal - left) and (right < 0 or key <= diagonal + right):
+                tiles.add(key // block_n)
+    return max(1, max(tiles) - min(tiles) + 1) if tiles else 1
+
+
+@pytest.mark.parametrize("window_size", [(-1, -1), (100, -1), (50, 30)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("block_m", "block_n"), [(64, 128), (128, 128), (192, 128), (128, 176)])
+def test_the_tile_order_holds_each_sequences_own_blocks_once_longest_walk_first(block_m, block_n, causal, window_size):
+    from fa_kernel.scheduler import ragged_tile_order
+
+    # Empty and one-row sequences, lengths at and one past a block, more keys than queries and fewer.
+    lengths_q = [0, 1, block_m, block_m + 1, 3 * block_m - 1, 500, 37, 0, 260]
+    lengths_k = [5, 0, block_m, 2 * block_m + 1, 3 * block_m - 1, 300, 900, 0, 260]
+    order = ragged_tile_order(lengths_q, lengths_k, block_m, block_n, causal, window_size)
+    assert order.dtype == torch.int32 and order.shape[1] == 2
+    tiles = [tuple(entry) for entry in order.tolist()]
+    own = [(s, b) for s, length in enumerate(lengths_q) for b in range(math.ceil(length / block_m))]
+    assert sorted(tiles) == own  # every block of every sequence, once; none past an end
+    walks = [
+        walk_length(lengths_q[s], lengths_k[s], b * block_m, block_m, block_n, causal, window_size) for s, b in tiles
+    ]
+    assert walks == sorted(walks, reverse=True), walks
+
+
 # ---- on the GPU ----
 
 # Lengths next to the varlen builds' 64-, 128- and 192-row query blocks and 128/176-key tiles,

@@ -80,9 +80,10 @@ def forward_program(
 
     `varlen`: a ragged batch, packed: Q and Output [total_q, H, D], K and V [total_k, Hkv, D],
     LSE [H, total_q]; then, after the variants', cu_seqlens_q and cu_seqlens_k (int32 [B + 1]:
-    sequence i's rows from cu_seqlens[i]) and max_seqlen_q, max_seqlen_k. Each sequence is
-    attended on its own (its own bottom-right diagonal and window); the per-tile grid spans the
-    longest, and a thread block whose query block is past its sequence's end does nothing.
+    sequence i's rows from cu_seqlens[i]), max_seqlen_q, max_seqlen_k and the tile order (int32
+    [tiles, 2]: (sequence, query block), scheduler.ragged_tile_order). Each sequence is attended
+    on its own (its own bottom-right diagonal and window); the grid is (tile order, heads), one
+    thread block for each of a sequence's own query blocks, in the order's turn.
 
     `tanh_approx`: a softcap build's tanh by tanh.approx.f32 (softmax.capped_score), an A/B
     build option that no table ships.
@@ -93,7 +94,7 @@ def forward_program(
     if varlen:
         if config.persistent:
             raise ValueError(f"config: a ragged batch runs on the per-tile grid (persistent=False), got {config}")
-        total_q, total_k, cu_len = T.dynamic("total_q, total_k, cu_len")
+        total_q, total_k, cu_len, ragged_tiles = T.dynamic("total_q, total_k, cu_len, ragged_tiles")
         batch = cu_len - 1
     block_m, block_n, stages = config.block_m, config.block_n, config.num_stages
     consumers = config.threads
@@ -127,6 +128,7 @@ def forward_program(
     # Two annotations, not one object: TileLang would bind both parameters to one buffer.
     cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
     cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None
+    tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
 
     def batch_of(b):
         return None if varlen else b
@@ -171,6 +173,7 @@ def forward_program(
         config=config,
         rows_per_warpgroup=rows_per_warpgroup,
         sm_count=sm_count,
+        ragged=varlen,
     )
     q_blocks, num_tiles, workers = schedule.q_blocks, schedule.num_tiles, schedule.workers
     place_in_round, work_tile, warpgroup_kv_blocks = (
@@ -431,8 +434,11 @@ def forward_program(
         CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
         max_seqlen_q: kernel_parameter(seqlen_q, varlen),
         max_seqlen_k: kernel_parameter(seqlen_k, varlen),
+        TileOrder: kernel_parameter(tile_order, varlen),
     ):
-        grid = (workers, 1, 1) if config.persistent else (q_blocks, heads, batch)
+        grid = (
+            (workers, 1, 1) if config.persistent else (ragged_tiles, heads, 1) if varlen else (q_blocks, heads, batch)
+        )
         with T.Kernel(*grid, threads=consumers + PRODUCER_THREADS, prelude=prelude) as block:
             if config.blocks_per_sm > 1:
                 # __launch_bounds__(threads, 2): ptxas budgets registers for two resident
@@ -498,21 +504,23 @@ def forward_program(
             if config.persistent:
                 place_in_last = place_in_round(block[0], num_tiles // workers)
                 rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
-            # A ragged batch: the thread block's sequence (the grid's batch index), its offsets
-            # and lengths read once; its rule the sequence's; none of its rounds where its query
-            # block lies past the sequence's end.
+            # A ragged batch: the thread block's (sequence, query block) from the tile order
+            # (the scheduler's `block` for it: (query block, head, sequence)), the sequence's
+            # offsets and lengths read once; its rule the sequence's.
             rule, q_offset, k_offset = visibility, None, None
             if varlen:
+                sequence = T.alloc_var(T.int32)
                 q_offset = T.alloc_var(T.int32)
                 k_offset = T.alloc_var(T.int32)
                 sequence_q = T.alloc_var(T.int32)
                 sequence_k = T.alloc_var(T.int32)
-                q_offset = CuSeqlensQ[block[2]]
-                k_offset = CuSeqlensK[block[2]]
-                sequence_q = CuSeqlensQ[block[2] + 1] - q_offset
-                sequence_k = CuSeqlensK[block[2] + 1] - k_offset
+                sequence = TileOrder[block[0], 0]
+                q_offset = CuSeqlensQ[sequence]
+                k_offset = CuSeqlensK[sequence]
+                sequence_q = CuSeqlensQ[sequence + 1] - q_offset
+                sequence_k = CuSeqlensK[sequence + 1] - k_offset
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
-                rounds = T.if_then_else(work_tile(block, 0, rule)[3] < sequence_q, 1, 0)
+                block = (TileOrder[block[0], 1], block[1], sequence)
 
             pipe = Pipeline(
                 Q_shared, K_shared, V_shared, O_shared, q_full, q_empty, o_stored, k_full, k_empty, v_full, v_empty

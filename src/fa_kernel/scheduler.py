@@ -10,11 +10,16 @@ visibility rule (mask.py): tiles past its last row's last visible key are never 
 
 Every value is a TileLang expression of the launch's sizes; the kernel keeps a work tile's in
 registers (pipeline.WorkTile), so each division here runs once per tile.
+
+A ragged batch's grid is (tile order, heads): the host lists each sequence's own query blocks,
+longest K/V walk first (ragged_tile_order), so no thread block is spent past a sequence's end
+and the grid's tail is left to the short walks.
 """
 
 from typing import Any, NamedTuple
 
 import tilelang.language as T
+import torch
 
 from fa_kernel.configs import TileConfig
 from fa_kernel.mask import Visibility
@@ -39,11 +44,13 @@ def tile_scheduler(
     config: TileConfig,
     rows_per_warpgroup: int,
     sm_count: int,
+    ragged: bool = False,
 ) -> TileScheduler:
     """The scheduler of a launch of `batch` x `heads` over `visibility`'s lengths (of a ragged
     batch: its longest sequence's), with `config`'s tiles, on `sm_count` SMs. Each work tile's
     walk takes the rule of its own lengths (`rule`: the launch's `visibility` unless given; a
-    ragged batch's tile, its sequence's)."""
+    ragged batch's tile, its sequence's). `ragged`: a block's (query block, head, sequence) comes
+    from the host's tile order (ragged_tile_order), which puts the long walks first already."""
     block_m, block_n = config.block_m, config.block_n
     seqlen_q = visibility.seqlen_q
     q_blocks = T.ceildiv(seqlen_q, block_m)
@@ -64,7 +71,7 @@ def tile_scheduler(
             q_block, head, b = tile % q_blocks, tile // q_blocks % heads, tile // (q_blocks * heads)
         else:
             q_block, head, b = block
-        if visibility.limits_right:
+        if visibility.limits_right and not ragged:
             # Later query blocks see more keys: run them first, so the short ones fill the
             # tail of the grid.
             q_block = q_blocks - 1 - q_block
@@ -117,3 +124,33 @@ def tile_scheduler(
         return T.if_then_else(first_row < rule.seqlen_q, T.max(1, visible), 1)
 
     return TileScheduler(q_blocks, num_tiles, workers, place_in_round, work_tile, first_kv_block, warpgroup_kv_blocks)
+
+
+def ragged_tile_order(
+    lengths_q: list[int],
+    lengths_k: list[int],
+    block_m: int,
+    block_n: int,
+    causal: bool,
+    window_size: tuple[int, int] = (-1, -1),
+) -> torch.Tensor:
+    """int32 [tiles, 2] on the host: (sequence, query block) of each query block of a ragged
+    batch's sequences, the ones whose rows visit the most K/V tiles first (ties in sequence
+    order). Blocks run in about this order, so longest-first keeps the grid's tail short. Rows
+    see keys from their bottom-right diagonal as the kernel's rule: right edge 0 when causal,
+    else window_size's right (-1: none), left edge window_size's left."""
+    lengths_q_t = torch.tensor(lengths_q, dtype=torch.int64)
+    lengths_k_t = torch.tensor(lengths_k, dtype=torch.int64)
+    blocks = (lengths_q_t + block_m - 1) // block_m
+    sequence = torch.repeat_interleave(torch.arange(len(lengths_q)), blocks)
+    q_block = torch.arange(len(sequence)) - (torch.cumsum(blocks, 0) - blocks)[sequence]
+    seqlen_q, seqlen_k = lengths_q_t[sequence], lengths_k_t[sequence]
+    diagonal = seqlen_k - seqlen_q  # row i's own key is i + diagonal
+    first_row = q_block * block_m
+    last_row = torch.minimum(first_row + block_m, seqlen_q) - 1
+    left, right = window_size[0], 0 if causal else window_size[1]
+    keys_end = seqlen_k if right < 0 else (last_row + diagonal + right + 1).clamp(0).minimum(seqlen_k)
+    keys_first = torch.zeros_like(seqlen_k) if left < 0 else (first_row + diagonal - left).clamp(0)
+    kv_tiles = ((keys_end + block_n - 1) // block_n - keys_first // block_n).clamp(min=1)
+    order = torch.argsort(kv_tiles, descending=True, stable=True)
+    return torch.stack([sequence[order], q_block[order]], dim=1).to(torch.int32)

@@ -3,8 +3,9 @@ one stream, by the forward kernel's varlen build (`kernel.forward_program(varlen
 
 Sequence i is rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and cu_seqlens_k[i]:cu_seqlens_k[i + 1]
 of k and v; it is attended on its own, with its own bottom-right diagonal and window, and no key
-of another sequence. The per-tile grid spans max_seqlen_q's query blocks; a thread block whose
-block lies past its sequence's end does nothing. Forward only so far: a call whose inputs need a
+of another sequence. One thread block runs each of a sequence's own query blocks (per head), the
+longest K/V walks first (scheduler.ragged_tile_order, from the lengths read on the host to check
+them, sent to the device with the launch). Forward only so far: a call whose inputs need a
 gradient raises before anything launches (the gradient kernels take batched tensors).
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from fa_kernel.interface import check_inputs, kernel_build
 from fa_kernel.kernel import compiled_forward
+from fa_kernel.scheduler import ragged_tile_order
 from fa_kernel.variants import Variants, exponent_scale, launch_arguments
 
 
@@ -60,7 +62,7 @@ def flash_attn_varlen_func(
                 f"{name}: expected no gradient to be needed (flash_attn_varlen_func has no backward yet); "
                 "call it under torch.no_grad() or with detached inputs"
             )
-    batch = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
+    lengths_q, lengths_k = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
     variants = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     scale = check_inputs(q[None], k[None], v[None], softmax_scale, causal, **variants)
     total_q, nheads, head_dim = q.shape
@@ -70,29 +72,31 @@ def flash_attn_varlen_func(
         # No keys anywhere: nothing to load (a TMA map of an empty tensor is invalid).
         out.zero_()
         lse.copy_((sinks if sinks is not None else torch.full_like(lse[:, 0], -math.inf))[:, None].expand_as(lse))
-    elif total_q and batch:
+    elif total_q:
         q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
-        kernel, arguments = _varlen_launch(q, k, max_seqlen_k, scale, causal, **variants)
+        kernel, config, arguments = _varlen_launch(q, k, max_seqlen_k, scale, causal, **variants)
+        order = ragged_tile_order(lengths_q, lengths_k, config.block_m, config.block_n, causal, window_size)
+        order = order.to(q.device)
         with torch.cuda.device(q.device):
-            kernel(q, k, v, out, lse, *arguments, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+            kernel(q, k, v, out, lse, *arguments, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, order)
     return (out, lse) if return_lse else out
 
 
 def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_size, softcap, sinks):
-    """(the varlen build's kernel, its arguments after LSE up to the variants'): the config the
-    table gives for the keys a row sees, on the per-tile grid (a ragged batch's own)."""
+    """(the varlen build's kernel, its config, its arguments after LSE up to the variants'): the
+    config the table gives for the keys a row sees, on the per-tile grid (a ragged batch's own)."""
     head_dim = q.shape[-1]
     batched = kernel_build(q.device, head_dim, causal, q.dtype, max(1, max_seqlen_k), window_size=window_size)
     build = dict(batched, config=dataclasses.replace(batched["config"], persistent=False, overlap_epilogue=False))
     variants = Variants.of(causal, window_size, softcap, sinks)
     kernel = compiled_forward(**build, variants=variants, varlen=True)
     values = launch_arguments(variants, window_size, softcap, scale, sinks)
-    return kernel, [exponent_scale(scale, softcap), *values]
+    return kernel, build["config"], [exponent_scale(scale, softcap), *values]
 
 
-def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> int:
+def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> tuple[list, list]:
     """Raise unless the cu_seqlens describe q's and k's rows and the max_seqlens bound them; the
-    batch. Reads their values on the host (one copy each)."""
+    sequences' lengths (q's, k's). Reads their values on the host (one copy each)."""
     lengths = {}
     for name, cu, t, total_name in (("cu_seqlens_q", cu_seqlens_q, q, "q"), ("cu_seqlens_k", cu_seqlens_k, k, "k")):
         if not isinstance(cu, torch.Tensor):
@@ -126,4 +130,4 @@ def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen
             raise TypeError(f"{name}: expected an int, got {type(bound).__name__}")
         if bound < max(steps, default=0):
             raise ValueError(f"{name}: expected at least the longest sequence's length {max(steps)}, got {bound}")
-    return len(lengths["cu_seqlens_q"])
+    return lengths["cu_seqlens_q"], lengths["cu_seqlens_k"]

@@ -518,16 +518,16 @@ KERNEL_MUTANTS = [
         # Each sequence's queries read from one row late (a cu_seqlens offset off by one).
         "varlen_query_offset_off_by_one",
         "kernel.py",
-        "q_offset = CuSeqlensQ[block[2]]",
-        "q_offset = CuSeqlensQ[block[2]] + 1",
+        "q_offset = CuSeqlensQ[sequence]",
+        "q_offset = CuSeqlensQ[sequence] + 1",
         first=VARLEN,
     ),
     Mutant(
         # Each sequence sees one key too few (the next entry of cu_seqlens_k read as exclusive twice).
         "varlen_keys_one_short",
         "kernel.py",
-        "sequence_k = CuSeqlensK[block[2] + 1] - k_offset",
-        "sequence_k = CuSeqlensK[block[2] + 1] - k_offset - 1",
+        "sequence_k = CuSeqlensK[sequence + 1] - k_offset",
+        "sequence_k = CuSeqlensK[sequence + 1] - k_offset - 1",
         first=VARLEN,
     ),
     Mutant(
@@ -540,11 +540,20 @@ KERNEL_MUTANTS = [
         first=VARLEN,
     ),
     Mutant(
-        # The thread blocks past a sequence's end run anyway (their rows are another sequence's).
-        "varlen_blocks_past_the_end_run",
+        # Each tile of the order runs its sequence's next query block: the first block of each
+        # sequence is never run, and its last runs past the end.
+        "varlen_tile_order_block_off_by_one",
         "kernel.py",
-        "rounds = T.if_then_else(work_tile(block, 0, rule)[3] < sequence_q, 1, 0)",
-        "rounds = 1",
+        "block = (TileOrder[block[0], 1], block[1], sequence)",
+        "block = (TileOrder[block[0], 1] + 1, block[1], sequence)",
+        first=VARLEN,
+    ),
+    Mutant(
+        # The tile order's entries read as (query block, sequence).
+        "varlen_tile_order_columns_swapped",
+        "kernel.py",
+        "sequence = TileOrder[block[0], 0]",
+        "sequence = TileOrder[block[0], 1]",
         first=VARLEN,
     ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
