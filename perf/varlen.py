@@ -12,11 +12,16 @@ kernels' speed without raggedness) and on the padded [documents, longest] batch.
 counted on the pairs each document's mask leaves visible (the padded batch's on the documents'
 own, so its figure is the useful work's rate). Issue 55's lines: varlen ≥ 0.95x the rectangular
 batch's TFLOP/s, ≥ 1.3x the padded batch's.
+
+"varlen" passes the same cu_seqlens every call, as a model's layers do within a step: their host
+read (the checks, which wait for the GPU) happens once. "varlen, read each call" alternates two
+copies of cu_seqlens_k, so every call reads them: a step's first layer.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 
 import torch
@@ -55,11 +60,16 @@ def row(lengths: list[int], head_dim: int, causal: bool, args) -> None:
     useful = sum(visible_pairs(n, n, causal) for n in lengths)
     flops = {
         "varlen": 4.0 * heads * head_dim * useful,
+        "varlen, read each call": 4.0 * heads * head_dim * useful,
         "rectangular": 4.0 * heads * head_dim * visible_pairs(mean, mean, causal) * rectangular[0].shape[0],
         "padded": 4.0 * heads * head_dim * useful,
     }
+    copies = itertools.cycle([cu.clone(), cu.clone()])
     calls = {
         "varlen": lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal),
+        "varlen, read each call": lambda: flash_attn_varlen_func(
+            q, k, v, cu, next(copies), longest, longest, causal=causal
+        ),
         "rectangular": lambda: flash_attn_func(*rectangular, causal=causal),
         "padded": lambda: flash_attn_func(*padded, causal=causal),
     }

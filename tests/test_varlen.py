@@ -69,6 +69,28 @@ def test_good_ragged_input_passes_its_checks_up_to_the_device():
         call(q, k, v, cu_q, cu_k)
 
 
+def test_a_pair_of_cu_seqlens_is_read_once_until_written_or_checked_against_other_sizes(monkeypatch):
+    # Reading cu_seqlens on the host waits for the GPU: a pair is checked once while neither
+    # tensor is written, and again once one is, or another max_seqlen or tensor comes.
+    from fa_kernel import varlen
+
+    checks = []
+    check = varlen._check_cu_seqlens
+    monkeypatch.setattr(varlen, "_check_cu_seqlens", lambda *a: checks.append(1) or check(*a))
+    q, k, v, cu_q, cu_k = packed([0, 5, 1], [3, 0, 6])
+    for _ in range(2):  # the first error a CPU machine meets is the device's (after the checks)
+        with pytest.raises(ValueError, match="q: expected a tensor on a CUDA device"):
+            call(q, k, v, cu_q, cu_k, max_q=5, max_k=6)
+    assert len(checks) == 1
+    for other_cu_k in (cu_k.clone(), cu_k):
+        with pytest.raises(ValueError, match="q: expected a tensor on a CUDA device"):
+            call(q, k, v, cu_q, other_cu_k, max_q=7, max_k=6)
+    assert len(checks) == 3
+    cu_k[2] = 1  # in place: 0, 3, 1, 9
+    with pytest.raises(ValueError, match=re.escape("cu_seqlens_k: expected non-decreasing entries, got 3 then 1")):
+        call(q, k, v, cu_q, cu_k, max_q=7, max_k=6)
+
+
 def walk_length(length_q, length_k, first_row, block_m, block_n, causal, window_size):
     """K/V tiles of `block_n` keys from the first any row of the block sees to the last (at
     least one), by visiting every row: row r sees key j when j - (r + length_k - length_q) is

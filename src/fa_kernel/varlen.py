@@ -5,7 +5,9 @@ Sequence i is rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and cu_seqlens_k[i]:
 of k and v; it is attended on its own, with its own bottom-right diagonal and window, and no key
 of another sequence. One thread block runs each of a sequence's own query blocks (per head), the
 longest K/V walks first (scheduler.ragged_tile_order, from the lengths read on the host to check
-them, sent to the device with the launch). Forward only so far: a call whose inputs need a
+them, sent to the device with the launch). Reading cu_seqlens on the host waits for the GPU, so
+a pair is read once while both tensors live unwritten (_RaggedLayout): a model's layers pass the
+same pair for a whole step. Forward only so far: a call whose inputs need a
 gradient raises before anything launches (the gradient kernels take batched tensors).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import weakref
 
 import torch
 
@@ -62,7 +65,7 @@ def flash_attn_varlen_func(
                 f"{name}: expected no gradient to be needed (flash_attn_varlen_func has no backward yet); "
                 "call it under torch.no_grad() or with detached inputs"
             )
-    lengths_q, lengths_k = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
+    layout = _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
     variants = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     scale = check_inputs(q[None], k[None], v[None], softmax_scale, causal, **variants)
     total_q, nheads, head_dim = q.shape
@@ -75,8 +78,7 @@ def flash_attn_varlen_func(
     elif total_q:
         q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
         kernel, config, arguments = _varlen_launch(q, k, max_seqlen_k, scale, causal, **variants)
-        order = ragged_tile_order(lengths_q, lengths_k, config.block_m, config.block_n, causal, window_size)
-        order = order.to(q.device)
+        order = layout.tile_order(config.block_m, config.block_n, causal, window_size, q.device)
         with torch.cuda.device(q.device):
             kernel(q, k, v, out, lse, *arguments, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, order)
     return (out, lse) if return_lse else out
@@ -92,6 +94,59 @@ def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_s
     kernel = compiled_forward(**build, variants=variants, varlen=True)
     values = launch_arguments(variants, window_size, softcap, scale, sinks)
     return kernel, build["config"], [exponent_scale(scale, softcap), *values]
+
+
+@dataclasses.dataclass
+class _RaggedLayout:
+    """What a pair of cu_seqlens was checked to describe (`stamp`: their version counters,
+    which torch bumps on every in-place write, and every size the checks read) and the tile
+    orders made from their lengths, on the device."""
+
+    cu_seqlens_q: weakref.ref
+    cu_seqlens_k: weakref.ref
+    stamp: tuple
+    lengths_q: list[int]
+    lengths_k: list[int]
+    orders: dict = dataclasses.field(default_factory=dict)
+
+    def tile_order(self, block_m, block_n, causal, window_size, device) -> torch.Tensor:
+        key = (block_m, block_n, causal, tuple(window_size), device)
+        if key not in self.orders:
+            order = ragged_tile_order(self.lengths_q, self.lengths_k, block_m, block_n, causal, window_size)
+            self.orders[key] = order.to(device)
+        return self.orders[key]
+
+
+# By id(cu_seqlens_q), dropped when it dies (a tensor's == is elementwise: no WeakKeyDictionary).
+_LAYOUTS: dict[int, _RaggedLayout] = {}
+
+
+def _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> _RaggedLayout:
+    """The checked layout of this pair: the one kept for it if neither tensor was written since
+    and the sizes checked against are the same, else checked now (_check_cu_seqlens) and kept."""
+    stamp = None
+    tensors = (cu_seqlens_q, cu_seqlens_k, q, k)
+    if all(isinstance(t, torch.Tensor) for t in tensors) and not any(t.is_inference() for t in tensors[:2]):
+        stamp = (
+            *((t._version, t.dtype, t.shape, t.device) for t in (cu_seqlens_q, cu_seqlens_k)),
+            q.shape[0], k.shape[0], q.device, k.device, max_seqlen_q, max_seqlen_k,
+        )  # fmt: skip
+        kept = _LAYOUTS.get(id(cu_seqlens_q))
+        if (
+            kept is not None
+            and kept.cu_seqlens_q() is cu_seqlens_q
+            and kept.cu_seqlens_k() is cu_seqlens_k
+            and kept.stamp == stamp
+        ):
+            return kept
+    lengths_q, lengths_k = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
+    if stamp is None:
+        return _RaggedLayout(None, None, None, lengths_q, lengths_k)
+    layout = _RaggedLayout(weakref.ref(cu_seqlens_q), weakref.ref(cu_seqlens_k), stamp, lengths_q, lengths_k)
+    if id(cu_seqlens_q) not in _LAYOUTS:
+        weakref.finalize(cu_seqlens_q, _LAYOUTS.pop, id(cu_seqlens_q), None)
+    _LAYOUTS[id(cu_seqlens_q)] = layout
+    return layout
 
 
 def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k) -> tuple[list, list]:
