@@ -17,13 +17,12 @@ tiles in snake order, and can issue the next tile's first Q.K^T under this tile'
 (`overlap_epilogue`); O leaves by TMA store from a buffer of its own where one fits, else from
 the V ring. docs/design.md tells the whole argument and the measurements behind each choice.
 
-`forward_program` reads top to bottom in named parts: the tensors, the mask, the softmax, the
-pipeline's helpers (turns, the K/V ring, O's store), the epilogue, the tile scheduler, the
-producer, the consumer's steps in the loop's order, and the kernel, which allocates and calls
-them; each part but the producer and the steps is built by the module named in its header. Its T.alloc_var registers
-reach the macros as buffers (`WorkTile`, `ConsumerRegisters`), so that a macro's assignment is a
-store. Batch, lengths, head counts and the softmax scale are runtime arguments: a compile
-happens once per (dtype, head_dim, causal, tile config, target).
+`forward_program` reads top to bottom in named parts (tensors, mask, softmax, pipeline,
+epilogue, tile scheduler, producer, the consumer's steps in the loop's order, the kernel); each
+but the producer and the steps comes from the module its header names. T.alloc_var registers
+reach the macros as buffers (`WorkTile`, `ConsumerRegisters`), so a macro's assignment is a
+store. Sizes and the scale are runtime arguments: one compile per (dtype, head_dim, causal,
+tile config, target).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
@@ -79,14 +78,11 @@ def forward_program(
     the `variants` compiled in (variants.launch_arguments).
 
     `varlen`: a ragged batch, packed: Q and Output [total_q, H, D], K and V [total_k, Hkv, D],
-    LSE [H, total_q]; then, after the variants', cu_seqlens_q and cu_seqlens_k (int32 [B + 1]:
-    sequence i's rows from cu_seqlens[i]), max_seqlen_q, max_seqlen_k and the tile order (int32
-    [tiles, 2]: (sequence, query block), scheduler.ragged_tile_order). Each sequence is attended
-    on its own (its own bottom-right diagonal and window); the grid is (tile order, heads), one
-    thread block for each of a sequence's own query blocks, in the order's turn.
+    LSE [H, total_q]; after the variants', cu_seqlens_q and cu_seqlens_k (int32 [B + 1]), the
+    max_seqlens and the tile order (int32 [tiles, 2] of (sequence, query block)), the grid's
+    first dimension. Each sequence is attended on its own (its bottom-right diagonal and window).
 
-    `tanh_approx`: a softcap build's tanh by tanh.approx.f32 (softmax.capped_score), an A/B
-    build option that no table ships.
+    `tanh_approx`: the softcap's tanh by tanh.approx.f32, an A/B build option no table ships.
     """
     if tanh_approx and not variants.softcap:
         raise ValueError(f"tanh_approx: only a softcap build has a tanh, got variants {variants}")
@@ -119,8 +115,7 @@ def forward_program(
     s_regs = block_m * block_n // consumers
     o_regs = block_m * head_dim // consumers
 
-    # ---- the tensors: batched [batch, seqlen, heads, head_dim], or a ragged batch's packed
-    # [total, heads, head_dim] with its sequences' offsets (`rows_of` takes b None for them) ----
+    # ---- the tensors: batched, or a ragged batch's packed (`rows_of` takes b None for them) ----
 
     q_shape = [total_q, heads, head_dim] if varlen else [batch, seqlen_q, heads, head_dim]
     kv_shape = [total_k, heads_kv, head_dim] if varlen else [batch, seqlen_k, heads_kv, head_dim]
@@ -504,9 +499,8 @@ def forward_program(
             if config.persistent:
                 place_in_last = place_in_round(block[0], num_tiles // workers)
                 rounds = num_tiles // workers + T.if_then_else(place_in_last < num_tiles % workers, 1, 0)
-            # A ragged batch: the thread block's (sequence, query block) from the tile order
-            # (the scheduler's `block` for it: (query block, head, sequence)), the sequence's
-            # offsets and lengths read once; its rule the sequence's.
+            # A ragged batch: the block's (sequence, query block) from the tile order, as the
+            # scheduler's (query block, head, sequence); the sequence's offsets and lengths.
             rule, q_offset, k_offset = visibility, None, None
             if varlen:
                 sequence = T.alloc_var(T.int32)
