@@ -26,6 +26,7 @@ dK and dV are written once per K/V tile (deterministic); dQ's reduce-adds arrive
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
+import dataclasses
 import functools
 
 import tilelang.language as T
@@ -35,7 +36,7 @@ from fa_kernel.mask import Visibility, variant_visibility
 from fa_kernel.numerics import LOG2E
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, compile_program
-from fa_kernel.variants import PLAIN, Variants
+from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
 # Query rows per thread block of the preprocess: one row per thread. Delta and LSE₂ are written
 # for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
@@ -126,6 +127,7 @@ def backward_program(
     num_stages: int = 2,
     with_dq: bool = True,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -140,6 +142,14 @@ def backward_program(
     then scale_log2 = softmax_scale·log2(e) (variants.exponent_scale) and softmax_scale, then
     the variants' (variants.launch_arguments; sinks enter the gradients only through the LSE,
     and dsinks is the caller's).
+
+    `varlen`: a ragged batch, packed, as a batch of one: Q, dO [1, total_q, H, D], K, V, dK, dV
+    [1, total_k, Hkv, D], Delta, LSE₂ and dQ_accum over the packed rows, with room for one query
+    tile past the last row (rows past a sequence's end add zeros to dQ_accum, and read finite
+    Delta); then cu_seqlens_q, cu_seqlens_k (int32 [B + 1]) and the key tile order (int32
+    [tiles, 2] of (sequence, K/V tile), scheduler.ragged_key_tile_order), the grid's first
+    dimension. Each sequence's keys see only its own rows; a partial last K/V tile stores dK and
+    dV row by row.
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
@@ -147,21 +157,31 @@ def backward_program(
     accum = T.float32
     DQ_ROW = dq_row(head_dim)
     dq_accum_shape = [batch, heads, seqlen_q_padded, DQ_ROW] if with_dq else [1]
+    ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
+    cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
+    cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
+    tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
 
-    def rows_end(kv_start):
+    def at_offset(offset, row):
+        """A row of the tile's sequence (offset None: a batched launch's own rows)."""
+        return row if offset is None else offset + row
+
+    def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
         if not visibility.limits_left:
-            return seqlen_q
-        return T.max(0, T.min(seqlen_q, visibility.rows_before(kv_start + block_n)))
+            return rule.seqlen_q
+        return T.max(0, T.min(rule.seqlen_q, rule.rows_before(kv_start + block_n)))
 
     @T.macro
-    def capped_probabilities_and_ds(acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2):
+    def capped_probabilities_and_ds(
+        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
+    ):
         """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left
         there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one."""
-        if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
+        if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
-                visible = visibility.sees(kv_start + i, q_start + j, rows_checked=True)
+                visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
                 acc_s[i, j] = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[j]), 0)
                 ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
         else:
@@ -186,8 +206,12 @@ def backward_program(
         window_left: window_left,
         window_right: window_right,
         softcap_log2: softcap_log2,
+        CuSeqlensQ: kernel_parameter(cu_seqlens_q, varlen),
+        CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
+        TileOrder: kernel_parameter(tile_order, varlen),
     ):
-        with T.Kernel(T.ceildiv(seqlen_k, block_n), heads_kv, batch, threads=threads) as (kv_block, kv_head, b):
+        grid = (ragged_tiles, heads_kv, 1) if varlen else (T.ceildiv(seqlen_k, block_n), heads_kv, batch)
+        with T.Kernel(*grid, threads=threads) as (kv_block, kv_head, b):
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
@@ -205,13 +229,29 @@ def backward_program(
             acc_dq = T.alloc_fragment([block_m, head_dim], accum) if with_dq else None
 
             group_size = heads // heads_kv
-            kv_start = kv_block * block_n
+            kv_tile, rule, q_offset, k_offset = kv_block, visibility, None, None
+            if varlen:
+                # The block's (sequence, K/V tile) from the key tile order; the sequence's
+                # offsets and lengths, read once, and its rule.
+                sequence = T.alloc_var(T.int32)
+                q_offset = T.alloc_var(T.int32)
+                k_offset = T.alloc_var(T.int32)
+                sequence_q = T.alloc_var(T.int32)
+                sequence_k = T.alloc_var(T.int32)
+                sequence = TileOrder[kv_block, 0]
+                q_offset = CuSeqlensQ[sequence]
+                k_offset = CuSeqlensK[sequence]
+                sequence_q = CuSeqlensQ[sequence + 1] - q_offset
+                sequence_k = CuSeqlensK[sequence + 1] - k_offset
+                rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
+                kv_tile = TileOrder[kv_block, 1]
+            kv_start = kv_tile * block_n
             # Right edge (causal): rows before the first that sees this tile's first key add
             # nothing; left edge: nor rows from the first whose window starts past its last key.
-            first_q_block = T.max(visibility.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
-            q_blocks = T.ceildiv(rows_end(kv_start), block_m) - first_q_block
-            T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
-            T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+            first_q_block = T.max(rule.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
+            q_blocks = T.ceildiv(rows_end(kv_start, rule), block_m) - first_q_block
+            T.copy(K[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], K_shared)
+            T.copy(V[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], V_shared)
             T.clear(acc_dk)
             T.clear(acc_dv)
             # dQ_shared's pad columns, which no step writes, are added as zeros. One thread: 4
@@ -224,10 +264,11 @@ def backward_program(
                 head = kv_head * group_size + step // q_blocks
                 q_tile = step % q_blocks
                 q_start = (first_q_block + q_tile) * block_m
-                T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
-                T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
-                T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
-                T.copy(Delta[b, head, q_start : q_start + block_m], delta)
+                q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
+                T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
+                T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
+                T.copy(LSE_log2[b, head, q_row : q_row + block_m], lse)
+                T.copy(Delta[b, head, q_row : q_row + block_m], delta)
                 # Sᵀ and dPᵀ issued together (wgmma is asynchronous): Pᵀ is computed while dPᵀ runs.
                 # The GEMMs after them stay synchronous: T.Pipelined releases a stage's Q and dO
                 # after their last GEMM, which must then have finished reading them.
@@ -244,15 +285,15 @@ def backward_program(
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
                     T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
                     capped_probabilities_and_ds(
-                        acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
+                        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
                     )
                     T.copy(acc_s, p_cast)
                 else:
                     T.wait_wgmma(1)
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
-                    if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
+                    if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
                         for i, j in T.Parallel(block_n, block_m):
-                            visible = visibility.sees(kv_start + i, q_start + j, rows_checked=True)
+                            visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
                             acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
                     else:
                         for i, j in T.Parallel(block_n, block_m):
@@ -285,7 +326,7 @@ def backward_program(
                             "handle",
                             "tl::tma_store_add",
                             T.address_of(dQ_shared[0, 0]),
-                            T.address_of(dQ_accum[b, head, q_start, 0]),
+                            T.address_of(dQ_accum[b, head, q_row, 0]),
                             block_m * DQ_ROW * 4,
                         )
                         T.tma_store_arrive()
@@ -293,8 +334,20 @@ def backward_program(
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
             for i, j in T.Parallel(block_n, head_dim):
                 acc_dk[i, j] = acc_dk[i, j] * softmax_scale
-            T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
-            T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
+            if varlen:
+                # The sequence's last, partial tile row by row: the rows after it are the next
+                # sequence's keys, whose own block writes them.
+                if kv_start + block_n <= sequence_k:
+                    T.copy(acc_dk, dK[b, k_offset + kv_start : k_offset + kv_start + block_n, kv_head, :])
+                    T.copy(acc_dv, dV[b, k_offset + kv_start : k_offset + kv_start + block_n, kv_head, :])
+                else:
+                    for i, j in T.Parallel(block_n, head_dim):
+                        if kv_start + i < sequence_k:
+                            dK[b, k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dk[i, j])
+                            dV[b, k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dv[i, j])
+            else:
+                T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
+                T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
 
     return flash_attention_backward
 
@@ -417,12 +470,13 @@ def compiled_backward(
     arch: str | None = None,
     with_dq: bool = True,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ):
     """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
     block_m, block_n, stages = BACKWARD_TILES[head_dim]
     kernel = backward_program(
         head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=stages,
-        with_dq=with_dq, variants=variants,
+        with_dq=with_dq, variants=variants, varlen=varlen,
     )  # fmt: skip
     return compile_program(kernel, arch)
 
