@@ -29,6 +29,7 @@ def packed(lengths_q, lengths_k, nheads=4, nheads_kv=2, head_dim=64, dtype=torch
 
 
 def call(q, k, v, cu_q, cu_k, max_q=None, max_k=None, **kwargs):
+    """flash_attn_varlen_func, the max_seqlens from cu_seqlens unless given."""
     from fa_kernel import flash_attn_varlen_func
 
     max_q = max((cu_q[1:] - cu_q[:-1]).tolist(), default=0) if max_q is None else max_q
@@ -51,7 +52,14 @@ def call(q, k, v, cu_q, cu_k, max_q=None, max_k=None, **kwargs):
         (lambda a: a.update(max_q=4), "max_seqlen_q: expected at least the longest sequence's length 5, got 4"),
         (lambda a: a.update(max_k=6.0), "max_seqlen_k: expected an int, got float"),
         (lambda a: a.update(q=a["q"][None]), "q: expected a 3-d tensor [total, nheads, headdim]"),
-        (lambda a: a.update(q=a["q"].requires_grad_()), "q: expected no gradient to be needed"),
+        (
+            lambda a: a.update(q=a["q"].requires_grad_(), deterministic=True),
+            "deterministic: expected False for a ragged batch's gradient",
+        ),
+        (
+            lambda a: a.update({name: a[name].repeat(1, 1, 4).requires_grad_() for name in "qkv"}),
+            "q: expected headdim in (64, 128)",
+        ),
     ],
 )
 def test_bad_ragged_input_is_refused_by_name_before_launch(change, error):
@@ -121,6 +129,43 @@ def test_the_tile_order_holds_each_sequences_own_blocks_once_longest_walk_first(
     assert sorted(tiles) == own  # every block of every sequence, once; none past an end
     walks = [
         walk_length(lengths_q[s], lengths_k[s], b * block_m, block_m, block_n, causal, window_size) for s, b in tiles
+    ]
+    assert walks == sorted(walks, reverse=True), walks
+
+
+def query_tiles_walked(length_q, length_k, kv_start, block_m, block_n, causal, window_size):
+    """Query tiles of `block_m` rows from the first row that sees a key of the K/V tile from
+    kv_start to the last, by visiting every row (0 if none sees one)."""
+    left, right = window_size[0], 0 if causal else window_size[1]
+    rows = [
+        row
+        for row in range(length_q)
+        for key in range(kv_start, min(kv_start + block_n, length_k))
+        if (left < 0 or key >= row + length_k - length_q - left)
+        and (right < 0 or key <= row + length_k - length_q + right)
+    ]
+    return max(rows) // block_m - min(rows) // block_m + 1 if rows else 0
+
+
+@pytest.mark.parametrize("window_size", [(-1, -1), (100, -1), (50, 30)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("block_m", "block_n"), [(64, 128), (128, 64)])
+def test_the_key_tile_order_holds_each_sequences_own_key_tiles_once_longest_walk_first(
+    block_m, block_n, causal, window_size
+):
+    from fa_kernel.scheduler import ragged_key_tile_order
+
+    # As the forward's order's test, keys and rows swapped: a sequence with keys and no rows keeps its tiles.
+    lengths_k = [0, 1, block_n, block_n + 1, 3 * block_n - 1, 500, 37, 0, 260]
+    lengths_q = [5, 0, block_n, 2 * block_n + 1, 3 * block_n - 1, 300, 900, 0, 260]
+    order = ragged_key_tile_order(lengths_q, lengths_k, block_m, block_n, causal, window_size)
+    assert order.dtype == torch.int32 and order.shape[1] == 2
+    tiles = [tuple(entry) for entry in order.tolist()]
+    own = [(s, t) for s, length in enumerate(lengths_k) for t in range(math.ceil(length / block_n))]
+    assert sorted(tiles) == own
+    walks = [
+        query_tiles_walked(lengths_q[s], lengths_k[s], t * block_n, block_m, block_n, causal, window_size)
+        for s, t in tiles
     ]
     assert walks == sorted(walks, reverse=True), walks
 
@@ -202,3 +247,114 @@ def judge_sequences(q, k, v, cu_q, cu_k, out, lse, **options):
         assert verdict.passed, f"sequence {i} ({q1 - q0} queries, {k1 - k0} keys): {verdict}"
     reference, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, **options)
     assert reference.shape == out.shape
+
+
+# ---- the gradients ----
+
+
+def judge_sequence_gradients(q, k, v, dout, cu_q, cu_k, grads, **options):
+    """Each sequence's (dq, dk, dv) judged on its own (reference_backward.judge_backward); a
+    sequence with no key or no row: its gradients 0."""
+    from fa_kernel.reference_backward import judge_backward
+
+    dq, dk, dv = grads
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        (q0, q1), (k0, k1) = bounds_q[i : i + 2], bounds_k[i : i + 2]
+        if q1 == q0 or k1 == k0:
+            for grad in (dq[q0:q1], dk[k0:k1], dv[k0:k1]):
+                assert torch.equal(grad, torch.zeros_like(grad)), f"sequence {i}: no score, a gradient not 0"
+            continue
+        rows, keys = slice(q0, q1), slice(k0, k1)
+        verdict = judge_backward(
+            q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
+            (dq[None, rows], dk[None, keys], dv[None, keys]), **options,
+        )  # fmt: skip
+        assert verdict.passed, f"sequence {i} ({q1 - q0} rows, {k1 - k0} keys): {verdict}"
+
+
+def gradients(q, k, v, cu_q, cu_k, dout, **options):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = call(*leaves, cu_q, cu_k, **options)
+    out.backward(dout)
+    return tuple(t.grad for t in leaves)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths_q, lengths_k", RAGGED)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_each_sequences_gradients_within_the_bound(lengths_q, lengths_k, head_dim, causal):
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(q)
+    grads = gradients(q, k, v, cu_q, cu_k, dout, causal=causal)
+    judge_sequence_gradients(q, k, v, dout, cu_q, cu_k, grads, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variants", [dict(window_size=(50, 0)), dict(window_size=(7, 20)), dict(softcap=20.0)])
+def test_each_sequences_gradients_within_the_bound_with_the_variants(variants):
+    lengths_q, lengths_k = [1, 127, 128, 129, 0, 64], [1, 127, 128, 129, 3, 64]
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, device="cuda")
+    dout = torch.randn_like(q)
+    grads = gradients(q, k, v, cu_q, cu_k, dout, causal=True, **variants)
+    judge_sequence_gradients(q, k, v, dout, cu_q, cu_k, grads, causal=True, **variants)
+
+
+@pytest.mark.gpu
+def test_the_sinks_gradient_sums_each_sequences():
+    # dsinks is a sum over every row of the batch: each sequence's own, from flash_attn_func's
+    # gradient of that sequence alone (itself judged in tests/test_variants_kernel.py).
+    from fa_kernel import flash_attn_func
+
+    lengths = [127, 129, 64]
+    q, k, v, cu_q, cu_k = packed(lengths, lengths, device="cuda")
+    sinks = torch.randn(q.shape[1], device="cuda", requires_grad=True)
+    dout = torch.randn_like(q)
+    call(q, k, v, cu_q, cu_k, causal=True, sinks=sinks).backward(dout)
+    expected = torch.zeros_like(sinks)
+    for start, length in zip(cu_q.tolist(), lengths, strict=False):
+        rows = slice(start, start + length)
+        each = sinks.detach().requires_grad_()
+        flash_attn_func(q[None, rows], k[None, rows], v[None, rows], causal=True, sinks=each).backward(dout[None, rows])
+        expected += each.grad
+    torch.testing.assert_close(sinks.grad, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_the_lse_gradient_reaches_each_sequence():
+    # An upstream gradient of the LSE joins dS as -D (interface.backward_into's rule): the ragged
+    # batch's, sequence by sequence, against flash_attn_func's on that sequence alone.
+    from fa_kernel import flash_attn_func
+
+    lengths = [127, 129, 64]
+    q, k, v, cu_q, cu_k = packed(lengths, lengths, device="cuda")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    _, lse = call(*leaves, cu_q, cu_k, causal=True, return_lse=True)
+    grad_lse = torch.randn_like(lse)
+    lse.backward(grad_lse)
+    for start, length in zip(cu_q.tolist(), lengths, strict=False):
+        rows = slice(start, start + length)
+        each = [t[None, rows].detach().requires_grad_() for t in (q, k, v)]
+        _, each_lse = flash_attn_func(*each, causal=True, return_lse=True)
+        each_lse.backward(grad_lse[None, :, rows])
+        for leaf, alone in zip(leaves, each, strict=True):
+            torch.testing.assert_close(leaf.grad[rows], alone.grad[0], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_no_sequences_gradients_read_another():
+    # Another sequence's keys, values and rows changed: every other sequence's gradients bitwise
+    # the same (the tiles at a sequence's end hold the next one's keys and rows).
+    lengths = [127, 129, 64]
+    q, k, v, cu_q, cu_k = packed(lengths, lengths, device="cuda")
+    dout = torch.randn_like(q)
+    before = gradients(q, k, v, cu_q, cu_k, dout, causal=True)
+    changed = [t.clone() for t in (q, k, v, dout)]
+    for t in changed:
+        t[127:256] = torch.randn_like(t[127:256]) * 3
+    after = gradients(*changed[:3], cu_q, cu_k, changed[3], causal=True)
+    others = torch.cat([torch.arange(0, 127), torch.arange(256, 320)]).cuda()
+    for grad_before, grad_after in zip(before, after, strict=True):
+        assert torch.equal(grad_before[others], grad_after[others])
+        assert not torch.equal(grad_before[127:256], grad_after[127:256])

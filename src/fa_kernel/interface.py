@@ -103,7 +103,7 @@ def flash_attn_func(
     leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
     if needs_grad:
-        _check_backward_head_dim(q.shape[-1])
+        check_backward_head_dim(q.shape[-1])
     variant_args = (left, right, softcap, sinks)
     if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v)):
         # Traced (torch.compile, export), or a tensor subclass (fake tensors among them): the
@@ -260,7 +260,7 @@ def _check_variants(q, window_size=(-1, -1), softcap=0.0, sinks=None) -> None:
             )
 
 
-def _check_backward_head_dim(head_dim: int) -> None:
+def check_backward_head_dim(head_dim: int) -> None:
     if head_dim not in BACKWARD_TILES:
         raise ValueError(
             f"q: expected headdim in {tuple(BACKWARD_TILES)} where a gradient is needed (there is no "
@@ -434,7 +434,7 @@ def backward_into(
     `deterministic`: dq from the fixed-order kernel, not by atomic adds. Returns dsinks (fp32
     [nheads]) where sinks are given, else None."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    _check_backward_head_dim(head_dim)
+    check_backward_head_dim(head_dim)
     if dq.numel() == 0 or dk.numel() == 0:
         # No query rows, or no keys: no score exists, and every gradient is 0 but the sinks'.
         for grad in (dq, dk, dv):
@@ -442,7 +442,7 @@ def backward_into(
         if sinks is None:
             return None
         delta = (dout.float() * out.float()).sum(dim=-1).transpose(1, 2)  # [batch, nheads, seqlen_q]
-        return _sink_gradient(sinks, lse * LOG2E, delta if grad_lse is None else delta - grad_lse)
+        return sink_gradient(sinks, lse * LOG2E, delta if grad_lse is None else delta - grad_lse)
     dtype, arch = _DTYPE_NAMES[q.dtype], compile_arch(q.device)
     # The kernels assume dense BSHD strides: these are the backward's documented copies (an
     # upstream gradient is often a broadcast view).
@@ -474,10 +474,10 @@ def backward_into(
         else:
             # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
             torch.mul(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2), softmax_scale, out=dq)
-    return None if sinks is None else _sink_gradient(sinks, lse_log2[:, :, :seqlen_q], delta[:, :, :seqlen_q])
+    return None if sinks is None else sink_gradient(sinks, lse_log2[:, :, :seqlen_q], delta[:, :, :seqlen_q])
 
 
-def _sink_gradient(sinks: torch.Tensor, lse_log2: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+def sink_gradient(sinks: torch.Tensor, lse_log2: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """dsinks[h] = −Σ over h's rows of P_sink·D, P_sink = exp(sink − LSE) the weight the sink took
     and D = rowsum(dO∘O) (minus the LSE's upstream gradient): fp32 [nheads]."""
     sink_weights = torch.exp2(sinks[None, :, None] * LOG2E - lse_log2)

@@ -156,3 +156,31 @@ def ragged_tile_order(
     kv_tiles = np.maximum((keys_end + block_n - 1) // block_n - keys_first // block_n, 1)
     order = np.argsort(-kv_tiles, kind="stable")
     return torch.from_numpy(np.stack([sequence[order], q_block[order]], axis=1).astype(np.int32))
+
+
+def ragged_key_tile_order(
+    lengths_q: list[int],
+    lengths_k: list[int],
+    block_m: int,
+    block_n: int,
+    causal: bool,
+    window_size: tuple[int, int] = (-1, -1),
+) -> torch.Tensor:
+    """The backward's ragged_tile_order: int32 [tiles, 2] of (sequence, K/V tile), each
+    sequence's own K/V tiles, the ones whose walk visits the most query tiles first (the rows
+    that see any of its keys: backward.backward_program's walk). A sequence with keys and no
+    query rows has its tiles too: they write its dK and dV, zeros."""
+    lengths_q_a = np.asarray(lengths_q, dtype=np.int64)
+    lengths_k_a = np.asarray(lengths_k, dtype=np.int64)
+    blocks = (lengths_k_a + block_n - 1) // block_n
+    sequence = np.repeat(np.arange(len(lengths_k_a)), blocks)
+    kv_tile = np.arange(len(sequence)) - (np.cumsum(blocks) - blocks)[sequence]
+    seqlen_q, seqlen_k = lengths_q_a[sequence], lengths_k_a[sequence]
+    diagonal = seqlen_k - seqlen_q  # row i's own key is i + diagonal
+    kv_start = kv_tile * block_n
+    left, right = window_size[0], 0 if causal else window_size[1]
+    rows_first = 0 if right < 0 else np.maximum(kv_start - diagonal - right, 0)
+    rows_end = seqlen_q if left < 0 else np.clip(kv_start + block_n - diagonal + left, 0, seqlen_q)
+    q_tiles = np.maximum((rows_end + block_m - 1) // block_m - rows_first // block_m, 0)
+    order = np.argsort(-q_tiles, kind="stable")
+    return torch.from_numpy(np.stack([sequence[order], kv_tile[order]], axis=1).astype(np.int32))

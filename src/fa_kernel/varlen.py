@@ -7,8 +7,9 @@ of another sequence. One thread block runs each of a sequence's own query blocks
 longest K/V walks first (scheduler.ragged_tile_order, from the lengths read on the host to check
 them, sent to the device with the launch). Reading cu_seqlens on the host waits for the GPU, so
 a pair is read once while both tensors live unwritten (_RaggedLayout): a model's layers pass the
-same pair for a whole step. Forward only so far: a call whose inputs need a
-gradient raises before anything launches (the gradient kernels take batched tensors).
+same pair for a whole step. The gradient runs the preprocess and the backward kernel's varlen
+build on the packed rows as a batch of one, one thread block per K/V tile of a sequence's own
+(scheduler.ragged_key_tile_order), dQ summed by atomic adds.
 """
 
 from __future__ import annotations
@@ -20,9 +21,18 @@ import weakref
 
 import torch
 
-from fa_kernel.interface import check_inputs, kernel_build
+from fa_kernel.backward import (
+    BACKWARD_TILES,
+    PREPROCESS_ROWS,
+    compiled_backward,
+    compiled_preprocess,
+    dq_row,
+    padded_rows,
+)
+from fa_kernel.interface import check_backward_head_dim, check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
-from fa_kernel.scheduler import ragged_tile_order
+from fa_kernel.numerics import LOG2E
+from fa_kernel.scheduler import ragged_key_tile_order, ragged_tile_order
 from fa_kernel.variants import Variants, exponent_scale, launch_arguments
 
 
@@ -40,6 +50,7 @@ def flash_attn_varlen_func(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q kᵀ · softmax_scale) v of each sequence of a ragged batch.
 
@@ -53,21 +64,52 @@ def flash_attn_varlen_func(
         softmax_scale, causal, window_size, softcap, sinks: as flash_attn_func's, per sequence
             (causal and windows around each sequence's own bottom-right diagonal).
         return_lse: also return the LSE, fp32 [nheads, total_q] (flash-attn's varlen layout).
+        deterministic: must be False where a gradient is needed (no fixed-order dQ for ragged
+            batches yet: dQ's sums arrive by atomic adds).
+
+    Differentiable in q, k, v and sinks (and through the LSE): the gradient kernels' varlen
+    builds (_varlen_gradients).
 
     A sequence with queries and no keys gets output 0 and LSE -inf (its sink's, with sinks).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if isinstance(t, torch.Tensor) and t.dim() != 3:
             raise ValueError(f"{name}: expected a 3-d tensor [total, nheads, headdim], got shape {tuple(t.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                f"{name}: expected no gradient to be needed (flash_attn_varlen_func has no backward yet); "
-                "call it under torch.no_grad() or with detached inputs"
-            )
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    if needs_grad and deterministic:
+        raise ValueError(
+            "deterministic: expected False for a ragged batch's gradient (no fixed-order dQ yet), got True"
+        )
+    if needs_grad and isinstance(q, torch.Tensor):
+        check_backward_head_dim(q.shape[-1])
     layout = _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
     variants = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     scale = check_inputs(q[None], k[None], v[None], softmax_scale, causal, **variants)
+    if needs_grad:
+        arguments = (
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            layout,
+            scale,
+            causal,
+            window_size,
+            softcap,
+        )
+        out, lse = _VarlenAttention.apply(q, k, v, sinks, *arguments)
+    else:
+        out, lse = _varlen_forward(q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   layout, scale, causal, window_size, softcap)  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+def _varlen_forward(
+    q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, scale, causal, window_size, softcap
+):
+    """(out, lse) of a checked ragged batch: the forward's launch."""
+    variants = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     total_q, nheads, head_dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
@@ -81,7 +123,75 @@ def flash_attn_varlen_func(
         order = layout.tile_order(config.block_m, config.block_n, causal, window_size, q.device)
         with torch.cuda.device(q.device):
             kernel(q, k, v, out, lse, *arguments, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, order)
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+class _VarlenAttention(torch.autograd.Function):
+    """flash_attn_varlen_func's autograd: the forward's launch, and the gradient kernels' varlen
+    builds (_varlen_gradients)."""
+
+    @staticmethod
+    def forward(q, k, v, sinks, *arguments):
+        return _varlen_forward(q, k, v, sinks, *arguments)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, _, _, layout, scale, causal, window_size, softcap = inputs
+        ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, sinks)
+        ctx.layout, ctx.scale, ctx.causal, ctx.window_size, ctx.softcap = layout, scale, causal, window_size, softcap
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
+        if grad_out is None:  # only the LSE was used
+            grad_out = torch.zeros_like(out)
+        options = (ctx.layout, ctx.scale, ctx.causal, ctx.window_size, ctx.softcap, sinks)
+        dq, dk, dv, dsinks = _varlen_gradients(
+            grad_out, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options
+        )
+        return dq, dk, dv, dsinks, *([None] * 9)
+
+
+def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, layout, scale, causal, window_size,
+                      softcap, sinks):  # fmt: skip
+    """(dq, dk, dv, dsinks; None without sinks) of a ragged batch: the preprocess over the packed
+    rows as a batch of one, the backward kernel's varlen build over the key tile order, dQ cast
+    from its fp32 sums. Delta, LSE₂ and dQ's sums have room for one query tile past the last row,
+    zeros (finite: a row past a sequence's end takes P = 0 by the select, and 0·NaN would not be 0)."""
+    total_q, nheads, head_dim = q.shape
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
+    rows = padded_rows(total_q) + PREPROCESS_ROWS
+    delta = torch.zeros((1, nheads, rows), dtype=torch.float32, device=q.device)
+    lse_log2 = torch.zeros_like(delta)
+    if total_q and k.shape[0]:
+        dtype, arch = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype], compile_arch(q.device)
+        variants = Variants.of(causal, window_size, softcap, None)  # the sinks are in the LSE already
+        preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
+        dk_dv = compiled_backward(
+            head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=True
+        )
+        block_m, block_n, _ = BACKWARD_TILES[head_dim]
+        order = layout.key_tile_order(block_m, block_n, causal, window_size, q.device)
+        scales = (exponent_scale(scale, softcap), scale, *launch_arguments(variants, window_size, softcap, scale, None))
+        dq_accum = torch.zeros((1, nheads, rows, dq_row(head_dim)), dtype=torch.float32, device=q.device)
+        with torch.cuda.device(q.device):
+            preprocess(out[None], dout[None], lse[None], delta, lse_log2)
+            if grad_lse is not None:
+                delta[0, :, :total_q] -= grad_lse
+            dk_dv(q[None], k[None], v[None], dout[None], delta, lse_log2, dq_accum, dk[None], dv[None], *scales,
+                  cu_seqlens_q, cu_seqlens_k, order)  # fmt: skip
+            torch.mul(dq_accum[0, :, :total_q, :head_dim].transpose(0, 1), scale, out=dq)
+    else:  # no score anywhere: every gradient 0 but the sinks' (the LSE the sink's, or -inf)
+        for grad in (dq, dk, dv):
+            grad.zero_()
+    if not k.shape[0] and total_q:
+        delta[0, :, :total_q] = (dout.float() * out.float()).sum(dim=-1).T - (0 if grad_lse is None else grad_lse)
+        lse_log2[0, :, :total_q] = lse * LOG2E
+    if sinks is None:
+        return dq, dk, dv, None
+    return dq, dk, dv, sink_gradient(sinks, lse_log2[:, :, :total_q], delta[:, :, :total_q])
 
 
 def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_size, softcap, sinks):
@@ -110,10 +220,17 @@ class _RaggedLayout:
     orders: dict = dataclasses.field(default_factory=dict)
 
     def tile_order(self, block_m, block_n, causal, window_size, device) -> torch.Tensor:
-        key = (block_m, block_n, causal, tuple(window_size), device)
+        """The forward's (scheduler.ragged_tile_order), on the device."""
+        return self._order(ragged_tile_order, block_m, block_n, causal, window_size, device)
+
+    def key_tile_order(self, block_m, block_n, causal, window_size, device) -> torch.Tensor:
+        """The backward's (scheduler.ragged_key_tile_order), on the device."""
+        return self._order(ragged_key_tile_order, block_m, block_n, causal, window_size, device)
+
+    def _order(self, make, block_m, block_n, causal, window_size, device) -> torch.Tensor:
+        key = (make.__name__, block_m, block_n, causal, tuple(window_size), device)
         if key not in self.orders:
-            order = ragged_tile_order(self.lengths_q, self.lengths_k, block_m, block_n, causal, window_size)
-            self.orders[key] = order.to(device)
+            self.orders[key] = make(self.lengths_q, self.lengths_k, block_m, block_n, causal, window_size).to(device)
         return self.orders[key]
 
 
