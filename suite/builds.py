@@ -13,7 +13,7 @@ from fa_kernel.backward import BACKWARD_TILES
 from fa_kernel.configs import FALLBACK, SPLIT_TILES, TileConfig, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
 from fa_kernel.kernel import H100_SM_COUNT
-from fa_kernel.variants import Variants
+from fa_kernel.variants import PLAIN, Variants
 from suite.boundaries import sweep_builds
 
 # test_kernel: the schedules it runs besides the shipped configs: one, two and three consumer
@@ -200,3 +200,15 @@ def varlen_builds(arch: str) -> list[dict]:
             dict(head_dim=64, causal=True, dtype="float16", config=config, arch=arch, varlen=True, variants=variants)
         )
     return [build for index, build in enumerate(builds) if build not in builds[:index]]
+
+
+def varlen_gradient_builds(arch: str) -> list[dict]:
+    """compiled_gradient_kernels' arguments of tests/test_varlen.py's gradients: each head dim and
+    mask in bf16, and the variants' tests (causal d64 fp16) plain, with a left edge and a cap."""
+    builds = [
+        dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch=arch, varlen=True)
+        for head_dim, causal in itertools.product((64, 128), (False, True))
+    ]
+    for variants in (PLAIN, Variants(window_left=True), Variants(softcap=True)):
+        builds.append(dict(head_dim=64, causal=True, dtype="float16", arch=arch, variants=variants, varlen=True))
+    return builds

@@ -92,6 +92,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
         split_kv_test_builds,
         split_kv_variant_builds,
         variant_gradient_builds,
+        varlen_gradient_builds,
     )
 
     from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
@@ -99,6 +100,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     from fa_kernel.workbench.builds import split_kv_builds, unique
 
     gradients = gradient_builds(arch) + deterministic_builds(arch) + variant_gradient_builds(arch)
+    gradients += varlen_gradient_builds(arch)
     # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
     decodes = unique(split_kv_test_builds(arch) + split_kv_builds(arch) + split_kv_variant_builds(arch))
     forwards = suite_builds(sm_count, arch)

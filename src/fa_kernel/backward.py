@@ -500,14 +500,18 @@ def compiled_gradient_kernels(
     arch: str | None = None,
     deterministic: bool = False,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ) -> tuple:
     """(preprocess, backward, dq): the kernels a gradient launches (a module-level builder, for
     `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
-    fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ)."""
+    fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ).
+    `varlen`: the backward kernel's ragged-batch build (atomic dQ only)."""
+    if varlen and deterministic:
+        raise ValueError("deterministic: a ragged batch's gradient has no fixed-order dQ, expected False")
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
     arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants)
     if not deterministic:
-        return preprocess, compiled_backward(**arguments), None
+        return preprocess, compiled_backward(**arguments, varlen=varlen), None
     return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)
 
 

@@ -21,14 +21,7 @@ import weakref
 
 import torch
 
-from fa_kernel.backward import (
-    BACKWARD_TILES,
-    PREPROCESS_ROWS,
-    compiled_backward,
-    compiled_preprocess,
-    dq_row,
-    padded_rows,
-)
+from fa_kernel.backward import BACKWARD_TILES, PREPROCESS_ROWS, compiled_gradient_kernels, dq_row, padded_rows
 from fa_kernel.interface import check_backward_head_dim, check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -168,10 +161,8 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
     if total_q and k.shape[0]:
         dtype, arch = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype], compile_arch(q.device)
         variants = Variants.of(causal, window_size, softcap, None)  # the sinks are in the LSE already
-        preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
-        dk_dv = compiled_backward(
-            head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=True
-        )
+        build = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=True)
+        preprocess, dk_dv, _ = compiled_gradient_kernels(**build)
         block_m, block_n, _ = BACKWARD_TILES[head_dim]
         order = layout.key_tile_order(block_m, block_n, causal, window_size, q.device)
         scales = (exponent_scale(scale, softcap), scale, *launch_arguments(variants, window_size, softcap, scale, None))

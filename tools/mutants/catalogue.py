@@ -458,8 +458,8 @@ KERNEL_MUTANTS = [
         # The dK/dV kernel's query range stops a row short of the last whose window reaches the tile.
         "backward_window_rows_one_short",
         "backward.py",
-        "visibility.rows_before(kv_start + block_n)",
-        "visibility.rows_before(kv_start + block_n - 1)",
+        "rule.rows_before(kv_start + block_n)",
+        "rule.rows_before(kv_start + block_n - 1)",
         first=BACKWARD_VARIANTS,
     ),
     Mutant(
@@ -556,6 +556,22 @@ KERNEL_MUTANTS = [
         "sequence = TileOrder[block[0], 1]",
         first=VARLEN,
     ),
+    Mutant(
+        # The gradient's keys of each sequence read from one row late (a cu_seqlens_k offset off by one).
+        "varlen_backward_key_offset_off_by_one",
+        "backward.py",
+        "k_offset = CuSeqlensK[sequence]",
+        "k_offset = CuSeqlensK[sequence] + 1",
+        first=VARLEN,
+    ),
+    Mutant(
+        # A sequence's last, partial K/V tile stores dK and dV whole: the next sequence's first rows overwritten.
+        "varlen_backward_partial_key_tile_stored_whole",
+        "backward.py",
+        "kv_start + block_n <= sequence_k",
+        "kv_start < sequence_k",
+        first=VARLEN,
+    ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(
         # The select's causal part dropped (the gradient kernels and the split-KV kernel).
@@ -580,8 +596,8 @@ KERNEL_MUTANTS = [
         # The causal walk starts one query tile after the first that sees the K/V tile.
         "backward_first_query_tile_late",
         "backward.py",
-        "T.max(visibility.first_row(kv_start), 0) // block_m",
-        "T.max(visibility.first_row(kv_start), 0) // block_m + 1",
+        "T.max(rule.first_row(kv_start), 0) // block_m",
+        "T.max(rule.first_row(kv_start), 0) // block_m + 1",
         first=BACKWARD_SWEEP,
     ),
     Mutant(
