@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fa_kernel import flash_attn_func
+from fa_kernel.configs import TileConfig
 from fa_kernel.reference import judge, random_qkv, visible_pairs
 from fa_kernel.reference_backward import judge_backward
 from fa_kernel.workbench.bench import BACKWARD_FLOPS, cuda_median_ms, flex_attention_call, gradient_of
@@ -169,11 +170,20 @@ def cost_table(args) -> None:
 
 def window_configs(head_dim: int) -> list:
     """Every forward config the tables ship for causal `head_dim` on sm_90 (long, short and grid
-    entries), each once: the candidates for a window's entry."""
+    entries), each once, and the unshipped WINDOW_CANDIDATES: the candidates for a window's entry."""
     from fa_kernel.workbench.builds import shipped_builds
 
     builds = shipped_builds("sm_90", head_dims=(head_dim,))
-    return list(dict.fromkeys(build["config"] for build in builds if build["causal"]))
+    shipped = [build["config"] for build in builds if build["causal"]]
+    return list(dict.fromkeys(shipped + WINDOW_CANDIDATES[head_dim]))
+
+
+# Configs no table ships, for short windows: 64-key tiles waste half as many masked keys at a
+# window's two edges as 128-key ones (a 128-key window spans 2-3 tiles of 128 per query block).
+WINDOW_CANDIDATES = {
+    64: [TileConfig(128, 64, 2, 256, persistent=True), TileConfig(192, 64, 3, 384, persistent=True)],
+    128: [TileConfig(128, 64, 2, 256, persistent=True)],
+}
 
 
 def configs_table(args) -> None:

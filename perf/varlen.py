@@ -33,7 +33,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.reference import judge, visible_pairs
 from fa_kernel.reference_backward import judge_backward
 from fa_kernel.varlen import flash_attn_varlen_func
-from fa_kernel.workbench.bench import alternated, cuda_median_ms
+from fa_kernel.workbench.bench import BACKWARD_FLOPS, alternated, cuda_median_ms, gradient_of
 
 
 def document_lengths(tokens: int, seed: int = 0) -> list[int]:
@@ -62,7 +62,7 @@ def row(lengths: list[int], head_dim: int, causal: bool, args) -> None:
     ]
     padded = [torch.randn(len(lengths), longest, heads, head_dim, dtype=dtype, device=device) for _ in range(3)]
     useful = sum(visible_pairs(n, n, causal) for n in lengths)
-    passes = 2.5 if args.backward else 1.0  # the backward's GEMMs: 2.5x the forward's
+    passes = BACKWARD_FLOPS if args.backward else 1.0
     flops = {
         "varlen": 4.0 * passes * heads * head_dim * useful,
         "varlen, read each call": 4.0 * passes * heads * head_dim * useful,
@@ -82,7 +82,10 @@ def row(lengths: list[int], head_dim: int, causal: bool, args) -> None:
         # The gradient reads no cu_seqlens (the forward's graph keeps them): one varlen column.
         del calls["varlen, read each call"]
         inputs = {"varlen": (q, k, v), "rectangular": rectangular, "padded": padded}
-        calls = {name: gradient_of(call, inputs[name]) for name, call in calls.items()}
+        for tensors in inputs.values():
+            for t in tensors:
+                t.requires_grad_()
+        calls = {name: gradient_of(call, tuple(inputs[name])) for name, call in calls.items()}
         judge_gradients(q, k, v, cu, lengths, longest, causal)
     timers = {
         name: (lambda fn=fn, f=flops[name]: f / cuda_median_ms(fn, repeats=args.repeats) / 1e9)
@@ -96,16 +99,6 @@ def row(lengths: list[int], head_dim: int, causal: bool, args) -> None:
         ratios.append(f"varlen/{anchor} {statistics.median(each):.3f}x ({min(each):.3f}-{max(each):.3f})")
     label = f"{len(lengths)} documents, {total} tokens (mean {mean}, longest {longest}) x16 d{head_dim}"
     print(f"| {label} {'causal' if causal else 'full'} | {figures} | {' | '.join(ratios)} |", flush=True)
-
-
-def gradient_of(call, inputs):
-    """A call of the gradients alone of `call`'s output as to `inputs`, the tensors `call` reads
-    (made to require gradients here): one forward's graph, kept."""
-    for t in inputs:
-        t.requires_grad_()
-    out = call()
-    dout = torch.randn_like(out)
-    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
 def judge_gradients(q, k, v, cu, lengths, longest, causal) -> None:
