@@ -34,6 +34,7 @@ import tilelang.language as T
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility, variant_visibility
 from fa_kernel.numerics import LOG2E
+from fa_kernel.scheduler import ragged_registers, read_sequence
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
@@ -233,16 +234,9 @@ def backward_program(
             if varlen:
                 # The block's (sequence, K/V tile) from the key tile order; the sequence's
                 # offsets and lengths, read once, and its rule.
-                sequence = T.alloc_var(T.int32)
-                q_offset = T.alloc_var(T.int32)
-                k_offset = T.alloc_var(T.int32)
-                sequence_q = T.alloc_var(T.int32)
-                sequence_k = T.alloc_var(T.int32)
+                sequence, q_offset, k_offset, sequence_q, sequence_k = ragged_registers()
                 sequence = TileOrder[kv_block, 0]
-                q_offset = CuSeqlensQ[sequence]
-                k_offset = CuSeqlensK[sequence]
-                sequence_q = CuSeqlensQ[sequence + 1] - q_offset
-                sequence_k = CuSeqlensK[sequence + 1] - k_offset
+                read_sequence(CuSeqlensQ, CuSeqlensK, sequence, q_offset, k_offset, sequence_q, sequence_k)
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
                 kv_tile = TileOrder[kv_block, 1]
             kv_start = kv_tile * block_n

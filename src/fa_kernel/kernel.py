@@ -50,7 +50,7 @@ from fa_kernel.pipeline import (
     own_output_buffer,
     pipeline_parts,
 )
-from fa_kernel.scheduler import tile_scheduler
+from fa_kernel.scheduler import ragged_registers, read_sequence, tile_scheduler
 from fa_kernel.softmax import TANH_APPROX, RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
@@ -503,16 +503,9 @@ def forward_program(
             # scheduler's (query block, head, sequence); the sequence's offsets and lengths.
             rule, q_offset, k_offset = visibility, None, None
             if varlen:
-                sequence = T.alloc_var(T.int32)
-                q_offset = T.alloc_var(T.int32)
-                k_offset = T.alloc_var(T.int32)
-                sequence_q = T.alloc_var(T.int32)
-                sequence_k = T.alloc_var(T.int32)
+                sequence, q_offset, k_offset, sequence_q, sequence_k = ragged_registers()
                 sequence = TileOrder[block[0], 0]
-                q_offset = CuSeqlensQ[sequence]
-                k_offset = CuSeqlensK[sequence]
-                sequence_q = CuSeqlensQ[sequence + 1] - q_offset
-                sequence_k = CuSeqlensK[sequence + 1] - k_offset
+                read_sequence(CuSeqlensQ, CuSeqlensK, sequence, q_offset, k_offset, sequence_q, sequence_k)
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
                 block = (TileOrder[block[0], 1], block[1], sequence)
 

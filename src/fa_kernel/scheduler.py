@@ -127,6 +127,22 @@ def tile_scheduler(
     return TileScheduler(q_blocks, num_tiles, workers, place_in_round, work_tile, first_kv_block, warpgroup_kv_blocks)
 
 
+def ragged_registers() -> tuple:
+    """A ragged batch's work tile's int32 registers: (sequence, its first query row and first key
+    in the packed tensors, its query and key lengths), for read_sequence to fill."""
+    return tuple(T.alloc_var(T.int32) for _ in range(5))
+
+
+@T.macro
+def read_sequence(cu_seqlens_q, cu_seqlens_k, sequence: T.Ref, q_offset: T.Ref, k_offset: T.Ref, seqlen_q: T.Ref,
+                  seqlen_k: T.Ref):  # fmt: skip
+    """Sequence `sequence`'s offsets and lengths from the cu_seqlens, into its registers."""
+    q_offset = cu_seqlens_q[sequence]
+    k_offset = cu_seqlens_k[sequence]
+    seqlen_q = cu_seqlens_q[sequence + 1] - q_offset  # noqa: F841 (a register store)
+    seqlen_k = cu_seqlens_k[sequence + 1] - k_offset  # noqa: F841
+
+
 def ragged_tile_order(
     lengths_q: list[int],
     lengths_k: list[int],
