@@ -123,13 +123,19 @@ def test_the_tile_order_holds_each_sequences_own_blocks_once_longest_walk_first(
     lengths_q = [0, 1, block_m, block_m + 1, 3 * block_m - 1, 500, 37, 0, 260]
     lengths_k = [5, 0, block_m, 2 * block_m + 1, 3 * block_m - 1, 300, 900, 0, 260]
     order = ragged_tile_order(lengths_q, lengths_k, block_m, block_n, causal, window_size)
+    assert_each_tile_once_longest_first(
+        order, lengths_q, block_m,
+        lambda s, b: walk_length(lengths_q[s], lengths_k[s], b * block_m, block_m, block_n, causal, window_size),
+    )  # fmt: skip
+
+
+def assert_each_tile_once_longest_first(order, lengths, block, walk_of) -> None:
+    """`order` (int32 [tiles, 2] of (sequence, tile)) holds every tile of `block` rows of each
+    sequence's `lengths` once, none past an end, their walk_of(sequence, tile) non-increasing."""
     assert order.dtype == torch.int32 and order.shape[1] == 2
     tiles = [tuple(entry) for entry in order.tolist()]
-    own = [(s, b) for s, length in enumerate(lengths_q) for b in range(math.ceil(length / block_m))]
-    assert sorted(tiles) == own  # every block of every sequence, once; none past an end
-    walks = [
-        walk_length(lengths_q[s], lengths_k[s], b * block_m, block_m, block_n, causal, window_size) for s, b in tiles
-    ]
+    assert sorted(tiles) == [(s, t) for s, length in enumerate(lengths) for t in range(math.ceil(length / block))]
+    walks = [walk_of(s, t) for s, t in tiles]
     assert walks == sorted(walks, reverse=True), walks
 
 
@@ -159,15 +165,10 @@ def test_the_key_tile_order_holds_each_sequences_own_key_tiles_once_longest_walk
     lengths_k = [0, 1, block_n, block_n + 1, 3 * block_n - 1, 500, 37, 0, 260]
     lengths_q = [5, 0, block_n, 2 * block_n + 1, 3 * block_n - 1, 300, 900, 0, 260]
     order = ragged_key_tile_order(lengths_q, lengths_k, block_m, block_n, causal, window_size)
-    assert order.dtype == torch.int32 and order.shape[1] == 2
-    tiles = [tuple(entry) for entry in order.tolist()]
-    own = [(s, t) for s, length in enumerate(lengths_k) for t in range(math.ceil(length / block_n))]
-    assert sorted(tiles) == own
-    walks = [
-        query_tiles_walked(lengths_q[s], lengths_k[s], t * block_n, block_m, block_n, causal, window_size)
-        for s, t in tiles
-    ]
-    assert walks == sorted(walks, reverse=True), walks
+    assert_each_tile_once_longest_first(
+        order, lengths_k, block_n,
+        lambda s, t: query_tiles_walked(lengths_q[s], lengths_k[s], t * block_n, block_m, block_n, causal, window_size),
+    )  # fmt: skip
 
 
 # ---- on the GPU ----

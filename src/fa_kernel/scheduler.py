@@ -143,26 +143,15 @@ def read_sequence(cu_seqlens_q, cu_seqlens_k, sequence: T.Ref, q_offset: T.Ref, 
     seqlen_k = cu_seqlens_k[sequence + 1] - k_offset  # noqa: F841
 
 
-def ragged_tile_order(
-    lengths_q: list[int],
-    lengths_k: list[int],
-    block_m: int,
-    block_n: int,
-    causal: bool,
-    window_size: tuple[int, int] = (-1, -1),
-) -> torch.Tensor:
+def ragged_tile_order(lengths_q: list[int], lengths_k: list[int], block_m: int, block_n: int, causal: bool,
+                      window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:  # fmt: skip
     """int32 [tiles, 2] on the host: (sequence, query block) of each query block of a ragged
     batch's sequences, the ones whose rows visit the most K/V tiles first (ties in sequence
     order). Blocks run in about this order, so longest-first keeps the grid's tail short. Rows
     see keys from their bottom-right diagonal as the kernel's rule: right edge 0 when causal,
     else window_size's right (-1: none), left edge window_size's left. In numpy: on arrays this
     small its operations cost a tenth of torch's, and this runs on the host before each launch."""
-    lengths_q_a = np.asarray(lengths_q, dtype=np.int64)
-    lengths_k_a = np.asarray(lengths_k, dtype=np.int64)
-    blocks = (lengths_q_a + block_m - 1) // block_m
-    sequence = np.repeat(np.arange(len(lengths_q_a)), blocks)
-    q_block = np.arange(len(sequence)) - (np.cumsum(blocks) - blocks)[sequence]
-    seqlen_q, seqlen_k = lengths_q_a[sequence], lengths_k_a[sequence]
+    sequence, q_block, seqlen_q, seqlen_k = _tiles_of(lengths_q, lengths_k, lengths_q, block_m)
     diagonal = seqlen_k - seqlen_q  # row i's own key is i + diagonal
     first_row = q_block * block_m
     last_row = np.minimum(first_row + block_m, seqlen_q) - 1
@@ -170,33 +159,36 @@ def ragged_tile_order(
     keys_end = seqlen_k if right < 0 else np.clip(last_row + diagonal + right + 1, 0, seqlen_k)
     keys_first = 0 if left < 0 else np.maximum(first_row + diagonal - left, 0)
     kv_tiles = np.maximum((keys_end + block_n - 1) // block_n - keys_first // block_n, 1)
-    order = np.argsort(-kv_tiles, kind="stable")
-    return torch.from_numpy(np.stack([sequence[order], q_block[order]], axis=1).astype(np.int32))
+    return _longest_first(sequence, q_block, kv_tiles)
 
 
-def ragged_key_tile_order(
-    lengths_q: list[int],
-    lengths_k: list[int],
-    block_m: int,
-    block_n: int,
-    causal: bool,
-    window_size: tuple[int, int] = (-1, -1),
-) -> torch.Tensor:
+def ragged_key_tile_order(lengths_q: list[int], lengths_k: list[int], block_m: int, block_n: int, causal: bool,
+                          window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:  # fmt: skip
     """The backward's ragged_tile_order: int32 [tiles, 2] of (sequence, K/V tile), each
     sequence's own K/V tiles, the ones whose walk visits the most query tiles first (the rows
     that see any of its keys: backward.backward_program's walk). A sequence with keys and no
     query rows has its tiles too: they write its dK and dV, zeros."""
-    lengths_q_a = np.asarray(lengths_q, dtype=np.int64)
-    lengths_k_a = np.asarray(lengths_k, dtype=np.int64)
-    blocks = (lengths_k_a + block_n - 1) // block_n
-    sequence = np.repeat(np.arange(len(lengths_k_a)), blocks)
-    kv_tile = np.arange(len(sequence)) - (np.cumsum(blocks) - blocks)[sequence]
-    seqlen_q, seqlen_k = lengths_q_a[sequence], lengths_k_a[sequence]
-    diagonal = seqlen_k - seqlen_q  # row i's own key is i + diagonal
+    sequence, kv_tile, seqlen_q, seqlen_k = _tiles_of(lengths_q, lengths_k, lengths_k, block_n)
+    diagonal = seqlen_k - seqlen_q
     kv_start = kv_tile * block_n
     left, right = window_size[0], 0 if causal else window_size[1]
     rows_first = 0 if right < 0 else np.maximum(kv_start - diagonal - right, 0)
     rows_end = seqlen_q if left < 0 else np.clip(kv_start + block_n - diagonal + left, 0, seqlen_q)
     q_tiles = np.maximum((rows_end + block_m - 1) // block_m - rows_first // block_m, 0)
-    order = np.argsort(-q_tiles, kind="stable")
-    return torch.from_numpy(np.stack([sequence[order], kv_tile[order]], axis=1).astype(np.int32))
+    return _longest_first(sequence, kv_tile, q_tiles)
+
+
+def _tiles_of(lengths_q, lengths_k, lengths_tiled, block: int) -> tuple:
+    """(sequence, tile, the sequence's query length, its key length) of every tile of `block`
+    rows of each sequence's lengths_tiled (its query or its key rows), in sequence order."""
+    lengths_q_a, lengths_k_a = np.asarray(lengths_q, dtype=np.int64), np.asarray(lengths_k, dtype=np.int64)
+    tiles = (np.asarray(lengths_tiled, dtype=np.int64) + block - 1) // block
+    sequence = np.repeat(np.arange(len(tiles)), tiles)
+    tile = np.arange(len(sequence)) - (np.cumsum(tiles) - tiles)[sequence]
+    return sequence, tile, lengths_q_a[sequence], lengths_k_a[sequence]
+
+
+def _longest_first(sequence, tile, walk) -> torch.Tensor:
+    """int32 [tiles, 2] of (sequence, tile), the longest walks first, ties in the order given."""
+    order = np.argsort(-walk, kind="stable")
+    return torch.from_numpy(np.stack([sequence[order], tile[order]], axis=1).astype(np.int32))
