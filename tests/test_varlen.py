@@ -359,3 +359,57 @@ def test_no_sequences_gradients_read_another():
     for grad_before, grad_after in zip(before, after, strict=True):
         assert torch.equal(grad_before[others], grad_after[others])
         assert not torch.equal(grad_before[127:256], grad_after[127:256])
+
+
+# ---- the custom ops (torch.compile) ----
+
+
+def test_the_custom_ops_fakes_give_the_kernels_shapes():
+    # On meta tensors the ops run their fakes: what torch.compile traces the graph with.
+    import fa_kernel.varlen  # noqa: F401 (registers the ops)
+
+    q = torch.empty(10, 4, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(12, 2, 64, device="meta", dtype=torch.bfloat16)
+    cu_q, cu_k = cu(4, 6, device="meta"), cu(5, 7, device="meta")
+    sinks = torch.empty(4, device="meta")
+    out, lse = torch.ops.fa_kernel.varlen_forward(q, k, k, cu_q, cu_k, 6, 7, 0.125, True, -1, -1, 0.0, sinks)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == (q.shape, q.dtype, (4, 10), torch.float32)
+    grads = torch.ops.fa_kernel.varlen_backward(
+        out, lse, q, k, k, out, lse, cu_q, cu_k, 6, 7, 0.125, True, -1, -1, 0.0, sinks
+    )
+    assert [(g.shape, g.dtype) for g in grads] == [
+        (q.shape, q.dtype), (k.shape, k.dtype), (k.shape, k.dtype), ((4,), torch.float32)
+    ]  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_torch_compile_traces_forward_and_gradient_without_graph_breaks():
+    q, k, v, cu_q, cu_k = packed([127, 129, 64], [127, 129, 64], device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(q)
+
+    def layer(q, k, v):
+        # Only exact arithmetic around the op, so compiled and eager must agree bitwise.
+        return call(q * 2, k, v, cu_q, cu_k, max_q=129, max_k=129, causal=True) * 4
+
+    explanation = torch._dynamo.explain(layer)(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(layer, fullgraph=True)
+    for run in (layer, compiled):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = run(*leaves)
+        out.backward(dout)
+        if run is layer:
+            expected = (out, *(t.grad for t in leaves))
+        else:
+            for got, want in zip((out, *(t.grad for t in leaves)), expected, strict=True):
+                assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_the_custom_ops_pass_opcheck():
+    q, k, v, cu_q, cu_k = packed([127, 0, 64], [100, 3, 64], device="cuda")
+    arguments = (q, k, v, cu_q, cu_k, 127, 100, 0.125, True, -1, -1, 0.0, None)
+    torch.library.opcheck(torch.ops.fa_kernel.varlen_forward.default, arguments)
+    out, lse = torch.ops.fa_kernel.varlen_forward(*arguments)
+    backward = (torch.randn_like(out), None, q, k, v, out, lse, *arguments[3:])
+    torch.library.opcheck(torch.ops.fa_kernel.varlen_backward.default, backward)

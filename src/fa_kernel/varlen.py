@@ -76,26 +76,107 @@ def flash_attn_varlen_func(
         )
     if needs_grad and isinstance(q, torch.Tensor):
         check_backward_head_dim(q.shape[-1])
-    layout = _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
+    traced = torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v))
+    # Traced (torch.compile, export) or on tensor subclasses: the cu_seqlens are read in the op's
+    # body, at run time (a host read in the trace would break the graph).
+    layout = None if traced else _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
     variants = dict(window_size=window_size, softcap=softcap, sinks=sinks)
     scale = check_inputs(q[None], k[None], v[None], softmax_scale, causal, **variants)
-    if needs_grad:
-        arguments = (
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            layout,
-            scale,
-            causal,
-            window_size,
-            softcap,
-        )
-        out, lse = _VarlenAttention.apply(q, k, v, sinks, *arguments)
+    (left, right), softcap = (int(edge) for edge in window_size), float(softcap)
+    ragged = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if traced:
+        out, lse = torch.ops.fa_kernel.varlen_forward(q, k, v, *ragged, scale, causal, left, right, softcap, sinks)
+    elif needs_grad:
+        out, lse = _VarlenAttention.apply(q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap)
     else:
-        out, lse = _varlen_forward(q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                   layout, scale, causal, window_size, softcap)  # fmt: skip
+        out, lse = _varlen_forward(q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap)
     return (out, lse) if return_lse else out
+
+
+# ---- the custom ops: what torch.compile sees (one node each, with a fake and a gradient) ----
+
+
+@torch.library.custom_op("fa_kernel::varlen_forward", mutates_args=(), device_types="cuda")
+def _varlen_forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ragged = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    layout = _ragged_layout(*ragged[:2], q, k, *ragged[2:])
+    return _varlen_forward(q, k, v, sinks, *ragged, layout, softmax_scale, causal, (window_left, window_right), softcap)
+
+
+@_varlen_forward_op.register_fake
+def _varlen_forward_fake(q, k, v, *_):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+        (q.shape[1], q.shape[0]), dtype=torch.float32
+    )
+
+
+@torch.library.custom_op("fa_kernel::varlen_backward", mutates_args=(), device_types="cuda")
+def _varlen_backward_op(
+    dout: torch.Tensor,
+    grad_lse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks; empty without sinks)."""
+    layout = _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
+    options = (layout, softmax_scale, causal, (window_left, window_right), softcap, sinks)
+    dq, dk, dv, dsinks = _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options)
+    return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dsinks is None else dsinks
+
+
+@_varlen_backward_op.register_fake
+def _varlen_backward_fake(dout, grad_lse, q, k, v, *arguments):
+    sinks = arguments[-1]
+    grads = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return *grads, q.new_empty(0 if sinks is None else sinks.shape[0], dtype=torch.float32)
+
+
+def _varlen_op_context(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *scalars, sinks = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, sinks)
+    ctx.max_seqlens, ctx.scalars = (max_seqlen_q, max_seqlen_k), tuple(scalars)
+
+
+def _varlen_op_gradient(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
+    if grad_out is None:  # only the LSE was used
+        grad_out = torch.zeros_like(out)
+    ragged = (cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens)
+    dq, dk, dv, dsinks = torch.ops.fa_kernel.varlen_backward(
+        grad_out, grad_lse, q, k, v, out, lse, *ragged, *ctx.scalars, sinks
+    )
+    # None for the cu_seqlens, the max_seqlens, the scale, the flags and the window's and cap's values.
+    return dq, dk, dv, *([None] * 9), None if sinks is None else dsinks
+
+
+torch.library.register_autograd("fa_kernel::varlen_forward", _varlen_op_gradient, setup_context=_varlen_op_context)
 
 
 def _varlen_forward(
