@@ -320,8 +320,9 @@ EQUIVALENT: dict[str, Reason] = {
     "pipeline.py:<module>:constant:PRODUCER_THREADS = 128->PRODUCER_THREADS = 127": SCHEDULE_ONLY,
     "pipeline.py:<module>:constant:PRODUCER_REGISTERS = 24->PRODUCER_REGISTERS = 48": SCHEDULE_ONLY,
     # the tile scheduler: the order of work tiles, the thread blocks a round has
-    "scheduler.py:work_tile:guard_never:visibility.limits_right->False": SCHEDULE_ONLY,  # causal query blocks in order
-    "scheduler.py:work_tile:guard_always:visibility.limits_right->True": SCHEDULE_ONLY,  # non-causal ones in reverse
+    # causal query blocks in order (a ragged batch's come in the host's order either way; made
+    # True, the reversal would take a ragged block past its sequence's end: not equivalent)
+    "scheduler.py:work_tile:guard_never:visibility.limits_right and (not ragged)->False": SCHEDULE_ONLY,
     **{
         f"scheduler.py:place_in_round:{rewrite}": SCHEDULE_ONLY
         for rewrite in (

@@ -515,19 +515,20 @@ KERNEL_MUTANTS = [
     ),
     # ---- ragged batches (the forward's varlen build): tests/test_varlen.py
     Mutant(
-        # Each sequence's queries read from one row late (a cu_seqlens offset off by one).
+        # Each sequence's queries read from one row late (a cu_seqlens offset off by one; the
+        # forward's and the gradient's read).
         "varlen_query_offset_off_by_one",
-        "kernel.py",
-        "q_offset = CuSeqlensQ[sequence]",
-        "q_offset = CuSeqlensQ[sequence] + 1",
+        "scheduler.py",
+        "cu_seqlens_q[sequence]",
+        "cu_seqlens_q[sequence] + 1",
         first=VARLEN,
     ),
     Mutant(
         # Each sequence sees one key too few (the next entry of cu_seqlens_k read as exclusive twice).
         "varlen_keys_one_short",
-        "kernel.py",
-        "sequence_k = CuSeqlensK[sequence + 1] - k_offset",
-        "sequence_k = CuSeqlensK[sequence + 1] - k_offset - 1",
+        "scheduler.py",
+        "cu_seqlens_k[sequence + 1] - k_offset",
+        "cu_seqlens_k[sequence + 1] - k_offset - 1",
         first=VARLEN,
     ),
     Mutant(
@@ -557,11 +558,11 @@ KERNEL_MUTANTS = [
         first=VARLEN,
     ),
     Mutant(
-        # The gradient's keys of each sequence read from one row late (a cu_seqlens_k offset off by one).
-        "varlen_backward_key_offset_off_by_one",
+        # The gradient's query tiles read from the packed rows' start, not their sequence's.
+        "varlen_backward_rows_without_offset",
         "backward.py",
-        "k_offset = CuSeqlensK[sequence]",
-        "k_offset = CuSeqlensK[sequence] + 1",
+        "at_offset(q_offset, q_start)",
+        "q_start",
         first=VARLEN,
     ),
     Mutant(
