@@ -212,3 +212,15 @@ def varlen_gradient_builds(arch: str) -> list[dict]:
     for variants in (PLAIN, Variants(window_left=True), Variants(softcap=True)):
         builds.append(dict(head_dim=64, causal=True, dtype="float16", arch=arch, variants=variants, varlen=True))
     return builds
+
+
+def paged_decode_builds(arch: str) -> list[dict]:
+    """compiled_decode_kernels' arguments of tests/test_paged.py's launches: each page size and
+    head dim on the 16-row tile (causal), and the 64-row tile and the 16-row one without a mask
+    at 64-row pages, d128, bf16."""
+    builds = [
+        dict(head_dim=head_dim, causal=True, dtype="bfloat16", arch=arch, block_m=16, page_size=page_size)
+        for head_dim, page_size in itertools.product((64, 128), (16, 64, 256))
+    ]
+    builds += [dict(head_dim=128, causal=False, dtype="bfloat16", arch=arch, block_m=m, page_size=64) for m in (16, 64)]
+    return builds

@@ -89,6 +89,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     would end each on a round of idle cores), then the forward's (builder None)."""
     from suite.builds import (
         deterministic_builds,
+        paged_decode_builds,
         split_kv_test_builds,
         split_kv_variant_builds,
         variant_gradient_builds,
@@ -102,7 +103,8 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     gradients = gradient_builds(arch) + deterministic_builds(arch) + variant_gradient_builds(arch)
     gradients += varlen_gradient_builds(arch)
     # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
-    decodes = unique(split_kv_test_builds(arch) + split_kv_builds(arch) + split_kv_variant_builds(arch))
+    decodes = split_kv_test_builds(arch) + split_kv_builds(arch) + split_kv_variant_builds(arch)
+    decodes = unique(decodes + paged_decode_builds(arch))
     forwards = suite_builds(sm_count, arch)
     builders = [compiled_gradient_kernels] * len(gradients) + [compiled_decode_kernels] * len(decodes)
     return gradients + decodes + forwards, builders + [None] * len(forwards)

@@ -67,7 +67,9 @@ def split_plan(
     return ceildiv(tiles, tiles_per_split), tiles_per_split
 
 
-def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile, variants: Variants = PLAIN):
+def split_program(
+    *, head_dim: int, causal: bool, dtype: str, config: SplitTile, variants: Variants = PLAIN, page_size: int = 0
+):
     """The partial attention of each key split, as a TileLang PrimFunc, on `config`'s blocks.
 
     Arguments at launch: Q [B, Sq, H, D], K and V [B, Sk, Hkv, D], then O_partial
@@ -75,8 +77,23 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile,
     scale_log2 = softmax_scale·log2(e) (variants.exponent_scale) and tiles_per_split (K/V tiles
     per split), then the window's and softcap's values where compiled in (the sinks join in the
     combine). With a left edge the splits start at the first query's first key's tile.
+
+    `page_size` (16, 64 or 256; 0: none): a paged KV cache. K and V are [num_pages, page_size,
+    Hkv, D], and after the variants' values come BlockTable [B, max_pages] (int32: request b's
+    keys i·page_size onward are in page BlockTable[b, i]) and CacheSeqlens [B] (int32: its keys).
+    Each K/V tile is loaded page by page; a page index or a length past the table's is clamped
+    into it, so no load leaves the cache (their keys are then masked or the request's own).
     """
     batch, seqlen_q, seqlen_k, heads, heads_kv, splits = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv, splits")
+    num_pages, max_pages = T.dynamic("num_pages, max_pages")
+    if page_size and (page_size % 16 or not (page_size % config.block_n == 0 or config.block_n % page_size == 0)):
+        raise ValueError(
+            f"page_size: expected a multiple of 16 that divides or is divided by {config.block_n}, got {page_size}"
+        )
+    paged = page_size > 0
+    kv_shape = [num_pages, page_size, heads_kv, head_dim] if paged else [batch, seqlen_k, heads_kv, head_dim]
+    block_table = T.Tensor([batch, max_pages], T.int32) if paged else None
+    cache_seqlens = T.Tensor([batch], T.int32) if paged else None
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     softmax = online_softmax(config.block_m, config.block_n, head_dim)
     dtype = DTYPES[dtype]
@@ -88,16 +105,34 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile,
     split_rows = block_m >= 64
     policy = T.GemmWarpPolicy.FullRow if split_rows else T.GemmWarpPolicy.FullCol
 
-    def split_start(split, tiles_per_split):
+    def split_start(split, tiles_per_split, rule):
         """The split's first K/V tile: with a left edge, counted from the window's first
         (variants.window_first_tile, in the kernel)."""
         if not visibility.limits_left:
             return split * tiles_per_split
-        last_tile = T.max(0, T.ceildiv(seqlen_k, block_n) - 1)
-        return split * tiles_per_split + T.min(T.max(0, visibility.first_key(0)) // block_n, last_tile)
+        last_tile = T.max(0, T.ceildiv(rule.seqlen_k, block_n) - 1)
+        return split * tiles_per_split + T.min(T.max(0, rule.first_key(0)) // block_n, last_tile)
 
-    def sees(key, r, last_key, first_key):
-        return visibility.sees(key, None, last_key=last_key[r], first_key=None if first_key is None else first_key[r])
+    def sees(rule, key, r, last_key, first_key):
+        return rule.sees(key, None, last_key=last_key[r], first_key=None if first_key is None else first_key[r])
+
+    def page_of(BlockTable, b, key):
+        """The page that holds request b's `key`, both indices clamped into the table and cache."""
+        return T.max(0, T.min(BlockTable[b, T.min(key // page_size, max_pages - 1)], num_pages - 1))
+
+    @T.macro
+    def load_tile(source, shared, b, kv_start, kv_head, BlockTable):
+        """The K/V tile of block_n keys from kv_start: one copy, or one per page where pages are
+        smaller than a tile (a page larger holds the whole tile: block_n divides it)."""
+        if not paged:
+            T.copy(source[b, kv_start : kv_start + block_n, kv_head, :], shared)
+        elif page_size >= block_n:
+            row = kv_start % page_size
+            T.copy(source[page_of(BlockTable, b, kv_start), row : row + block_n, kv_head, :], shared)
+        else:
+            for piece in T.unroll(block_n // page_size):
+                page = page_of(BlockTable, b, kv_start + piece * page_size)
+                T.copy(source[page, 0:page_size, kv_head, :], shared[piece * page_size : (piece + 1) * page_size, :])
 
     def kept(score):
         """The score as the softmax takes it: under a softcap, its tanh (softmax.capped_score)."""
@@ -106,8 +141,8 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile,
     @T.prim_func
     def flash_decoding_split(
         Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
-        K: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
-        V: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        K: T.Tensor(kv_shape, dtype),
+        V: T.Tensor(kv_shape, dtype),
         O_partial: T.Tensor([batch, splits, heads, seqlen_q, head_dim], accum),
         LSE_partial: T.Tensor([batch, splits, heads, seqlen_q], accum),
         scale_log2: T.float32,
@@ -115,6 +150,8 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile,
         window_left: window_left,
         window_right: window_right,
         softcap_log2: softcap_log2,
+        BlockTable: kernel_parameter(block_table, paged),
+        CacheSeqlens: kernel_parameter(cache_seqlens, paged),
     ):
         group_size = heads // heads_kv
         rows = group_size * seqlen_q  # (query i, head h of the group) is row i * group_size + h
@@ -140,6 +177,12 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile,
 
             kv_head = row_block_head % heads_kv
             first_row = (row_block_head // heads_kv) * block_m
+            rule = visibility
+            if paged:
+                # The request's keys: its cache's length, at most the table's.
+                cache_length = T.alloc_var(T.int32)
+                cache_length = T.min(CacheSeqlens[b], max_pages * page_size)
+                rule = dataclasses.replace(visibility, seqlen_k=cache_length)
             # Rows past the group's are zeros (read at the last row, in bounds): their scores
             # are 0 and nothing of theirs is stored.
             for r, d in T.Parallel(block_m, head_dim):
@@ -153,27 +196,27 @@ def split_program(*, head_dim: int, causal: bool, dtype: str, config: SplitTile,
                 # Each row's last key, worked out once per row here, not at every score (a
                 # division by the group size).
                 for r in T.Parallel(block_m):
-                    last_key[r] = visibility.last_key((first_row + r) // group_size)
+                    last_key[r] = rule.last_key((first_row + r) // group_size)
             if visibility.limits_left:
                 for r in T.Parallel(block_m):
-                    first_key[r] = visibility.first_key((first_row + r) // group_size)
-            first_tile = split_start(split, tiles_per_split)
-            tiles = T.max(0, T.min(tiles_per_split, T.ceildiv(seqlen_k, block_n) - first_tile))
+                    first_key[r] = rule.first_key((first_row + r) // group_size)
+            first_tile = split_start(split, tiles_per_split, rule)
+            tiles = T.max(0, T.min(tiles_per_split, T.ceildiv(rule.seqlen_k, block_n) - first_tile))
             for tile in T.Pipelined(tiles, num_stages=num_stages):
                 kv_start = (first_tile + tile) * block_n
-                T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
+                load_tile(K, K_shared, b, kv_start, kv_head, BlockTable)
                 T.clear(acc_s)
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=policy)
                 # The mask is a select, not an addition: a NaN or Inf score of a key the row
                 # cannot see (past seqlen_k, right of its diagonal) never reaches it.
                 for r, j in T.Parallel(block_m, block_n):
                     key = kv_start + j
-                    visible = sees(key, r, last_key, first_key)
+                    visible = sees(rule, key, r, last_key, first_key)
                     acc_s[r, j] = T.if_then_else(visible, kept(acc_s[r, j]), neg_inf)
                 softmax.fold_tile(acc_s, row_state, scale_log2)
                 T.copy(acc_s, acc_p)
                 softmax.rescale_output(acc_o, alpha)  # before P·V, which adds into acc_o
-                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+                load_tile(V, V_shared, b, kv_start, kv_head, BlockTable)
                 T.gemm(acc_p, V_shared, acc_o, policy=policy)
             for r, d in T.Parallel(block_m, head_dim):
                 row = first_row + r
@@ -254,12 +297,14 @@ def compiled_decode_kernels(
     arch: str | None = None,
     block_m: int = MOST_ROWS,
     variants: Variants = PLAIN,
+    page_size: int = 0,
 ) -> tuple:
     """(split, combine): the two kernels a split-KV launch on the (head_dim, block_m) tile runs
-    (a module-level builder, for `builds.build_all`)."""
+    (a module-level builder, for `builds.build_all`); `page_size`: over a paged KV cache."""
     tile = SPLIT_TILES[head_dim, block_m]
     split_variants = dataclasses.replace(variants, sinks=False)  # the sinks join in the combine
-    split = split_program(head_dim=head_dim, causal=causal, dtype=dtype, config=tile, variants=split_variants)
+    build = dict(head_dim=head_dim, causal=causal, dtype=dtype, config=tile, variants=split_variants)
+    split = split_program(**build, page_size=page_size)
     split_kernel = compile_program(split, arch) if tile.producer else compile_program(split, arch, NO_PRODUCER)
     combine = combine_program(head_dim=head_dim, dtype=dtype, sinks=variants.sinks)
     return split_kernel, compile_program(combine, arch)

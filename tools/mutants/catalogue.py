@@ -64,6 +64,7 @@ SOFTCAP_TESTS = (
 ROW_WITHOUT_MAX = ("tests/test_nonfinite.py::test_a_row_whose_first_tile_is_all_minus_inf_keeps_every_later_tile",)
 GUARD_REGIONS = ("tests/test_guard_regions.py",)
 VARLEN = ("tests/test_varlen.py",)
+PAGED = ("tests/test_paged.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
 DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
@@ -501,8 +502,8 @@ KERNEL_MUTANTS = [
         # The split-KV launch's splits start a K/V tile after the window's first.
         "split_kv_window_starts_a_tile_late",
         "decode.py",
-        "T.min(T.max(0, visibility.first_key(0)) // block_n, last_tile)",
-        "T.min(T.max(0, visibility.first_key(0)) // block_n + 1, last_tile)",
+        "T.min(T.max(0, rule.first_key(0)) // block_n, last_tile)",
+        "T.min(T.max(0, rule.first_key(0)) // block_n + 1, last_tile)",
         first=SPLIT_KV_VARIANTS,
     ),
     Mutant(
@@ -572,6 +573,23 @@ KERNEL_MUTANTS = [
         "kv_start + block_n <= sequence_k",
         "kv_start < sequence_k",
         first=VARLEN,
+    ),
+    # ---- the paged KV cache (the split kernel's paged build): tests/test_paged.py
+    Mutant(
+        # The block table read with a 16-key page stride whatever the page size.
+        "paged_block_table_wrong_stride",
+        "decode.py",
+        "key // page_size",
+        "key // 16",
+        first=PAGED,
+    ),
+    Mutant(
+        # cache_seqlens taken as the last key's index, not the count: each request one key short.
+        "paged_cache_seqlens_exclusive",
+        "decode.py",
+        "T.min(CacheSeqlens[b], max_pages * page_size)",
+        "T.min(CacheSeqlens[b] - 1, max_pages * page_size)",
+        first=PAGED,
     ),
     # ---- the backward (backward.py): its boundary sweep is its smoke tier
     Mutant(
@@ -706,16 +724,16 @@ KERNEL_MUTANTS = [
     Mutant(
         "decode_causal_off_by_one",
         "decode.py",
-        "last_key[r] = visibility.last_key((first_row + r) // group_size)",
-        "last_key[r] = visibility.last_key((first_row + r) // group_size) - 1",
+        "rule.last_key((first_row + r) // group_size)",
+        "rule.last_key((first_row + r) // group_size) - 1",
         first=DECODE,
     ),
     Mutant(
         # The last split stops one tile short of the last key.
         "decode_split_one_tile_short",
         "decode.py",
-        "T.ceildiv(seqlen_k, block_n) - first_tile",
-        "T.ceildiv(seqlen_k, block_n) - first_tile - 1",
+        "T.ceildiv(rule.seqlen_k, block_n) - first_tile",
+        "T.ceildiv(rule.seqlen_k, block_n) - first_tile - 1",
         first=DECODE,
     ),
     Mutant(

@@ -1,0 +1,124 @@
+"""flash_attn_with_kvcache: its argument checks here (no GPU needed: they run before the device's),
+and on a Hopper GPU each request against the reference over its pages: page sizes 16, 64 and 256,
+lengths at page boundaries ±1 beside empty ones, a table out of order with pages shared between
+requests, and the step's new keys appended in place."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from fa_kernel.reference import judge, paged_keys
+
+
+def paged_cache(lengths, page_size, nheads=8, nheads_kv=2, head_dim=128, dtype=torch.bfloat16, device="cpu", seed=0,
+                spare_pages=0, shared=False):  # fmt: skip
+    """(q [batch, 1, nheads, head_dim], k_cache, v_cache, cache_seqlens, block_table): each
+    request's pages in a shuffled order (`spare_pages` more in each row of the table, pointing at
+    pages of its own); `shared`: request 1 reads request 0's first page as its own first."""
+    generator = torch.Generator().manual_seed(seed)
+    pages_per = [-(-length // page_size) + spare_pages for length in lengths]
+    most = max(max(pages_per), 1)
+    total = sum(pages_per) + 1
+    order = torch.randperm(total, generator=generator).tolist()
+    table = torch.zeros(len(lengths), most, dtype=torch.int32)
+    taken = 0
+    for b, count in enumerate(pages_per):
+        table[b, :count] = torch.tensor(order[taken : taken + count], dtype=torch.int32)
+        taken += count
+    if shared and len(lengths) > 1:
+        table[1, 0] = table[0, 0]
+    k_cache = torch.randn(total, page_size, nheads_kv, head_dim, generator=generator).to(dtype)
+    v_cache = torch.randn(total, page_size, nheads_kv, head_dim, generator=generator).to(dtype)
+    q = torch.randn(len(lengths), 1, nheads, head_dim, generator=generator).to(dtype)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    return tuple(t.to(device) for t in (q, k_cache, v_cache, seqlens, table))
+
+
+def call(q, k_cache, v_cache, cache_seqlens, block_table, *args, **kwargs):
+    from fa_kernel import flash_attn_with_kvcache
+
+    return flash_attn_with_kvcache(q, k_cache, v_cache, *args, cache_seqlens=cache_seqlens, block_table=block_table,
+                                   **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda a: a.update(k_cache=a["k_cache"][0]), "k_cache: expected a 4-d tensor [num_pages, page_size"),
+        (lambda a: a.update(k_cache=a["k_cache"][:, :32], v_cache=a["v_cache"][:, :32]), "expected a page size"),
+        (lambda a: a.update(v_cache=a["v_cache"][:1]), "v_cache: expected the shape of k_cache"),
+        (lambda a: a.update(cache_seqlens=a["cache_seqlens"].long()), "cache_seqlens: expected an int32 tensor"),
+        (lambda a: a.update(block_table=a["block_table"][0]), "block_table: expected an int32 tensor [batch, max"),
+        (lambda a: a.update(k=a["q"][:, :, :2]), "k, v: expected both or neither"),
+        (lambda a: a.update(k=a["q"], v=a["q"]), "k: expected [batch 2, seqlen_new, 2, 128]"),
+        (lambda a: a.update(q=a["q"].float()), "q: expected dtype float16 or bfloat16"),
+    ],
+)
+def test_bad_cache_input_is_refused_by_name_before_launch(change, error):
+    q, k_cache, v_cache, seqlens, table = paged_cache([70, 5], 64)
+    arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqlens, block_table=table)
+    change(arguments)
+    q, k_cache, v_cache = arguments.pop("q"), arguments.pop("k_cache"), arguments.pop("v_cache")
+    new = [arguments.pop(name) for name in ("k", "v") if name in arguments]
+    new += [None] * (2 - len(new))
+    with pytest.raises((ValueError, TypeError), match=re.escape(error)):
+        call(q, k_cache, v_cache, arguments["cache_seqlens"], arguments["block_table"], *new)
+
+
+def test_good_cache_input_passes_its_checks_up_to_the_device():
+    q, k_cache, v_cache, seqlens, table = paged_cache([70, 0], 16)
+    with pytest.raises(ValueError, match="q: expected a tensor on a CUDA device"):
+        call(q, k_cache, v_cache, seqlens, table)
+
+
+# ---- on the GPU ----
+
+
+def judge_requests(q, k_cache, v_cache, seqlens, table, out, lse, **options):
+    """Each request judged against the reference over its own keys (reference.paged_keys)."""
+    keys, values = paged_keys(k_cache, table, seqlens), paged_keys(v_cache, table, seqlens)
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        if k.shape[0] == 0:
+            assert torch.equal(out[b], torch.zeros_like(out[b])), f"request {b}: no key, output not 0"
+            continue
+        verdict = judge(q[b : b + 1], k[None], v[None], out[b : b + 1], lse[b : b + 1], **options)
+        assert verdict.passed, f"request {b} ({k.shape[0]} keys): {verdict}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_each_request_within_the_bound(page_size, head_dim):
+    # Lengths at a page's boundary and one either side, a tile's, empty and one-key requests.
+    lengths = [page_size - 1, page_size, page_size + 1, 0, 1, 128, 129, 3 * page_size + 7]
+    q, k_cache, v_cache, seqlens, table = paged_cache(
+        lengths, page_size, head_dim=head_dim, device="cuda", spare_pages=1
+    )
+    out, lse = call(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    judge_requests(q, k_cache, v_cache, seqlens, table, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+def test_pages_shared_between_requests_and_a_group_of_64_rows():
+    # Request 1 reads request 0's first page; 32 query heads on one K/V head (the 64-row tile).
+    lengths = [300, 200, 64]
+    q, k_cache, v_cache, seqlens, table = paged_cache(lengths, 64, nheads=32, nheads_kv=1, device="cuda", shared=True)
+    out, lse = call(q, k_cache, v_cache, seqlens, table, return_lse=True)
+    judge_requests(q, k_cache, v_cache, seqlens, table, out, lse)
+
+
+@pytest.mark.gpu
+def test_the_steps_new_keys_are_appended_in_place_and_attended():
+    lengths = [63, 64, 0]
+    q, k_cache, v_cache, seqlens, table = paged_cache(lengths, 64, device="cuda", spare_pages=1)
+    q = q.expand(-1, 2, -1, -1).contiguous()  # an append step of two queries
+    k_new, v_new = (torch.randn(3, 2, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    before = paged_keys(k_cache, table, seqlens)
+    out, lse = call(q, k_cache, v_cache, seqlens, table, k_new, v_new, causal=True, return_lse=True)
+    after = seqlens + 2
+    for b, keys in enumerate(paged_keys(k_cache, table, after)):
+        assert torch.equal(keys[: lengths[b]], before[b]) and torch.equal(keys[lengths[b] :], k_new[b])
+    judge_requests(q, k_cache, v_cache, after, table, out, lse, causal=True)
