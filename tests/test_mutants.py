@@ -93,7 +93,7 @@ def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
     text = decode.read_text()
     for name in (
         "for r, j in T.Parallel(block_m, block_n):\n",
-        "visible = sees(key, r, last_key, first_key)",
+        "visible = sees(rule, key, r, last_key, first_key)",
         "acc_s[r, j] = T.if_then_else(visible, kept(acc_s[r, j])",
     ):
         text = text.replace(name, name.replace("r,", "x,").replace("[r", "[x"), 1)
