@@ -303,8 +303,9 @@ def compiled_decode_kernels(
     (a module-level builder, for `builds.build_all`); `page_size`: over a paged KV cache."""
     tile = SPLIT_TILES[head_dim, block_m]
     split_variants = dataclasses.replace(variants, sinks=False)  # the sinks join in the combine
-    build = dict(head_dim=head_dim, causal=causal, dtype=dtype, config=tile, variants=split_variants)
-    split = split_program(**build, page_size=page_size)
+    split = split_program(
+        head_dim=head_dim, causal=causal, dtype=dtype, config=tile, variants=split_variants, page_size=page_size
+    )
     split_kernel = compile_program(split, arch) if tile.producer else compile_program(split, arch, NO_PRODUCER)
     combine = combine_program(head_dim=head_dim, dtype=dtype, sinks=variants.sinks)
     return split_kernel, compile_program(combine, arch)

@@ -99,9 +99,9 @@ def _check_cache(q, k_cache, v_cache, k, v, cache_seqlens, block_table) -> int:
     if (k is None) != (v is None):
         raise ValueError(f"k, v: expected both or neither, got k {type(k).__name__} and v {type(v).__name__}")
     if k is not None:
-        expected = (batch, None, *k_cache.shape[2:])
+        new_shape = (batch, None, *k_cache.shape[2:])
         for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4 or (t.shape[0], None, *t.shape[2:]) != expected:
+            if not isinstance(t, torch.Tensor) or t.dim() != 4 or (t.shape[0], None, *t.shape[2:]) != new_shape:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(
                     f"{name}: expected [batch {batch}, seqlen_new, {k_cache.shape[2]}, {k_cache.shape[3]}], got {got}"

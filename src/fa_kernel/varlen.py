@@ -284,12 +284,18 @@ class _RaggedLayout:
     which torch bumps on every in-place write, and every size the checks read) and the tile
     orders made from their lengths, on the device."""
 
-    cu_seqlens_q: weakref.ref
-    cu_seqlens_k: weakref.ref
-    stamp: tuple
+    cu_seqlens_q: weakref.ref | None  # None: not kept (a layout of tensors without versions)
+    cu_seqlens_k: weakref.ref | None
+    stamp: tuple | None
     lengths_q: list[int]
     lengths_k: list[int]
     orders: dict = dataclasses.field(default_factory=dict)
+
+    def refers_to(self, cu_seqlens_q, cu_seqlens_k) -> bool:
+        """Whether this layout was checked for these very tensors (both still alive)."""
+        if self.cu_seqlens_q is None or self.cu_seqlens_k is None:
+            return False
+        return self.cu_seqlens_q() is cu_seqlens_q and self.cu_seqlens_k() is cu_seqlens_k
 
     def tile_order(self, block_m, block_n, causal, window_size, device) -> torch.Tensor:
         """The forward's (scheduler.ragged_tile_order), on the device."""
@@ -321,12 +327,7 @@ def _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
             q.shape[0], k.shape[0], q.device, k.device, max_seqlen_q, max_seqlen_k,
         )  # fmt: skip
         kept = _LAYOUTS.get(id(cu_seqlens_q))
-        if (
-            kept is not None
-            and kept.cu_seqlens_q() is cu_seqlens_q
-            and kept.cu_seqlens_k() is cu_seqlens_k
-            and kept.stamp == stamp
-        ):
+        if kept is not None and kept.stamp == stamp and kept.refers_to(cu_seqlens_q, cu_seqlens_k):
             return kept
     lengths_q, lengths_k = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
     if stamp is None:
