@@ -319,19 +319,24 @@ def split_kv_attention(
     causal: bool,
     sm_count: int,
     arch: str,
+    pages: tuple[torch.Tensor, torch.Tensor] | None = None,
     **variants,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of attention by the split-KV kernels, as flash_attn_func returns them: q, k, v
     contiguous [batch, seqlen, heads, head_dim] on one Hopper GPU, as flash_attn_func checks
     them, seqlen_q and seqlen_k >= 1; `sm_count` the device's SMs, `arch` the nvcc architecture;
-    `variants`: window_size, softcap, sinks, as flash_attn_func takes them."""
+    `variants`: window_size, softcap, sinks, as flash_attn_func takes them. `pages`: (block_table,
+    cache_seqlens) of a paged cache, k and v then [num_pages, page_size, heads_kv, head_dim]
+    (split_program's paged build); the splits cover the table's capacity."""
     batch, seqlen_q, heads, head_dim = q.shape
-    splits, tiles_per_split = split_plan_for(q, k, sm_count, variants.get("window_size", (-1, -1))[0])
+    keys = None if pages is None else pages[0].shape[1] * k.shape[1]
+    splits, tiles_per_split = split_plan_for(q, k, sm_count, variants.get("window_size", (-1, -1))[0], keys)
     o_partial = q.new_empty((batch, splits, heads, seqlen_q, head_dim), dtype=torch.float32)
     lse_partial = q.new_empty((batch, splits, heads, seqlen_q), dtype=torch.float32)
     out = torch.empty_like(q)
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
-    split_kv_into(out, lse, o_partial, lse_partial, q, k, v, softmax_scale, causal, tiles_per_split, arch, **variants)
+    arguments = (softmax_scale, causal, tiles_per_split, arch)
+    split_kv_into(out, lse, o_partial, lse_partial, q, k, v, *arguments, pages=pages, **variants)
     return out, lse
 
 
@@ -341,11 +346,14 @@ def launch_tile(q: torch.Tensor, k: torch.Tensor) -> SplitTile:
     return SPLIT_TILES[head_dim, row_block(head_dim, heads // k.shape[2] * seqlen_q)]
 
 
-def split_plan_for(q: torch.Tensor, k: torch.Tensor, sm_count: int, window_left: int = -1) -> tuple[int, int]:
+def split_plan_for(
+    q: torch.Tensor, k: torch.Tensor, sm_count: int, window_left: int = -1, keys: int | None = None
+) -> tuple[int, int]:
     """split_plan for these inputs: (splits, K/V tiles per split), over the keys from the window's
-    first tile (a left edge; -1: none)."""
+    first tile (a left edge; -1: none); `keys`: the keys to plan for where not k's (a paged cache's
+    capacity)."""
     batch, seqlen_q, heads, _ = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    seqlen_k, heads_kv = k.shape[1] if keys is None else keys, k.shape[2]
     tile = launch_tile(q, k)
     row_blocks = ceildiv(heads // heads_kv * seqlen_q, tile.block_m)
     keys = seqlen_k - window_first_tile(seqlen_q, seqlen_k, window_left, tile.block_n) * tile.block_n
@@ -374,20 +382,21 @@ def split_kv_into(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    pages: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """The split-KV launch into the caller's buffers (split_kv_attention's shapes; the tests pass
-    NaN-filled ones, so that an element no thread block writes fails whatever memory held)."""
+    NaN-filled ones, so that an element no thread block writes fails whatever memory held);
+    `pages`: as split_kv_attention's."""
     head_dim = q.shape[-1]
     dtype = str(q.dtype).removeprefix("torch.")
     block_m = launch_tile(q, k).block_m
     variants = Variants.of(causal, window_size, softcap, sinks)
-    split_kernel, combine_kernel = compiled_decode_kernels(
-        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m, variants=variants
-    )
+    build = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, block_m=block_m, variants=variants)
+    split_kernel, combine_kernel = compiled_decode_kernels(**build, page_size=0 if pages is None else k.shape[1])
     split_variants = dataclasses.replace(variants, sinks=False)
     split_values = launch_arguments(split_variants, window_size, softcap, softmax_scale, None)
     with torch.cuda.device(q.device):
         # Every (split, head, query) row of the partials is written by the one block whose rows it is.
         scale_log2 = exponent_scale(softmax_scale, softcap)
-        split_kernel(q, k, v, o_partial, lse_partial, scale_log2, tiles_per_split, *split_values)
+        split_kernel(q, k, v, o_partial, lse_partial, scale_log2, tiles_per_split, *split_values, *(pages or ()))
         combine_kernel(o_partial, lse_partial, out, lse, *([] if sinks is None else [sinks]))

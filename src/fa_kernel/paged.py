@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from fa_kernel.decode import compiled_decode_kernels, launch_tile, row_block, split_plan
+from fa_kernel.decode import split_kv_attention
 from fa_kernel.device import device_target
 from fa_kernel.interface import check_inputs
-from fa_kernel.variants import Variants, exponent_scale, launch_arguments
 
 PAGE_SIZES = (16, 64, 256)
 
@@ -57,7 +56,7 @@ def flash_attn_with_kvcache(
 
     A request with no key gets output 0 and LSE -inf (its sink's, with sinks).
     """
-    page_size = _check_cache(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
+    _check_cache(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     batch = q.shape[0]
     # flash_attn_func's checks, on views of the caches with q's batch (free: expand).
     k_view, v_view = (cache[:1].expand(batch, -1, -1, -1) for cache in (k_cache, v_cache))
@@ -65,13 +64,19 @@ def flash_attn_with_kvcache(
     scale = check_inputs(q, k_view, v_view, softmax_scale, causal, **variants)
     if k is not None:
         cache_seqlens = _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
-    out, lse = _paged_attention(q, k_cache, v_cache, cache_seqlens, block_table, page_size, scale, causal, **variants)
+    if q.numel() == 0:  # no query row: nothing to launch
+        out, lse = torch.empty_like(q), q.new_empty((batch, q.shape[2], q.shape[1]), dtype=torch.float32)
+    else:
+        sm_count, arch = device_target(q.device)
+        q = q if q.is_contiguous() else q.contiguous()
+        pages = (block_table, cache_seqlens)
+        out, lse = split_kv_attention(q, k_cache, v_cache, scale, causal, sm_count, arch, pages=pages, **variants)
     return (out, lse) if return_lse else out
 
 
-def _check_cache(q, k_cache, v_cache, k, v, cache_seqlens, block_table) -> int:
+def _check_cache(q, k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
     """Raise unless the caches, the new keys and the table have the shapes, dtypes and devices
-    flash_attn_with_kvcache takes; the page size."""
+    flash_attn_with_kvcache takes."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -108,7 +113,6 @@ def _check_cache(q, k_cache, v_cache, k, v, cache_seqlens, block_table) -> int:
                 )
             if t.dtype != k_cache.dtype or t.device != k_cache.device:
                 raise ValueError(f"{name}: expected k_cache's dtype and device, got {t.dtype} on {t.device}")
-    return page_size
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> torch.Tensor:
@@ -121,31 +125,3 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> torch.Tensor:
     k_cache[pages, rows] = k
     v_cache[pages, rows] = v
     return cache_seqlens + seqlen_new
-
-
-def _paged_attention(q, k_cache, v_cache, cache_seqlens, block_table, page_size, scale, causal, window_size, softcap,
-                     sinks):  # fmt: skip
-    """(out, lse) by the paged split-KV kernels; the splits cover the table's capacity."""
-    batch, seqlen_q, heads, head_dim = q.shape
-    q = q if q.is_contiguous() else q.contiguous()
-    sm_count, arch = device_target(q.device)
-    tile = launch_tile(q, k_cache)
-    heads_kv = k_cache.shape[2]
-    row_blocks = -(-(heads // heads_kv * seqlen_q) // tile.block_m)
-    splits, tiles_per_split = split_plan(batch, heads_kv, row_blocks, block_table.shape[1] * page_size, tile, sm_count)
-    variants = Variants.of(causal, window_size, softcap, sinks)
-    build = dict(head_dim=head_dim, causal=causal, dtype=str(q.dtype).removeprefix("torch."), arch=arch)
-    block_m = row_block(head_dim, heads // heads_kv * seqlen_q)
-    split_kernel, combine_kernel = compiled_decode_kernels(
-        **build, block_m=block_m, variants=variants, page_size=page_size
-    )
-    split_values = launch_arguments(Variants.of(causal, window_size, softcap, None), window_size, softcap, scale, None)
-    o_partial = q.new_empty((batch, splits, heads, seqlen_q, head_dim), dtype=torch.float32)
-    lse_partial = q.new_empty((batch, splits, heads, seqlen_q), dtype=torch.float32)
-    out = torch.empty_like(q)
-    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
-    with torch.cuda.device(q.device):
-        arguments = (exponent_scale(scale, softcap), tiles_per_split, *split_values, block_table, cache_seqlens)
-        split_kernel(q, k_cache, v_cache, o_partial, lse_partial, *arguments)
-        combine_kernel(o_partial, lse_partial, out, lse, *([] if sinks is None else [sinks]))
-    return out, lse

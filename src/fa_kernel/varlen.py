@@ -240,7 +240,7 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
     delta = torch.zeros((1, nheads, rows), dtype=torch.float32, device=q.device)
     lse_log2 = torch.zeros_like(delta)
     if total_q and k.shape[0]:
-        dtype, arch = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype], compile_arch(q.device)
+        dtype, arch = str(q.dtype).removeprefix("torch."), compile_arch(q.device)
         variants = Variants.of(causal, window_size, softcap, None)  # the sinks are in the LSE already
         build = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=True)
         preprocess, dk_dv, _ = compiled_gradient_kernels(**build)
