@@ -99,3 +99,20 @@ def test_packed_documents_span_512_to_8192_tokens_and_fill_the_batch():
     assert all(512 <= n < 8192 for n in lengths) and sum(lengths) >= 32768 > sum(lengths[:-1])
     assert document_lengths(32768) == lengths  # the same batch every run
     assert len(set(lengths)) > len(lengths) // 2  # ragged, not one length
+
+
+def test_the_paged_timing_cache_holds_each_request_s_keys_in_its_shuffled_pages():
+    # perf/paged.py times the cache it builds here: its pages must be the contiguous keys.
+    import torch
+    from perf.paged import paged_cache, ragged_lengths
+
+    lengths = ragged_lengths(16)
+    assert all(1024 <= n < 32768 for n in lengths) and len(set(lengths)) > 8
+    k, v = torch.randn(2, 2, 100, 2, 4).unbind(0)
+    k_cache, v_cache, table, seqlens = paged_cache(k, v, [100, 37], page_size=16)
+    assert seqlens.tolist() == [100, 37] and table.dtype == torch.int32
+    assert table.flatten().tolist() != sorted(table.flatten().tolist())  # not in order
+    for source, cache in ((k, k_cache), (v, v_cache)):
+        for b, length in enumerate((100, 37)):
+            rows = cache[table[b].long()].flatten(0, 1)[:length]
+            assert torch.equal(rows, source[b, :length])
