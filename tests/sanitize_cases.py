@@ -36,8 +36,9 @@ SHAPES: list[Shape] = [
 # straddle K/V tile boundaries.
 LONG_ENTRY_SHAPES: list[Shape] = [(1, 200, 400, 2, 1, 64), (1, 200, 400, 2, 1, 128)]
 # The gradient kernels: a partial query tile and a partial K/V tile, GQA, rows without keys
-# (causal, seqlen_q > seqlen_k); the fixed-order dQ kernel on the last of them.
-GRADIENT_SHAPES: list[Shape] = [(1, 65, 130, 4, 2, 64), (1, 200, 77, 2, 1, 128)]
+# (causal, seqlen_q > seqlen_k), head_dim 256's 64-key tiles; the fixed-order dQ kernel on the
+# last of them.
+GRADIENT_SHAPES: list[Shape] = [(1, 65, 130, 4, 2, 64), (1, 100, 150, 4, 2, 256), (1, 200, 77, 2, 1, 128)]
 # The split-KV kernels: one query and a GQA group's 16 rows in one row block, keys ending inside
 # a tile, several splits.
 SPLIT_KV_SHAPES: list[Shape] = [(2, 1, 300, 8, 2, 128), (1, 16, 1000, 4, 1, 64)]

@@ -110,19 +110,6 @@ def test_the_op_is_registered_for_torch_compile():
     assert lse.shape == (2, 8, 5) and lse.dtype == torch.float32
 
 
-def test_a_gradient_at_head_dim_256_is_refused_before_the_forward(monkeypatch):
-    # Valid for the forward (the device checks pass on a stub): only the gradient has no kernel.
-    from fa_kernel import interface
-
-    monkeypatch.setattr(interface, "check_inputs", lambda q, k, v, scale, causal, **variants: 0.0625)
-    monkeypatch.setattr(interface, "_attention", lambda *args: pytest.fail("launched"))
-    q, k, v = (t.requires_grad_() for t in qkv(head_dim=256))
-    with pytest.raises(ValueError, match=r"q: expected headdim in \(64, 128\) where a gradient is needed .*got 256"):
-        flash_attn_func(q, k, v)
-    with torch.no_grad(), pytest.raises(pytest.fail.Exception, match="launched"):  # no gradient: the forward goes on
-        flash_attn_func(q, k, v)
-
-
 def test_the_backward_op_is_registered_for_torch_compile():
     q, k, v = qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300, device="meta")
     out, lse = torch.ops.fa_kernel.forward(q, k, v, 0.125, True)

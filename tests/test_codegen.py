@@ -68,6 +68,8 @@ def test_nothing_asynchronous_outlives_the_block(head_dim, causal, dtype, seqlen
         ("backward", 64, True),
         ("backward", 128, False),
         ("deterministic backward", 128, True),
+        ("backward", 256, True),
+        ("deterministic backward", 256, False),
         ("decode", 64, False),
         ("decode", 128, True),
         ("decode", 256, False),
@@ -90,7 +92,7 @@ def test_nothing_asynchronous_outlives_the_backward_and_decode_blocks(family, he
         assert bulk_source_rewritten_in_flight(compiled.get_kernel_source()) == []
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_the_rewrite_rule_sees_the_backwards_deferred_wait_dropped(head_dim):
     # dQ's tile is staged in shared memory and added by a bulk reduce-add, whose read of it is
     # waited for just before the next step writes it: without that wait the write races the
@@ -103,6 +105,18 @@ def test_the_rewrite_rule_sees_the_backwards_deferred_wait_dropped(head_dim):
     assert first < source.rindex(wait), "a wait in the walk and one after it"
     (problem,) = bulk_source_rewritten_in_flight(source[:first] + source[first + len(wait) :])
     assert "dQ_shared" in problem and "before a wait" in problem
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_the_gradient_operands_pass_through_shared_memory_where_a_warpgroup_holds_part_of_a_row(head_dim):
+    # Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
+    # them (128 keys on two warpgroups); on head_dim 256's 64 keys, from shared memory.
+    from fa_kernel.backward import BACKWARD_TILES, WGMMA_ROWS, compiled_backward
+
+    source = compiled_backward(head_dim=head_dim, causal=True, dtype="bfloat16", arch="sm_90a").get_kernel_source()
+    in_shared = BACKWARD_TILES[head_dim][1] < 2 * WGMMA_ROWS
+    assert ("P_shared" in source) == in_shared and "dS_shared" in source
+    assert in_shared == (head_dim == 256), "each side of the condition at one shipped head_dim"
 
 
 @pytest.mark.parametrize(

@@ -283,7 +283,7 @@ def gradients(q, k, v, cu_q, cu_k, dout, **options):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("lengths_q, lengths_k", RAGGED)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_each_sequences_gradients_within_the_bound(lengths_q, lengths_k, head_dim, causal):
     q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda", dtype=torch.bfloat16)

@@ -43,6 +43,8 @@ from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 # for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
 # whose global strides must be multiples of 16 bytes, and whose boxes then never leave them.
 PREPROCESS_ROWS = 128
+# Rows of one wgmma (its M): a warpgroup's share of a GEMM's rows is a multiple of it.
+WGMMA_ROWS = 64
 
 
 def padded_rows(seqlen_q: int) -> int:
@@ -69,7 +71,9 @@ def preprocess_program(*, head_dim: int, dtype: str):
         Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
         LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
     ):
-        with T.Kernel(T.ceildiv(seqlen_q, rows), heads, batch, threads=rows) as (q_block, head, b):
+        # A thread a row up to head_dim 128; two at 256, whose row alone would spill.
+        threads = rows * max(1, head_dim // 128)
+        with T.Kernel(T.ceildiv(seqlen_q, rows), heads, batch, threads=threads) as (q_block, head, b):
             o = T.alloc_fragment([rows, head_dim], dtype)
             do = T.alloc_fragment([rows, head_dim], dtype)
             products = T.alloc_fragment([rows, head_dim], accum)
@@ -151,6 +155,10 @@ def backward_program(
     [tiles, 2] of (sequence, K/V tile), scheduler.ragged_key_tile_order), the grid's first
     dimension. Each sequence's keys see only its own rows; a partial last K/V tile stores dK and
     dV row by row.
+
+    Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
+    them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64), the warpgroups split
+    Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's.
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
@@ -162,6 +170,7 @@ def backward_program(
     cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
     cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
     tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
+    operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
 
     def at_offset(offset, row):
         """A row of the tile's sequence (offset None: a batched launch's own rows)."""
@@ -217,7 +226,8 @@ def backward_program(
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
-            dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq else None
+            dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq or operands_in_shared else None
+            P_shared = T.alloc_shared([block_n, block_m], dtype) if operands_in_shared else None
             dQ_shared = T.alloc_shared([block_m, DQ_ROW], accum) if with_dq else None
             lse = T.alloc_shared([block_m], accum)
             delta = T.alloc_shared([block_m], accum)
@@ -300,10 +310,17 @@ def backward_program(
                     # with spills: docs/performance.md).
                     for i, j in T.Parallel(block_n, block_m):
                         ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
-                T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-                if with_dq:
+                if operands_in_shared:
+                    T.copy(p_cast, P_shared)
                     T.copy(ds_cast, dS_shared)
+                    T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                    T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+                else:
+                    T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                    T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+                if with_dq:
+                    if not operands_in_shared:
+                        T.copy(ds_cast, dS_shared)
                     T.clear(acc_dq)
                     T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
                     # The previous step's reduce-add must have read dQ_shared: waited for here, a

@@ -231,10 +231,13 @@ BACKWARD_TILES = {
     64: (128, 128, 2),
     # 64 rows: Sᵀ and dPᵀ of 128 rows would take 128 fp32 registers a thread beside dK's and dV's
     128: (64, 128, 2),
-}  # head_dim 256 has none yet: dK and dV of 128 keys take 256 fp32 registers a thread
-# The fixed-order dQ kernel (deterministic=True): 64 rows at both; its S, dP and dQ of 128 rows
-# weigh on registers as the dK/dV kernel's do not.
-DQ_TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+    # 64 keys: dK and dV of 128 would take 256 fp32 registers a thread; one stage: two of Q and dO
+    # (64 KB each) would not fit beside K, V and dQ's buffer (FlashAttention-3's tile)
+    256: (64, 64, 1),
+}
+# The fixed-order dQ kernel (deterministic=True): 64 rows at all; its S, dP and dQ of 128 rows
+# weigh on registers as the dK/dV kernel's do not. head_dim 256: 64 keys, one stage, as above.
+DQ_TILES = {64: (64, 128, 2), 128: (64, 128, 2), 256: (64, 64, 1)}
 
 
 # ---- the split-KV kernels (decode.py) ----

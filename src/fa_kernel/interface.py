@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels, dq_row, padded_rows
+from fa_kernel.backward import compiled_gradient_kernels, dq_row, padded_rows
 from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
 from fa_kernel.device import device_facts, device_target
@@ -89,8 +89,7 @@ def flash_attn_func(
     as 0 times NaN in the P v product, as in any attention that computes it with a GEMM.
 
     Gradients (autograd, eager and under torch.compile) come from the backward kernels, for
-    out and for lse, at headdim 64 and 128; a call that needs a gradient at headdim 256 raises
-    before anything is launched. dq's fp32 sums arrive by atomic adds, in no fixed order,
+    out and for lse, at every headdim. dq's fp32 sums arrive by atomic adds, in no fixed order,
     unless `deterministic`.
 
     Returns:
@@ -102,8 +101,6 @@ def flash_attn_func(
     (left, right), softcap = (int(edge) for edge in window_size), float(softcap)
     leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
-    if needs_grad:
-        check_backward_head_dim(q.shape[-1])
     variant_args = (left, right, softcap, sinks)
     if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v)):
         # Traced (torch.compile, export), or a tensor subclass (fake tensors among them): the
@@ -258,14 +255,6 @@ def _check_variants(q, window_size=(-1, -1), softcap=0.0, sinks=None) -> None:
                 f"sinks: expected a float32 tensor of shape ({q.shape[2]},) (q's nheads) on {q.device}, got "
                 f"{sinks.dtype} of shape {tuple(sinks.shape)} on {sinks.device}"
             )
-
-
-def check_backward_head_dim(head_dim: int) -> None:
-    if head_dim not in BACKWARD_TILES:
-        raise ValueError(
-            f"q: expected headdim in {tuple(BACKWARD_TILES)} where a gradient is needed (there is no "
-            f"backward kernel for headdim {head_dim} yet), got {head_dim}"
-        )
 
 
 def _require_hopper(device: torch.device) -> None:
@@ -434,7 +423,6 @@ def backward_into(
     `deterministic`: dq from the fixed-order kernel, not by atomic adds. Returns dsinks (fp32
     [nheads]) where sinks are given, else None."""
     batch, seqlen_q, nheads, head_dim = q.shape
-    check_backward_head_dim(head_dim)
     if dq.numel() == 0 or dk.numel() == 0:
         # No query rows, or no keys: no score exists, and every gradient is 0 but the sinks'.
         for grad in (dq, dk, dv):

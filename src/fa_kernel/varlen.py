@@ -22,7 +22,7 @@ import weakref
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, PREPROCESS_ROWS, compiled_gradient_kernels, dq_row, padded_rows
-from fa_kernel.interface import check_backward_head_dim, check_inputs, compile_arch, kernel_build, sink_gradient
+from fa_kernel.interface import check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 from fa_kernel.scheduler import ragged_key_tile_order, ragged_tile_order
@@ -74,8 +74,6 @@ def flash_attn_varlen_func(
         raise ValueError(
             "deterministic: expected False for a ragged batch's gradient (no fixed-order dQ yet), got True"
         )
-    if needs_grad and isinstance(q, torch.Tensor):
-        check_backward_head_dim(q.shape[-1])
     traced = torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v))
     # Traced (torch.compile, export) or on tensor subclasses: the cu_seqlens are read in the op's
     # body, at run time (a host read in the trace would break the graph).
