@@ -549,7 +549,7 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
     import fa_kernel.workbench.bench as bench
 
     monkeypatch.setattr(bench, "random_qkv", functools.partial(random_qkv, device="cpu"))
-    # A ragged GQA case, which the backward covers, and a d256 one, which it does not.
+    # A ragged GQA case and a d256 one, each with its gradients.
     monkeypatch.setattr(command, "VERIFY_SHAPES", [(2, 8, 2, 113, 203, 64), (1, 2, 2, 65, 65, 256)])
     # One case with every variant: a window, a softcap and sinks (their gradient too).
     monkeypatch.setattr(command, "VARIANT_CASES", [((1, 4, 2, 70, 90, 64), True, (20, -1), 30.0, True)])
@@ -564,12 +564,12 @@ def test_verify_checks_the_forward_and_the_gradients_of_each_case(monkeypatch, c
     monkeypatch.setattr(command, "flash_attn_func", attend)
     assert main(["verify", "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert "the forward" in out and "the gradients of a random loss" in out and "13/13 cases pass" in out
+    assert "the forward" in out and "the gradients of a random loss" in out and "17/17 cases pass" in out
     assert "windows, softcap and sinks" in out and "| (20, -1), 30, sinks |" in out
-    assert out.count("| 2x8/2x113x203x64 |") == 8 and out.count("| 1x2x65x256 |") == 4  # no d256 gradients
+    assert out.count("| 2x8/2x113x203x64 |") == 8 and out.count("| 1x2x65x256 |") == 8
     (builders,) = built
-    assert builders.count(compiled_gradient_kernels) == 4 and builders.count(None) == 8
+    assert builders.count(compiled_gradient_kernels) == 8 and builders.count(None) == 8
     dv_slip.append(1.0)
     assert main(["verify", "--markdown"]) == EXIT_FAILED
     out = capsys.readouterr().out
-    assert "8/13 cases pass, 5 FAIL" in out and out.count("| FAIL |") == 5
+    assert "8/17 cases pass, 9 FAIL" in out and out.count("| FAIL |") == 9

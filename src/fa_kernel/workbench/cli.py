@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "--backward",
         action="store_true",
         help="time the backward alone (the gradients of q, k, v from a forward graph built once), "
-        f"at {BACKWARD_FLOPS}x the forward's FLOPs; head_dim 64 and 128",
+        f"at {BACKWARD_FLOPS}x the forward's FLOPs",
     )
     bench.add_argument(
         "--head-dim",
