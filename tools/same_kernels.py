@@ -152,6 +152,9 @@ def record(builds: list[tuple[str, dict]], lowered: bool = False) -> list[list[l
                 raise
             recorded.append(NEW)  # a kernel family that took no variants (no varlen) at the ref
             continue
+        except KeyError:
+            recorded.append(NEW)  # a head dim the ref's tile table has no entry for
+            continue
         recorded.append(list(calls))
     return recorded
 

@@ -123,7 +123,10 @@ def split_program(
     @T.macro
     def load_tile(source, shared, b, kv_start, kv_head, BlockTable):
         """The K/V tile of block_n keys from kv_start: one copy, or one per page where pages are
-        smaller than a tile (a page larger holds the whole tile: block_n divides it)."""
+        smaller than a tile (a page larger holds the whole tile: block_n divides it). TileLang picks
+        the instruction: cp.async on the 16-row tiles (no producer) at every page size; TMA for
+        the producer's tile of one page, synchronous loads for its 16-row pages (a TMA box into a
+        16-row slice of the swizzled tile, or cp.async in the producer, does not lower)."""
         if not paged:
             T.copy(source[b, kv_start : kv_start + block_n, kv_head, :], shared)
         elif page_size >= block_n:
