@@ -52,10 +52,7 @@ def call(q, k, v, cu_q, cu_k, max_q=None, max_k=None, **kwargs):
         (lambda a: a.update(max_q=4), "max_seqlen_q: expected at least the longest sequence's length 5, got 4"),
         (lambda a: a.update(max_k=6.0), "max_seqlen_k: expected an int, got float"),
         (lambda a: a.update(q=a["q"][None]), "q: expected a 3-d tensor [total, nheads, headdim]"),
-        (
-            lambda a: a.update(q=a["q"].requires_grad_(), deterministic=True),
-            "deterministic: expected False for a ragged batch's gradient",
-        ),
+        (lambda a: a.update(deterministic=1), "deterministic: expected a bool, got int"),
     ],
 )
 def test_bad_ragged_input_is_refused_by_name_before_launch(change, error):
@@ -299,6 +296,24 @@ def test_each_sequences_gradients_within_the_bound_with_the_variants(variants):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize(
+    "variants", [{}, dict(window_size=(50, 0)), dict(softcap=20.0)], ids=["plain", "window", "softcap"]
+)
+def test_deterministic_gradients_are_within_the_bound_and_the_same_bits_every_run(head_dim, variants):
+    # The fixed-order dQ's query tiles (DQ_TILES: 64 rows) end one row before, at and after a
+    # sequence's end; a sequence with keys and no rows, one with more rows than keys.
+    lengths_q, lengths_k = [1, 63, 64, 65, 0, 200], [1, 63, 64, 65, 3, 130]
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(q)
+    first = gradients(q, k, v, cu_q, cu_k, dout, causal=True, deterministic=True, **variants)
+    judge_sequence_gradients(q, k, v, dout, cu_q, cu_k, first, causal=True, **variants)
+    for _ in range(3):
+        again = gradients(q, k, v, cu_q, cu_k, dout, causal=True, deterministic=True, **variants)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+@pytest.mark.gpu
 def test_the_sinks_gradient_sums_each_sequences():
     # dsinks[h] = -Σ over the batch's rows of P_sink·D: against the sum of flash_attn_func's
     # dsinks of each sequence alone (itself judged in tests/test_variants_kernel.py). The same
@@ -378,10 +393,10 @@ def test_the_custom_ops_fakes_give_the_kernels_shapes():
     k = torch.empty(12, 2, 64, device="meta", dtype=torch.bfloat16)
     cu_q, cu_k = cu(4, 6, device="meta"), cu(5, 7, device="meta")
     sinks = torch.empty(4, device="meta")
-    out, lse = torch.ops.fa_kernel.varlen_forward(q, k, k, cu_q, cu_k, 6, 7, 0.125, True, -1, -1, 0.0, sinks)
+    out, lse = torch.ops.fa_kernel.varlen_forward(q, k, k, cu_q, cu_k, 6, 7, 0.125, True, -1, -1, 0.0, sinks, True)
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == (q.shape, q.dtype, (4, 10), torch.float32)
     grads = torch.ops.fa_kernel.varlen_backward(
-        out, lse, q, k, k, out, lse, cu_q, cu_k, 6, 7, 0.125, True, -1, -1, 0.0, sinks
+        out, lse, q, k, k, out, lse, cu_q, cu_k, 6, 7, 0.125, True, -1, -1, 0.0, sinks, True
     )
     assert [(g.shape, g.dtype) for g in grads] == [
         (q.shape, q.dtype), (k.shape, k.dtype), (k.shape, k.dtype), ((4,), torch.float32)

@@ -113,6 +113,11 @@ def dq_row(head_dim: int) -> int:
     return head_dim + 4
 
 
+def at_offset(offset, row):
+    """A row of the tile's sequence in the packed rows (offset None: a batched launch's own rows)."""
+    return row if offset is None else offset + row
+
+
 def gradient_sizes(block_m: int):
     """The sizes the gradient kernels take at launch (T.dynamic), once block_m is checked against
     Delta's padding, whose rows a query tile's TMA box must not leave."""
@@ -171,10 +176,6 @@ def backward_program(
     cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
     tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
     operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
-
-    def at_offset(offset, row):
-        """A row of the tile's sequence (offset None: a batched launch's own rows)."""
-        return row if offset is None else offset + row
 
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
@@ -372,6 +373,7 @@ def dq_program(
     block_n: int,
     num_stages: int = 2,
     variants: Variants = PLAIN,
+    varlen: bool = False,
 ):
     """dQ in a fixed order (the deterministic gradient), as a TileLang PrimFunc: one thread block
     per query tile and head walks the K/V tiles its rows see, recomputes S = Q·Kᵀ and P from the
@@ -381,11 +383,19 @@ def dq_program(
     Arguments at launch: Q and dO [B, Sq, H, D], K and V [B, Sk, Hkv, D], Delta and LSE₂
     [B, H, padded_rows(Sq)] (the preprocess's), dQ [B, Sq, H, D] in the input dtype, then
     scale_log2 and softmax_scale, then the variants' (as backward_program's).
+
+    `varlen`: a ragged batch as backward_program's, then cu_seqlens_q, cu_seqlens_k and the query
+    tile order (int32 [tiles, 2] of (sequence, query tile), scheduler.ragged_tile_order), the
+    grid's first dimension; a sequence's last, partial query tile stores dQ row by row.
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
     accum = T.float32
+    ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
+    cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
+    cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
+    tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
 
     @T.prim_func
     def flash_attention_backward_dq(
@@ -401,8 +411,12 @@ def dq_program(
         window_left: window_left,
         window_right: window_right,
         softcap_log2: softcap_log2,
+        CuSeqlensQ: kernel_parameter(cu_seqlens_q, varlen),
+        CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
+        TileOrder: kernel_parameter(tile_order, varlen),
     ):
-        with T.Kernel(T.ceildiv(seqlen_q, block_m), heads, batch, threads=128) as (q_block, head, b):
+        grid = (ragged_tiles, heads, 1) if varlen else (T.ceildiv(seqlen_q, block_m), heads, batch)
+        with T.Kernel(*grid, threads=128) as (q_block, head, b):
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
@@ -415,28 +429,37 @@ def dq_program(
             acc_dq = T.alloc_fragment([block_m, head_dim], accum)
 
             kv_head = head // (heads // heads_kv)
-            q_start = q_block * block_m
-            num_kv_blocks = T.ceildiv(seqlen_k, block_n)
+            q_tile, rule, q_offset, k_offset = q_block, visibility, None, None
+            if varlen:
+                # The block's (sequence, query tile) from the tile order; the sequence's offsets
+                # and lengths, read once, and its rule.
+                sequence, q_offset, k_offset, sequence_q, sequence_k = ragged_registers()
+                sequence = TileOrder[q_block, 0]
+                read_sequence(CuSeqlensQ, CuSeqlensK, sequence, q_offset, k_offset, sequence_q, sequence_k)
+                rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
+                q_tile = TileOrder[q_block, 1]
+            q_start = q_tile * block_m
+            q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
+            num_kv_blocks = T.ceildiv(rule.seqlen_k, block_n)
             if visibility.limits_right:
                 # Tiles right of the block's last row's diagonal add nothing: none is loaded (a
                 # block whose rows see no key walks none, and its dQ is 0).
-                num_kv_blocks = T.max(
-                    0, T.min(num_kv_blocks, T.ceildiv(visibility.keys_before(q_start + block_m), block_n))
-                )
+                num_kv_blocks = T.max(0, T.min(num_kv_blocks, T.ceildiv(rule.keys_before(q_start + block_m), block_n)))
             kv_first = 0
             if visibility.limits_left:
                 # Nor tiles left of its first row's first key: the walk starts at that key's tile.
-                kv_first = T.max(0, visibility.first_key(q_start)) // block_n
+                kv_first = T.max(0, rule.first_key(q_start)) // block_n
                 num_kv_blocks = T.max(0, num_kv_blocks - kv_first)
-            T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared)
-            T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared)
-            T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse)
-            T.copy(Delta[b, head, q_start : q_start + block_m], delta)
+            T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
+            T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
+            T.copy(LSE_log2[b, head, q_row : q_row + block_m], lse)
+            T.copy(Delta[b, head, q_row : q_row + block_m], delta)
             T.clear(acc_dq)
             for kv_block in T.Pipelined(num_kv_blocks, num_stages=num_stages):
                 kv_start = (kv_first + kv_block) * block_n
-                T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared)
-                T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared)
+                k_row = at_offset(k_offset, kv_start)
+                T.copy(K[b, k_row : k_row + block_n, kv_head, :], K_shared)
+                T.copy(V[b, k_row : k_row + block_n, kv_head, :], V_shared)
                 T.clear(acc_s)
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.clear(acc_dp)
@@ -447,12 +470,12 @@ def dq_program(
                     # The capped scores t, and the cap's slope 1 − t² on dS.
                     for i, j in T.Parallel(block_m, block_n):
                         t = capped_score(acc_s[i, j], softcap_log2)
-                        visible = visibility.sees(kv_start + j, q_start + i, rows_checked=True)
+                        visible = rule.sees(kv_start + j, q_start + i, rows_checked=True)
                         p = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[i]), 0)
                         ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)
-                elif tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
+                elif tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
                     for i, j in T.Parallel(block_m, block_n):
-                        visible = visibility.sees(kv_start + j, q_start + i, rows_checked=True)
+                        visible = rule.sees(kv_start + j, q_start + i, rows_checked=True)
                         p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
                         ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
                 else:
@@ -461,7 +484,14 @@ def dq_program(
                 T.gemm(ds_cast, K_shared, acc_dq, policy=T.GemmWarpPolicy.FullRow)
             for i, d in T.Parallel(block_m, head_dim):
                 acc_dq[i, d] = acc_dq[i, d] * softmax_scale
-            T.copy(acc_dq, dQ[b, q_start : q_start + block_m, head, :])
+            if varlen and q_start + block_m > rule.seqlen_q:
+                # The sequence's last, partial tile row by row: the rows after it are the next
+                # sequence's, whose own block writes them.
+                for i, d in T.Parallel(block_m, head_dim):
+                    if q_start + i < rule.seqlen_q:
+                        dQ[b, q_row + i, head, d] = T.Cast(dtype, acc_dq[i, d])
+            else:
+                T.copy(acc_dq, dQ[b, q_row : q_row + block_m, head, :])
 
     return flash_attention_backward_dq
 
@@ -493,12 +523,20 @@ def compiled_backward(
 
 
 @functools.cache
-def compiled_dq(*, head_dim: int, causal: bool, dtype: str, arch: str | None = None, variants: Variants = PLAIN):
+def compiled_dq(
+    *,
+    head_dim: int,
+    causal: bool,
+    dtype: str,
+    arch: str | None = None,
+    variants: Variants = PLAIN,
+    varlen: bool = False,
+):
     """The compiled fixed-order dQ kernel (dq_program) for this head dim (DQ_TILES)."""
     block_m, block_n, stages = DQ_TILES[head_dim]
     kernel = dq_program(
         head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=stages,
-        variants=variants,
+        variants=variants, varlen=varlen,
     )  # fmt: skip
     return compile_program(kernel, arch)
 
@@ -516,13 +554,11 @@ def compiled_gradient_kernels(
     """(preprocess, backward, dq): the kernels a gradient launches (a module-level builder, for
     `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
     fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ).
-    `varlen`: the backward kernel's ragged-batch build (atomic dQ only)."""
-    if varlen and deterministic:
-        raise ValueError("deterministic: a ragged batch's gradient has no fixed-order dQ, expected False")
+    `varlen`: their ragged-batch builds."""
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
-    arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants)
+    arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=varlen)
     if not deterministic:
-        return preprocess, compiled_backward(**arguments, varlen=varlen), None
+        return preprocess, compiled_backward(**arguments), None
     return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)
 
 

@@ -9,7 +9,8 @@ them, sent to the device with the launch). Reading cu_seqlens on the host waits 
 a pair is read once while both tensors live unwritten (_RaggedLayout): a model's layers pass the
 same pair for a whole step. The gradient runs the preprocess and the backward kernel's varlen
 build on the packed rows as a batch of one, one thread block per K/V tile of a sequence's own
-(scheduler.ragged_key_tile_order), dQ summed by atomic adds.
+(scheduler.ragged_key_tile_order), dQ summed by atomic adds, or with `deterministic` by the
+fixed-order dQ kernel's varlen build, a block per query tile (scheduler.ragged_tile_order).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ import weakref
 
 import torch
 
-from fa_kernel.backward import BACKWARD_TILES, PREPROCESS_ROWS, compiled_gradient_kernels, dq_row, padded_rows
+from fa_kernel.backward import (
+    BACKWARD_TILES,
+    DQ_TILES,
+    PREPROCESS_ROWS,
+    compiled_gradient_kernels,
+    dq_row,
+    padded_rows,
+)
 from fa_kernel.interface import check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -57,8 +65,7 @@ def flash_attn_varlen_func(
         softmax_scale, causal, window_size, softcap, sinks: as flash_attn_func's, per sequence
             (causal and windows around each sequence's own bottom-right diagonal).
         return_lse: also return the LSE, fp32 [nheads, total_q] (flash-attn's varlen layout).
-        deterministic: must be False where a gradient is needed (no fixed-order dQ for ragged
-            batches yet: dQ's sums arrive by atomic adds).
+        deterministic: dq by the fixed-order kernel, bitwise repeatable, not by atomic adds.
 
     Differentiable in q, k, v and sinks (and through the LSE): the gradient kernels' varlen
     builds (_varlen_gradients).
@@ -70,10 +77,8 @@ def flash_attn_varlen_func(
             raise ValueError(f"{name}: expected a 3-d tensor [total, nheads, headdim], got shape {tuple(t.shape)}")
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-    if needs_grad and deterministic:
-        raise ValueError(
-            "deterministic: expected False for a ragged batch's gradient (no fixed-order dQ yet), got True"
-        )
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     traced = torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v))
     # Traced (torch.compile, export) or on tensor subclasses: the cu_seqlens are read in the op's
     # body, at run time (a host read in the trace would break the graph).
@@ -83,9 +88,13 @@ def flash_attn_varlen_func(
     (left, right), softcap = (int(edge) for edge in window_size), float(softcap)
     ragged = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if traced:
-        out, lse = torch.ops.fa_kernel.varlen_forward(q, k, v, *ragged, scale, causal, left, right, softcap, sinks)
+        out, lse = torch.ops.fa_kernel.varlen_forward(
+            q, k, v, *ragged, scale, causal, left, right, softcap, sinks, deterministic
+        )
     elif needs_grad:
-        out, lse = _VarlenAttention.apply(q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap)
+        out, lse = _VarlenAttention.apply(
+            q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap, deterministic
+        )
     else:
         out, lse = _varlen_forward(q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap)
     return (out, lse) if return_lse else out
@@ -109,7 +118,9 @@ def _varlen_forward_op(
     window_right: int,
     softcap: float,
     sinks: torch.Tensor | None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # `deterministic` is the gradient's (the autograd formula reads it); the forward always is.
     ragged = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     layout = _ragged_layout(*ragged[:2], q, k, *ragged[2:])
     return _varlen_forward(q, k, v, sinks, *ragged, layout, softmax_scale, causal, (window_left, window_right), softcap)
@@ -141,25 +152,27 @@ def _varlen_backward_op(
     window_right: int,
     softcap: float,
     sinks: torch.Tensor | None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks; empty without sinks)."""
     layout = _ragged_layout(cu_seqlens_q, cu_seqlens_k, q, k, max_seqlen_q, max_seqlen_k)
-    options = (layout, softmax_scale, causal, (window_left, window_right), softcap, sinks)
+    options = (layout, softmax_scale, causal, (window_left, window_right), softcap, sinks, deterministic)
     dq, dk, dv, dsinks = _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options)
     return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dsinks is None else dsinks
 
 
 @_varlen_backward_op.register_fake
 def _varlen_backward_fake(dout, grad_lse, q, k, v, *arguments):
-    sinks = arguments[-1]
+    sinks = arguments[11]  # after out, lse, the cu_seqlens, the max_seqlens and five scalars
     grads = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     return *grads, q.new_empty(0 if sinks is None else sinks.shape[0], dtype=torch.float32)
 
 
 def _varlen_op_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *scalars, sinks = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *scalars, sinks = inputs[:13]
     ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, sinks)
     ctx.max_seqlens, ctx.scalars = (max_seqlen_q, max_seqlen_k), tuple(scalars)
+    ctx.deterministic = inputs[13] if len(inputs) > 13 else False  # the op called without it: False
 
 
 def _varlen_op_gradient(ctx, grad_out, grad_lse):
@@ -168,10 +181,11 @@ def _varlen_op_gradient(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     ragged = (cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens)
     dq, dk, dv, dsinks = torch.ops.fa_kernel.varlen_backward(
-        grad_out, grad_lse, q, k, v, out, lse, *ragged, *ctx.scalars, sinks
+        grad_out, grad_lse, q, k, v, out, lse, *ragged, *ctx.scalars, sinks, ctx.deterministic
     )
-    # None for the cu_seqlens, the max_seqlens, the scale, the flags and the window's and cap's values.
-    return dq, dk, dv, *([None] * 9), None if sinks is None else dsinks
+    # None for the cu_seqlens, the max_seqlens, the scale, the flag and the window's and cap's values,
+    # and deterministic.
+    return dq, dk, dv, *([None] * 9), None if sinks is None else dsinks, None
 
 
 torch.library.register_autograd("fa_kernel::varlen_forward", _varlen_op_gradient, setup_context=_varlen_op_context)
@@ -204,32 +218,33 @@ class _VarlenAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, sinks, *arguments):
-        return _varlen_forward(q, k, v, sinks, *arguments)
+        return _varlen_forward(q, k, v, sinks, *arguments[:-1])  # the last, deterministic, is the gradient's
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
-        q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, _, _, layout, scale, causal, window_size, softcap = inputs
+        q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, _, _, layout, scale, causal, window_size, softcap, _ = inputs
         ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, sinks)
-        ctx.layout, ctx.scale, ctx.causal, ctx.window_size, ctx.softcap = layout, scale, causal, window_size, softcap
+        ctx.options = (layout, scale, causal, window_size, softcap, inputs[-1])
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
         if grad_out is None:  # only the LSE was used
             grad_out = torch.zeros_like(out)
-        options = (ctx.layout, ctx.scale, ctx.causal, ctx.window_size, ctx.softcap, sinks)
+        *options, deterministic = ctx.options
         dq, dk, dv, dsinks = _varlen_gradients(
-            grad_out, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options
+            grad_out, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options, sinks, deterministic
         )
-        return dq, dk, dv, dsinks, *([None] * 9)
+        return dq, dk, dv, dsinks, *([None] * 10)
 
 
 def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, layout, scale, causal, window_size,
-                      softcap, sinks):  # fmt: skip
+                      softcap, sinks, deterministic=False):  # fmt: skip
     """(dq, dk, dv, dsinks; None without sinks) of a ragged batch: the preprocess over the packed
     rows as a batch of one, the backward kernel's varlen build over the key tile order, dQ cast
-    from its fp32 sums. Delta, LSE₂ and dQ's sums have room for one query tile past the last row,
+    from its fp32 sums, or `deterministic` the fixed-order dQ kernel's varlen build over the query
+    tile order. Delta, LSE₂ and dQ's sums have room for one query tile past the last row,
     zeros (finite: a row past a sequence's end takes P = 0 by the select, and 0·NaN would not be 0)."""
     total_q, nheads, head_dim = q.shape
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
@@ -241,18 +256,26 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
         dtype, arch = str(q.dtype).removeprefix("torch."), compile_arch(q.device)
         variants = Variants.of(causal, window_size, softcap, None)  # the sinks are in the LSE already
         build = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=True)
-        preprocess, dk_dv, _ = compiled_gradient_kernels(**build)
+        preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(**build, deterministic=deterministic)
         block_m, block_n, _ = BACKWARD_TILES[head_dim]
         order = layout.key_tile_order(block_m, block_n, causal, window_size, q.device)
         scales = (exponent_scale(scale, softcap), scale, *launch_arguments(variants, window_size, softcap, scale, None))
-        dq_accum = torch.zeros((1, nheads, rows, dq_row(head_dim)), dtype=torch.float32, device=q.device)
+        # dQ's fp32 sums for the atomic kernel; a one-element placeholder for the fixed-order dQ's.
+        accum_shape = (1, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
+        dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)
         with torch.cuda.device(q.device):
             preprocess(out[None], dout[None], lse[None], delta, lse_log2)
             if grad_lse is not None:
                 delta[0, :, :total_q] -= grad_lse
             dk_dv(q[None], k[None], v[None], dout[None], delta, lse_log2, dq_accum, dk[None], dv[None], *scales,
                   cu_seqlens_q, cu_seqlens_k, order)  # fmt: skip
-            torch.mul(dq_accum[0, :, :total_q, :head_dim].transpose(0, 1), scale, out=dq)
+            if dq_kernel is not None:
+                dq_m, dq_n, _ = DQ_TILES[head_dim]
+                query_order = layout.tile_order(dq_m, dq_n, causal, window_size, q.device)
+                dq_kernel(q[None], k[None], v[None], dout[None], delta, lse_log2, dq[None], *scales,
+                          cu_seqlens_q, cu_seqlens_k, query_order)  # fmt: skip
+            else:
+                torch.mul(dq_accum[0, :, :total_q, :head_dim].transpose(0, 1), scale, out=dq)
     else:  # no score anywhere: every gradient 0 but the sinks' (the LSE the sink's, or -inf)
         for grad in (dq, dk, dv):
             grad.zero_()

@@ -467,8 +467,8 @@ KERNEL_MUTANTS = [
         # The fixed-order dQ's walk starts a K/V tile late.
         "dq_window_walk_a_tile_late",
         "backward.py",
-        "kv_first = T.max(0, visibility.first_key(q_start)) // block_n",
-        "kv_first = T.max(0, visibility.first_key(q_start)) // block_n + 1",
+        "kv_first = T.max(0, rule.first_key(q_start)) // block_n",
+        "kv_first = T.max(0, rule.first_key(q_start)) // block_n + 1",
         first=BACKWARD_VARIANTS,
     ),
     Mutant(
@@ -564,6 +564,24 @@ KERNEL_MUTANTS = [
         "backward.py",
         "at_offset(q_offset, q_start)",
         "q_start",
+        within="backward_program",
+        first=VARLEN,
+    ),
+    Mutant(
+        # The fixed-order dQ's query tiles read and written from the packed rows' start.
+        "varlen_dq_rows_without_offset",
+        "backward.py",
+        "at_offset(q_offset, q_start)",
+        "q_start",
+        within="dq_program",
+        first=VARLEN,
+    ),
+    Mutant(
+        # The fixed-order dQ's partial last query tile stored whole: the next sequence's first rows overwritten.
+        "varlen_dq_partial_query_tile_stored_whole",
+        "backward.py",
+        "varlen and q_start + block_m > rule.seqlen_q",
+        "varlen and q_start >= rule.seqlen_q",
         first=VARLEN,
     ),
     Mutant(
@@ -655,8 +673,8 @@ KERNEL_MUTANTS = [
         # The walk stops one K/V tile before the last its rows see.
         "deterministic_dq_last_tile_dropped",
         "backward.py",
-        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n)",
-        "T.ceildiv(visibility.keys_before(q_start + block_m), block_n) - 1",
+        "T.ceildiv(rule.keys_before(q_start + block_m), block_n)",
+        "T.ceildiv(rule.keys_before(q_start + block_m), block_n) - 1",
         within="dq_program",
         first=DETERMINISTIC_SWEEP,
     ),
