@@ -45,6 +45,9 @@ from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 PREPROCESS_ROWS = 128
 # Rows of one wgmma (its M): a warpgroup's share of a GEMM's rows is a multiple of it.
 WGMMA_ROWS = 64
+# setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
+# for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 
 
 def padded_rows(seqlen_q: int) -> int:
@@ -111,6 +114,22 @@ def dq_row(head_dim: int) -> int:
     wgmma fragment's column fall on different banks (ncu: 2-way conflicts on its stores, where
     unpadded rows would give 8-way; 8 floats measured within noise, perf/backward_ab.py)."""
     return head_dim + 4
+
+
+# A TMA box starts 16-byte aligned in global memory, and each pipeline stage of its shared buffer
+# 128-byte aligned: a ragged sequence's rows start at any row, so the Delta and LSE₂ boxes of its
+# query tiles start at the 4-row (16-byte) boundary before the tile and hold RAGGED_SLACK rows more
+# (32 floats: a stage of block_m + 32 floats stays a multiple of 128 bytes).
+RAGGED_SLACK = 32
+
+
+def row_statistics_box(q_row, block_m: int, varlen: bool) -> tuple:
+    """(first row, rows, the tile's first row's place in it) of the Delta and LSE₂ boxes of the
+    query tile from `q_row`: the tile's own rows in a batched launch, shift 0."""
+    if not varlen:
+        return q_row, block_m, 0
+    shift = q_row % 4
+    return q_row - shift, block_m + RAGGED_SLACK, shift
 
 
 def at_offset(offset, row):
@@ -185,21 +204,22 @@ def backward_program(
 
     @T.macro
     def capped_probabilities_and_ds(
-        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
+        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, shift, scale_log2, softcap_log2
     ):
         """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left
-        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one."""
+        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one. Row j's
+        LSE₂ and D are lse[j + shift] and delta[j + shift] (row_statistics_box)."""
         if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
                 visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
-                acc_s[i, j] = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[j]), 0)
-                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
+                acc_s[i, j] = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[j + shift]), 0)
+                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift]) * (1 - t * t)
         else:
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
-                acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])
-                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
+                acc_s[i, j] = T.exp2(t * scale_log2 - lse[j + shift])
+                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift]) * (1 - t * t)
 
     @T.prim_func
     def flash_attention_backward(
@@ -230,8 +250,9 @@ def backward_program(
             dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq or operands_in_shared else None
             P_shared = T.alloc_shared([block_n, block_m], dtype) if operands_in_shared else None
             dQ_shared = T.alloc_shared([block_m, DQ_ROW], accum) if with_dq else None
-            lse = T.alloc_shared([block_m], accum)
-            delta = T.alloc_shared([block_m], accum)
+            box_rows = row_statistics_box(0, block_m, varlen)[1]
+            lse = T.alloc_shared([box_rows], accum)
+            delta = T.alloc_shared([box_rows], accum)
             acc_s = T.alloc_fragment([block_n, block_m], accum)  # Sᵀ, then Pᵀ
             acc_dp = T.alloc_fragment([block_n, block_m], accum)  # dPᵀ
             p_cast = T.alloc_fragment([block_n, block_m], dtype)
@@ -243,6 +264,12 @@ def backward_program(
             group_size = heads // heads_kv
             kv_tile, rule, q_offset, k_offset = kv_block, visibility, None, None
             if varlen:
+                # The producer writes the sequence's registers, which TileLang's warp
+                # specialisation takes for a copy in registers and then gives neither side a
+                # register budget (1.4 KB of spills, every wgmma serialised): the batched build's
+                # budgets, which it gets by default, given by hand.
+                T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
+                T.annotate_consumer_reg_alloc(CONSUMER_REGISTERS)
                 # The block's (sequence, K/V tile) from the key tile order; the sequence's
                 # offsets and lengths, read once, and its rule.
                 sequence, q_offset, k_offset, sequence_q, sequence_k = ragged_registers()
@@ -272,8 +299,9 @@ def backward_program(
                 q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
                 T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
                 T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
-                T.copy(LSE_log2[b, head, q_row : q_row + block_m], lse)
-                T.copy(Delta[b, head, q_row : q_row + block_m], delta)
+                first, rows, shift = row_statistics_box(q_row, block_m, varlen)
+                T.copy(LSE_log2[b, head, first : first + rows], lse)
+                T.copy(Delta[b, head, first : first + rows], delta)
                 # Sᵀ and dPᵀ issued together (wgmma is asynchronous): Pᵀ is computed while dPᵀ runs.
                 # The GEMMs after them stay synchronous: T.Pipelined releases a stage's Q and dO
                 # after their last GEMM, which must then have finished reading them.
@@ -290,7 +318,7 @@ def backward_program(
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
                     T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
                     capped_probabilities_and_ds(
-                        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
+                        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, shift, scale_log2, softcap_log2
                     )
                     T.copy(acc_s, p_cast)
                 else:
@@ -299,10 +327,10 @@ def backward_program(
                     if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
                         for i, j in T.Parallel(block_n, block_m):
                             visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
-                            acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+                            acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j + shift]), 0)
                     else:
                         for i, j in T.Parallel(block_n, block_m):
-                            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
+                            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j + shift])
                     T.copy(acc_s, p_cast)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
@@ -310,7 +338,7 @@ def backward_program(
                     # In the other order ptxas serialises every wgmma at head_dim 64 (C7512,
                     # with spills: docs/performance.md).
                     for i, j in T.Parallel(block_n, block_m):
-                        ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
+                        ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift])
                 if operands_in_shared:
                     T.copy(p_cast, P_shared)
                     T.copy(ds_cast, dS_shared)
@@ -421,8 +449,9 @@ def dq_program(
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
-            lse = T.alloc_shared([block_m], accum)
-            delta = T.alloc_shared([block_m], accum)
+            box_rows = row_statistics_box(0, block_m, varlen)[1]
+            lse = T.alloc_shared([box_rows], accum)
+            delta = T.alloc_shared([box_rows], accum)
             acc_s = T.alloc_fragment([block_m, block_n], accum)  # S, then dS
             acc_dp = T.alloc_fragment([block_m, block_n], accum)
             ds_cast = T.alloc_fragment([block_m, block_n], dtype)
@@ -452,8 +481,9 @@ def dq_program(
                 num_kv_blocks = T.max(0, num_kv_blocks - kv_first)
             T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
             T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
-            T.copy(LSE_log2[b, head, q_row : q_row + block_m], lse)
-            T.copy(Delta[b, head, q_row : q_row + block_m], delta)
+            first, rows, shift = row_statistics_box(q_row, block_m, varlen)
+            T.copy(LSE_log2[b, head, first : first + rows], lse)
+            T.copy(Delta[b, head, first : first + rows], delta)
             T.clear(acc_dq)
             for kv_block in T.Pipelined(num_kv_blocks, num_stages=num_stages):
                 kv_start = (kv_first + kv_block) * block_n
@@ -471,16 +501,17 @@ def dq_program(
                     for i, j in T.Parallel(block_m, block_n):
                         t = capped_score(acc_s[i, j], softcap_log2)
                         visible = rule.sees(kv_start + j, q_start + i, rows_checked=True)
-                        p = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[i]), 0)
-                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)
+                        p = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[i + shift]), 0)
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift]) * (1 - t * t)
                 elif tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
                     for i, j in T.Parallel(block_m, block_n):
                         visible = rule.sees(kv_start + j, q_start + i, rows_checked=True)
-                        p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
-                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
+                        p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i + shift]), 0)
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift])
                 else:
                     for i, j in T.Parallel(block_m, block_n):
-                        ds_cast[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[i]) * (acc_dp[i, j] - delta[i])
+                        p = T.exp2(acc_s[i, j] * scale_log2 - lse[i + shift])
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift])
                 T.gemm(ds_cast, K_shared, acc_dq, policy=T.GemmWarpPolicy.FullRow)
             for i, d in T.Parallel(block_m, head_dim):
                 acc_dq[i, d] = acc_dq[i, d] * softmax_scale
