@@ -119,6 +119,20 @@ def test_the_gradient_operands_pass_through_shared_memory_where_a_warpgroup_hold
     assert in_shared == (head_dim == 256), "each side of the condition at one shipped head_dim"
 
 
+def test_a_ragged_gradient_loads_its_row_statistics_aligned_and_budgets_its_registers():
+    # A TMA box must start 16-byte aligned: a ragged tile's Delta and LSE₂ boxes start at the
+    # 4-float boundary before its first row (an unaligned one faults: "illegal instruction").
+    # Its warpgroups get setmaxnreg budgets, which TileLang leaves out of this build by itself.
+    from fa_kernel.backward import compiled_backward
+
+    kernel = compiled_backward(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a", varlen=True)
+    source = kernel.get_kernel_source()
+    for name in ("LSE_log2_desc", "Delta_desc"):
+        (load,) = re.findall(rf"tma_load\({name}, [^;]*;", source)
+        assert "(q_row - (q_row & 3))" in load, load
+    assert "warpgroup_reg_dealloc<24>" in source and "warpgroup_reg_alloc<240>" in source
+
+
 @pytest.mark.parametrize(
     ("family", "wait"),
     [

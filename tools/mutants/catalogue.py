@@ -475,17 +475,18 @@ KERNEL_MUTANTS = [
         # dS without the cap's slope 1 − t², in the fixed-order dQ kernel.
         "dq_softcap_slope_dropped",
         "backward.py",
-        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)",
-        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])",
+        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift]) * (1 - t * t)",
+        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift])",
         first=BACKWARD_VARIANTS,
     ),
     Mutant(
         # The same in the dK/dV kernel, in the tiles that need no mask.
         "backward_dkdv_softcap_slope_dropped",
         "backward.py",
-        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\n"
-        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)",
-        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\nds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])",
+        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j + shift])\n"
+        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift]) * (1 - t * t)",
+        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j + shift])\n"
+        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift])",
         within="capped_probabilities_and_ds",
         first=BACKWARD_VARIANTS,
     ),
@@ -565,6 +566,14 @@ KERNEL_MUTANTS = [
         "at_offset(q_offset, q_start)",
         "q_start",
         within="backward_program",
+        first=VARLEN,
+    ),
+    Mutant(
+        # A ragged tile's Delta and LSE₂ read from the aligned box's first row, not its own.
+        "varlen_statistics_rows_unshifted",
+        "backward.py",
+        "return q_row - shift, block_m + RAGGED_SLACK, shift",
+        "return q_row - shift, block_m + RAGGED_SLACK, 0",
         first=VARLEN,
     ),
     Mutant(
