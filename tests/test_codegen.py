@@ -260,3 +260,18 @@ def test_the_tanh_approx_option_puts_one_tanh_approx_where_the_division_was():
     assert "tanh_approx(" not in shipped and "2.000000e+00*/ / (exp2f" in shipped
     with pytest.raises(ValueError, match=r"tanh_approx: only a softcap build has a tanh"):
         compiled_forward(**{**build, "variants": PLAIN}, tanh_approx=True)
+
+
+def test_ptxas_reports_a_generated_kernels_registers_and_spills(tmp_path):
+    # tools/ptxas_report.sh, the recipe the docs' register and spill figures come from.
+    import subprocess
+    from pathlib import Path
+
+    from fa_kernel.decode import compiled_decode_kernels
+
+    split, _ = compiled_decode_kernels(head_dim=128, causal=True, dtype="bfloat16", arch="sm_90a")
+    source = tmp_path / "split.cu"
+    source.write_text(split.get_kernel_source())
+    script = Path(__file__).resolve().parents[1] / "tools" / "ptxas_report.sh"
+    report = subprocess.run([script, source], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"Used \d+ registers", report) and "spill stores" in report, report

@@ -123,13 +123,18 @@ def dq_row(head_dim: int) -> int:
 RAGGED_SLACK = 32
 
 
-def row_statistics_box(q_row, block_m: int, varlen: bool) -> tuple:
-    """(first row, rows, the tile's first row's place in it) of the Delta and LSE₂ boxes of the
-    query tile from `q_row`: the tile's own rows in a batched launch, shift 0."""
+def row_statistics_rows(block_m: int, varlen: bool) -> int:
+    """The rows of a query tile's Delta and LSE₂ boxes (and of their shared buffers)."""
+    return block_m + RAGGED_SLACK if varlen else block_m
+
+
+def row_statistics_box(q_row, varlen: bool) -> tuple:
+    """(first row, the tile's first row's place in it) of the Delta and LSE₂ boxes of the query
+    tile from `q_row`: the tile's own first row in a batched launch, shift 0."""
     if not varlen:
-        return q_row, block_m, 0
+        return q_row, 0
     shift = q_row % 4
-    return q_row - shift, block_m + RAGGED_SLACK, shift
+    return q_row - shift, shift
 
 
 def at_offset(offset, row):
@@ -250,7 +255,7 @@ def backward_program(
             dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq or operands_in_shared else None
             P_shared = T.alloc_shared([block_n, block_m], dtype) if operands_in_shared else None
             dQ_shared = T.alloc_shared([block_m, DQ_ROW], accum) if with_dq else None
-            box_rows = row_statistics_box(0, block_m, varlen)[1]
+            box_rows = row_statistics_rows(block_m, varlen)
             lse = T.alloc_shared([box_rows], accum)
             delta = T.alloc_shared([box_rows], accum)
             acc_s = T.alloc_fragment([block_n, block_m], accum)  # Sᵀ, then Pᵀ
@@ -299,9 +304,9 @@ def backward_program(
                 q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
                 T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
                 T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
-                first, rows, shift = row_statistics_box(q_row, block_m, varlen)
-                T.copy(LSE_log2[b, head, first : first + rows], lse)
-                T.copy(Delta[b, head, first : first + rows], delta)
+                first, shift = row_statistics_box(q_row, varlen)
+                T.copy(LSE_log2[b, head, first : first + box_rows], lse)
+                T.copy(Delta[b, head, first : first + box_rows], delta)
                 # Sᵀ and dPᵀ issued together (wgmma is asynchronous): Pᵀ is computed while dPᵀ runs.
                 # The GEMMs after them stay synchronous: T.Pipelined releases a stage's Q and dO
                 # after their last GEMM, which must then have finished reading them.
@@ -449,7 +454,7 @@ def dq_program(
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
-            box_rows = row_statistics_box(0, block_m, varlen)[1]
+            box_rows = row_statistics_rows(block_m, varlen)
             lse = T.alloc_shared([box_rows], accum)
             delta = T.alloc_shared([box_rows], accum)
             acc_s = T.alloc_fragment([block_m, block_n], accum)  # S, then dS
@@ -481,9 +486,9 @@ def dq_program(
                 num_kv_blocks = T.max(0, num_kv_blocks - kv_first)
             T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
             T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
-            first, rows, shift = row_statistics_box(q_row, block_m, varlen)
-            T.copy(LSE_log2[b, head, first : first + rows], lse)
-            T.copy(Delta[b, head, first : first + rows], delta)
+            first, shift = row_statistics_box(q_row, varlen)
+            T.copy(LSE_log2[b, head, first : first + box_rows], lse)
+            T.copy(Delta[b, head, first : first + box_rows], delta)
             T.clear(acc_dq)
             for kv_block in T.Pipelined(num_kv_blocks, num_stages=num_stages):
                 kv_start = (kv_first + kv_block) * block_n

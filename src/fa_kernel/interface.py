@@ -96,8 +96,7 @@ def flash_attn_func(
         out [batch, seqlen_q, nheads, headdim] in q's dtype, or (out, lse).
     """
     softmax_scale = check_inputs(q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap, sinks=sinks)
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    check_deterministic(deterministic)
     (left, right), softcap = (int(edge) for edge in window_size), float(softcap)
     leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
@@ -111,6 +110,12 @@ def flash_attn_func(
     else:
         out, lse = _attention(q, k, v, softmax_scale, causal, *variant_args)
     return (out, lse) if return_lse else out
+
+
+def check_deterministic(deterministic) -> None:
+    """TypeError unless `deterministic` is a bool (a truthy tensor or int would pass silently)."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
 
 
 def tile_config_for(

@@ -30,7 +30,7 @@ from fa_kernel.backward import (
     dq_row,
     padded_rows,
 )
-from fa_kernel.interface import check_inputs, compile_arch, kernel_build, sink_gradient
+from fa_kernel.interface import check_deterministic, check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 from fa_kernel.scheduler import ragged_key_tile_order, ragged_tile_order
@@ -77,8 +77,7 @@ def flash_attn_varlen_func(
             raise ValueError(f"{name}: expected a 3-d tensor [total, nheads, headdim], got shape {tuple(t.shape)}")
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    check_deterministic(deterministic)
     traced = torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (q, k, v))
     # Traced (torch.compile, export) or on tensor subclasses: the cu_seqlens are read in the op's
     # body, at run time (a host read in the trace would break the graph).
