@@ -389,24 +389,26 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     from tools.ast_mutants import generate
 
     forward = generate()
-    assert {m.file for m in forward}.isdisjoint({"backward.py", "decode.py"})  # the forward's campaign as it was
-    for target, file in (("backward", "backward.py"), ("decode", "decode.py")):
+    others = {"backward.py", "backward_preprocess.py", "decode.py"}
+    assert {m.file for m in forward}.isdisjoint(others)  # the forward's campaign as it was
+    for target, files in (("backward", ("backward.py", "backward_preprocess.py")), ("decode", ("decode.py",))):
         generated = generate(files=triage.GENERATED_FILES[target])
-        assert generated and {m.file for m in generated} == {file}
-        mutant = generated[0]
-        # Their file's CPU tests where it has some, then their own GPU tests, then their file's
-        # suite; the forward's smoke tier never runs them.
-        cpu = [("cpu", ["-x", *tiers.CPU_BY_FILE[file]])] if file in tiers.CPU_BY_FILE else []
-        planned = tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
-        assert planned == [
-            *cpu,
-            ("own tests", ["-x", *catalogue.FIRST_BY_FILE[file]]),
-            ("suite", ["-x", *tiers.PYTEST_ARGS[target]]),
-        ]
-        assert tiers.mutant_tiers(mutant, target, None, {}, smoke_only=True, cpu_only=False) == planned[:-1]
-        assert tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == cpu
-        # Their kernels are the whole suite's precompile's, not the smoke tier's.
-        assert tiers.precompile_args([planned[:-1]], target) == []
+        assert {m.file for m in generated} == set(files)
+        for mutant in {m.file: m for m in generated}.values():  # one of each file
+            file = mutant.file
+            # Their file's CPU tests where it has some, then their own GPU tests, then their file's
+            # suite; the forward's smoke tier never runs them.
+            cpu = [("cpu", ["-x", *tiers.CPU_BY_FILE[file]])] if file in tiers.CPU_BY_FILE else []
+            planned = tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
+            assert planned == [
+                *cpu,
+                ("own tests", ["-x", *catalogue.FIRST_BY_FILE[file]]),
+                ("suite", ["-x", *tiers.PYTEST_ARGS[target]]),
+            ]
+            assert tiers.mutant_tiers(mutant, target, None, {}, smoke_only=True, cpu_only=False) == planned[:-1]
+            assert tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == cpu
+            # Their kernels are the whole suite's precompile's, not the smoke tier's.
+            assert tiers.precompile_args([planned[:-1]], target) == []
     assert tiers.CPU_BY_FILE["backward.py"] and "decode.py" not in tiers.CPU_BY_FILE
 
 
@@ -421,20 +423,20 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
         ]
         return found
 
-    def reworded(generated, comment, replacement):
-        """A stand-in mutant of the first mutant's file that rewrites `comment` alone."""
+    def rewritten(generated, function, original, replacement):
+        """A stand-in mutant of the first mutant's file that rewrites `original` alone."""
         text = (mutants.PACKAGE / generated[0].file).read_text()
-        start = text.index(comment)
-        fields = dict(start=start, end=start + len(comment), original=comment, replacement=replacement)
-        return dataclasses.replace(generated[0], id=f"{generated[0].file}-comment", function="comment", **fields)
+        start = text.index(original)
+        fields = dict(start=start, end=start + len(original), original=original, replacement=replacement)
+        return dataclasses.replace(generated[0], id=f"{generated[0].file}-{function}", function=function, **fields)
 
     backward = generate(files=("backward.py",))
     decode = generate(files=("decode.py",))
     picked = [
         # A comment of the kernel's body reworded: another text, the same PrimFuncs.
-        reworded(backward, "# One walk over (query head of the group, query tile)", "# The walk"),
-        # Delta's padding no longer a multiple of block_m: building the gradient kernels raises.
-        find(backward, "<module>", "constant", "PREPROCESS_ROWS = 128", "PREPROCESS_ROWS = 129"),
+        rewritten(backward, "comment", "# One walk over (query head of the group, query tile)", "# The walk"),
+        # Delta's padding taken as no multiple of block_m: building the gradient kernels raises.
+        rewritten(backward, "gradient_sizes", "if PREPROCESS_ROWS % block_m:", "if (PREPROCESS_ROWS + 1) % block_m:"),
         # Host-side: the same PrimFuncs, another split plan at launch. Left to run.
         find(
             decode,

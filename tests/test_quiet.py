@@ -13,7 +13,7 @@ import pytest
 
 @pytest.mark.compile
 def test_a_compile_prints_nothing_unless_asked(capfd, monkeypatch):
-    from fa_kernel.backward import preprocess_program
+    from fa_kernel.backward_preprocess import preprocess_program
     from fa_kernel.toolchain import compile_program
 
     monkeypatch.delenv("FA_KERNEL_VERBOSE", raising=False)

@@ -65,7 +65,8 @@ def step(block: nn.Module, x: torch.Tensor, dout: torch.Tensor) -> dict[str, tor
     x = x.detach().requires_grad_()
     out = block(x)
     out.backward(dout)
-    return {"out": out.detach(), "x": x.grad, **{name: p.grad for name, p in block.named_parameters()}}
+    module = getattr(block, "_orig_mod", block)  # torch.compile's wrapper names them "_orig_mod.*"
+    return {"out": out.detach(), "x": x.grad, **{name: p.grad for name, p in module.named_parameters()}}
 
 
 @pytest.mark.gpu

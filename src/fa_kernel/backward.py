@@ -6,9 +6,8 @@
 FlashAttention-2's backward (its Algorithm 2), as `emulator.attention_backward_tiled`
 specifies it tile by tile:
 
-1. `preprocess_program`: per query row, D = rowsum(dO∘O) in fp32, and the forward's LSE in
-   log2 units with +inf for a row that saw no key (so that its P = 2^(S·scale_log2 − LSE₂)
-   is 0, not 2^inf).
+1. `backward_preprocess.preprocess_program`: per query row, D = rowsum(dO∘O) and LSE₂, the
+   forward's LSE in log2 units.
 2. `backward_program`: one thread block per K/V tile of `block_n` keys and K/V head keeps K
    and V in shared memory and dK, dV in fp32 registers while it walks, for each query head
    of its GQA group, the query tiles of `block_m` rows that see any of its keys. Per query
@@ -31,70 +30,19 @@ import functools
 
 import tilelang.language as T
 
+from fa_kernel.backward_preprocess import PREPROCESS_ROWS, compiled_preprocess
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility, variant_visibility
-from fa_kernel.numerics import LOG2E
 from fa_kernel.scheduler import ragged_registers, read_sequence
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
-# Query rows per thread block of the preprocess: one row per thread. Delta and LSE₂ are written
-# for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
-# whose global strides must be multiples of 16 bytes, and whose boxes then never leave them.
-PREPROCESS_ROWS = 128
 # Rows of one wgmma (its M): a warpgroup's share of a GEMM's rows is a multiple of it.
 WGMMA_ROWS = 64
 # setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
 # for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
-
-
-def padded_rows(seqlen_q: int) -> int:
-    """The length of Delta's and LSE₂'s last dimension for `seqlen_q` query rows."""
-    return -(-seqlen_q // PREPROCESS_ROWS) * PREPROCESS_ROWS
-
-
-def preprocess_program(*, head_dim: int, dtype: str):
-    """D = rowsum(dO∘O) (fp32) and LSE₂ = LSE·log2(e), +inf where LSE is −inf, per query row.
-
-    Arguments at launch: O and dO [B, Sq, H, D], LSE [B, H, Sq] (natural log, as the forward
-    writes it), then the outputs Delta and LSE₂ [B, H, padded_rows(Sq)], fp32 (rows past Sq: 0).
-    """
-    batch, seqlen_q, seqlen_q_padded, heads = T.dynamic("batch, seqlen_q, seqlen_q_padded, heads")
-    dtype = DTYPES[dtype]
-    accum = T.float32
-    rows = PREPROCESS_ROWS
-
-    @T.prim_func
-    def flash_attention_backward_preprocess(
-        O: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
-        dO: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
-        LSE: T.Tensor([batch, heads, seqlen_q], accum),
-        Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
-        LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
-    ):
-        # A thread a row up to head_dim 128; two at 256, whose row alone would spill.
-        threads = rows * max(1, head_dim // 128)
-        with T.Kernel(T.ceildiv(seqlen_q, rows), heads, batch, threads=threads) as (q_block, head, b):
-            o = T.alloc_fragment([rows, head_dim], dtype)
-            do = T.alloc_fragment([rows, head_dim], dtype)
-            products = T.alloc_fragment([rows, head_dim], accum)
-            delta = T.alloc_fragment([rows], accum)
-            lse = T.alloc_fragment([rows], accum)
-            q_start = q_block * rows
-            T.copy(O[b, q_start : q_start + rows, head, :], o)
-            T.copy(dO[b, q_start : q_start + rows, head, :], do)
-            for i, j in T.Parallel(rows, head_dim):
-                products[i, j] = T.Cast(accum, o[i, j]) * T.Cast(accum, do[i, j])
-            T.reduce_sum(products, delta, dim=1)
-            T.copy(delta, Delta[b, head, q_start : q_start + rows])
-            T.copy(LSE[b, head, q_start : q_start + rows], lse)
-            for i in T.Parallel(rows):
-                lse[i] = T.if_then_else(lse[i] == -T.infinity(accum), T.infinity(accum), lse[i] * LOG2E)
-            T.copy(lse, LSE_log2[b, head, q_start : q_start + rows])
-
-    return flash_attention_backward_preprocess
 
 
 def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, block_m: int):
@@ -135,6 +83,19 @@ def row_statistics_box(q_row, varlen: bool) -> tuple:
         return q_row, 0
     shift = q_row % 4
     return q_row - shift, shift
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyTile:
+    """A dK/dV block's work tile as its macros read it: batch element, K/V head, first key; for
+    a ragged batch its sequence's first key in the packed rows (None: a batched launch) and rule.
+    (A macro binds a PrimExpr argument to a variable of its own; fields pass through as they are.)"""
+
+    b: object
+    kv_head: object
+    kv_start: object
+    k_offset: object
+    rule: Visibility
 
 
 def at_offset(offset, row):
@@ -225,6 +186,52 @@ def backward_program(
                 t = capped_score(acc_s[i, j], softcap_log2)
                 acc_s[i, j] = T.exp2(t * scale_log2 - lse[j + shift])
                 ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift]) * (1 - t * t)
+
+    @T.macro
+    def add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row):
+        """dQ_tile = dS·K, added to dQ_accum's rows from q_row by one bulk reduce-add."""
+        T.clear(acc_dq)
+        T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
+        # The previous step's reduce-add must have read dQ_shared: waited for here, a step after
+        # it was issued. T.atomic_add(use_tma=True) waits right after the add, holding its
+        # warpgroup's next GEMMs (docs/performance.md). Threads with no add in flight pass.
+        T.tma_store_wait(0)
+        T.copy(acc_dq, dQ_shared[:, :head_dim])
+        if T.shuffle_elect(threads):
+            # dQ_accum's rows are contiguous, so a query tile is one bulk add of dQ_shared's
+            # image (its pad columns stay 0).
+            T.fence_proxy_async()
+            T.call_extern(
+                "handle",
+                "tl::tma_store_add",
+                T.address_of(dQ_shared[0, 0]),
+                T.address_of(dQ_accum[b, head, q_row, 0]),
+                block_m * DQ_ROW * 4,
+            )
+            T.tma_store_arrive()
+
+    @T.macro
+    def store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale):
+        """The epilogue: dK (scaled once, here) and dV of the tile's keys."""
+        # Names for variables only: a name given a load (a ragged sequence's registers) would
+        # become a variable of its own, another program.
+        b, kv_head, kv_start = tile.b, tile.kv_head, tile.kv_start
+        for i, j in T.Parallel(block_n, head_dim):
+            acc_dk[i, j] = acc_dk[i, j] * softmax_scale
+        if varlen:
+            # The sequence's last, partial tile row by row: the rows after it are the next
+            # sequence's keys, whose own block writes them.
+            if kv_start + block_n <= tile.rule.seqlen_k:
+                T.copy(acc_dk, dK[b, tile.k_offset + kv_start : tile.k_offset + kv_start + block_n, kv_head, :])
+                T.copy(acc_dv, dV[b, tile.k_offset + kv_start : tile.k_offset + kv_start + block_n, kv_head, :])
+            else:
+                for i, j in T.Parallel(block_n, head_dim):
+                    if kv_start + i < tile.rule.seqlen_k:
+                        dK[b, tile.k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dk[i, j])
+                        dV[b, tile.k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dv[i, j])
+        else:
+            T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
+            T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
 
     @T.prim_func
     def flash_attention_backward(
@@ -355,44 +362,11 @@ def backward_program(
                 if with_dq:
                     if not operands_in_shared:
                         T.copy(ds_cast, dS_shared)
-                    T.clear(acc_dq)
-                    T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
-                    # The previous step's reduce-add must have read dQ_shared: waited for here, a
-                    # step after it was issued. T.atomic_add(use_tma=True) waits right after the
-                    # add, holding its warpgroup's next GEMMs (docs/performance.md). Threads with
-                    # no add in flight pass.
-                    T.tma_store_wait(0)
-                    T.copy(acc_dq, dQ_shared[:, :head_dim])
-                    if T.shuffle_elect(threads):
-                        # dQ_accum's rows are contiguous, so a query tile is one bulk add of
-                        # dQ_shared's image (its pad columns stay 0).
-                        T.fence_proxy_async()
-                        T.call_extern(
-                            "handle",
-                            "tl::tma_store_add",
-                            T.address_of(dQ_shared[0, 0]),
-                            T.address_of(dQ_accum[b, head, q_row, 0]),
-                            block_m * DQ_ROW * 4,
-                        )
-                        T.tma_store_arrive()
+                    add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
             if with_dq:
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
-            for i, j in T.Parallel(block_n, head_dim):
-                acc_dk[i, j] = acc_dk[i, j] * softmax_scale
-            if varlen:
-                # The sequence's last, partial tile row by row: the rows after it are the next
-                # sequence's keys, whose own block writes them.
-                if kv_start + block_n <= sequence_k:
-                    T.copy(acc_dk, dK[b, k_offset + kv_start : k_offset + kv_start + block_n, kv_head, :])
-                    T.copy(acc_dv, dV[b, k_offset + kv_start : k_offset + kv_start + block_n, kv_head, :])
-                else:
-                    for i, j in T.Parallel(block_n, head_dim):
-                        if kv_start + i < sequence_k:
-                            dK[b, k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dk[i, j])
-                            dV[b, k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dv[i, j])
-            else:
-                T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
-                T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
+            tile = KeyTile(b, kv_head, kv_start, k_offset, rule)
+            store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale)
 
     return flash_attention_backward
 
@@ -530,12 +504,6 @@ def dq_program(
                 T.copy(acc_dq, dQ[b, q_row : q_row + block_m, head, :])
 
     return flash_attention_backward_dq
-
-
-@functools.cache
-def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None):
-    """The compiled preprocess, cached in this process (TileLang's disk cache spans processes)."""
-    return compile_program(preprocess_program(head_dim=head_dim, dtype=dtype), arch)
 
 
 @functools.cache

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from fa_kernel.backward import compiled_gradient_kernels, dq_row, padded_rows
+from fa_kernel.backward import compiled_gradient_kernels, dq_row
+from fa_kernel.backward_preprocess import padded_rows
 from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
 from fa_kernel.device import device_facts, device_target

@@ -87,6 +87,7 @@ ROWS_WITHOUT_KEYS = _rows_without_keys()
 # directly): the GPU tests of the launch (empty inputs, one key, strided inputs) first.
 FIRST_BY_FILE = {
     "backward.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
+    "backward_preprocess.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
     "decode.py": DECODE,
     "interface.py": (
         "tests/test_kernel.py::test_empty_inputs",
@@ -597,8 +598,8 @@ KERNEL_MUTANTS = [
         # A sequence's last, partial K/V tile stores dK and dV whole: the next sequence's first rows overwritten.
         "varlen_backward_partial_key_tile_stored_whole",
         "backward.py",
-        "kv_start + block_n <= sequence_k",
-        "kv_start < sequence_k",
+        "kv_start + block_n <= tile.rule.seqlen_k",
+        "kv_start < tile.rule.seqlen_k",
         first=VARLEN,
     ),
     # ---- the paged KV cache (the split kernel's paged build): tests/test_paged.py

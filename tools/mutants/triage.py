@@ -28,14 +28,18 @@ from tools.mutants import PACKAGE, ROOT
 GENERATED_FILES = {
     "kernel": None,  # ast_mutants.FILES: the forward kernel, its launch, dispatch and constants
     "emulator": ("emulator.py",),
-    "backward": ("backward.py",),
+    "backward": ("backward.py", "backward_preprocess.py"),
     "decode": ("decode.py",),
 }
 GPU_TARGETS = ("kernel", "backward", "decode")
 # Per file of a kernel other than the forward: its module-level builder of every kernel a launch
 # runs, and the builds its GPU tests launch (fp16 alone: the dtype enters a kernel only as its
 # element type, which no operator mutates).
-PROGRAM_BUILDERS = {"backward.py": "compiled_gradient_kernels", "decode.py": "compiled_decode_kernels"}
+PROGRAM_BUILDERS = {
+    "backward.py": "compiled_gradient_kernels",
+    "backward_preprocess.py": "compiled_preprocess",
+    "decode.py": "compiled_decode_kernels",
+}
 # What of those files the host runs too, where an identical PrimFunc proves nothing: split_plan
 # chooses the launch's splits, and a module constant may size a buffer the launch allocates
 # (PREPROCESS_ROWS) as well as a kernel's tile.
@@ -44,6 +48,10 @@ HOST_SIDE = ("split_plan", "<module>")
 
 def program_builds(file: str) -> list[dict]:
     """The builder's arguments (PROGRAM_BUILDERS) of every kernel `file`'s GPU tests launch."""
+    if file == "backward_preprocess.py":
+        from fa_kernel.configs import BACKWARD_TILES
+
+        return [dict(head_dim=head_dim, dtype="float16", arch="sm_90a") for head_dim in sorted(BACKWARD_TILES)]
     if file == "backward.py":
         from fa_kernel.backward import BACKWARD_TILES
 
@@ -78,7 +86,8 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
             builder = getattr(module, PROGRAM_BUILDERS[file])
             for build in builds:
                 try:
-                    scripts = [script for script in builder(**build) if script is not None]
+                    built = builder(**build)  # a kernel, or a launch's kernels (None: one not run)
+                    scripts = [script for script in (built if isinstance(built, tuple) else (built,)) if script]
                     digests.append(short_digest("\n".join(scripts)))
                 except Exception as error:  # a mutant may break the Python that builds a kernel
                     digests.append(f"error: {type(error).__name__}: {error}")
