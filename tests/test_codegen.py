@@ -28,6 +28,9 @@ SHIPPED_CASES = pytest.mark.parametrize(
 )
 
 
+CUDA_SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
 def shipped_source(head_dim, causal, dtype, seqlen_k):
     """The tuned config of this case and its generated CUDA."""
     config = select_config("sm_90", head_dim, causal, seqlen_k)
@@ -117,6 +120,26 @@ def test_the_gradient_operands_pass_through_shared_memory_where_a_warpgroup_hold
     in_shared = BACKWARD_TILES[head_dim][1] < 2 * WGMMA_ROWS
     assert ("P_shared" in source) == in_shared and "dS_shared" in source
     assert in_shared == (head_dim == 256), "each side of the condition at one shipped head_dim"
+
+
+def test_a_left_window_without_causal_lowers_where_the_gradient_operands_pass_through_shared_memory():
+    # The walk's last query tile (a left window's edge) once left TileLang's ThreadSync a thread
+    # range of 225 at head_dim 256 ("cannot lower a required shared-memory sync inside a divergent
+    # region"): every such build, with or without dQ, failed to compile. Lowered alone (no nvcc).
+    import tvm
+    from tilelang.engine.lower import lower
+
+    from fa_kernel.backward import BACKWARD_TILES, backward_program
+    from fa_kernel.toolchain import FAST_MATH
+    from fa_kernel.variants import Variants
+
+    block_m, block_n, stages = BACKWARD_TILES[256]
+    program = backward_program(
+        head_dim=256, causal=False, dtype="bfloat16", block_m=block_m, block_n=block_n, num_stages=stages,
+        variants=Variants(window_left=True), with_dq=False,
+    )  # fmt: skip
+    with tvm.transform.PassContext(opt_level=3, config=FAST_MATH), tvm.target.Target(CUDA_SM90A):
+        assert "P_shared" in lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
 
 
 def test_a_ragged_gradient_loads_its_row_statistics_aligned_and_budgets_its_registers():

@@ -166,7 +166,9 @@ def backward_program(
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
         if not visibility.limits_left:
             return rule.seqlen_q
-        return T.max(0, T.min(rule.seqlen_q, rule.rows_before(kv_start + block_n)))
+        # Clamped at 0 first: the other order (the same value) leaves TileLang's ThreadSync a
+        # thread range of 225 at head_dim 256 without causal, a build that does not lower.
+        return T.min(rule.seqlen_q, T.max(0, rule.rows_before(kv_start + block_n)))
 
     @T.macro
     def capped_probabilities_and_ds(
