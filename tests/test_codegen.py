@@ -142,17 +142,20 @@ def test_a_left_window_without_causal_lowers_where_the_gradient_operands_pass_th
         assert "P_shared" in lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
 
 
-def test_a_ragged_gradient_loads_its_row_statistics_aligned_and_budgets_its_registers():
-    # A TMA box must start 16-byte aligned: a ragged tile's Delta and LSE₂ boxes start at the
-    # 4-float boundary before its first row (an unaligned one faults: "illegal instruction").
+def test_a_ragged_gradient_reads_its_row_statistics_as_a_batched_one_and_budgets_its_registers():
+    # Each sequence's Delta and LSE₂ rows start aligned (backward_preprocess.statistics_start), so
+    # a query tile's TMA box starts 16-byte aligned (an unaligned one faults: "illegal
+    # instruction") and the consumers read the rows two floats at a time, as a batched launch's
+    # do (from a box at the packed rows, shifted per tile, they were read one at a time).
     # Its warpgroups get setmaxnreg budgets, which TileLang leaves out of this build by itself.
     from fa_kernel.backward import compiled_backward
 
-    kernel = compiled_backward(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a", varlen=True)
-    source = kernel.get_kernel_source()
-    for name in ("LSE_log2_desc", "Delta_desc"):
-        (load,) = re.findall(rf"tma_load\({name}, [^;]*;", source)
-        assert "(q_row - (q_row & 3))" in load, load
+    pairs = re.compile(r"\*\(float2\*\)\(\(\(float\*\)(lse|delta)\) \+")
+    for varlen in (False, True):
+        source = compiled_backward(
+            head_dim=64, causal=False, dtype="bfloat16", arch="sm_90a", varlen=varlen
+        ).get_kernel_source()
+        assert {match.group(1) for match in pairs.finditer(source)} == {"lse", "delta"}, varlen
     assert "warpgroup_reg_dealloc<24>" in source and "warpgroup_reg_alloc<240>" in source
 
 

@@ -11,6 +11,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fa_kernel.reference import attention_varlen_ref, judge
 
@@ -176,6 +178,27 @@ RAGGED = [
     ([5, 9], [0, 12]),
     ([191, 192, 193], [175, 176, 177]),
 ]
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(0, 700), min_size=1, max_size=12))
+def test_each_sequences_row_statistics_start_aligned_and_its_tiles_never_reach_the_next(lengths):
+    # The gradient kernels load a query tile's Delta and LSE₂ rows as one TMA box, from its
+    # sequence's statistics_start: 16-byte aligned (an unaligned box faults), and short of the
+    # next sequence's rows and of the buffer's end, whatever the lengths.
+    from fa_kernel.backward import BACKWARD_TILES, DQ_TILES
+    from fa_kernel.backward_preprocess import PREPROCESS_ROWS, statistics_index, statistics_rows, statistics_start
+
+    assert all(PREPROCESS_ROWS % tiles[0] == 0 for tiles in (*BACKWARD_TILES.values(), *DQ_TILES.values()))
+    offsets = [0, *itertools.accumulate(lengths)]
+    starts = [statistics_start(offset, sequence) for sequence, offset in enumerate(offsets[:-1])]
+    ends = [*starts[1:], statistics_rows(offsets[-1], len(lengths))]
+    for start, length, end in zip(starts, lengths, ends, strict=True):
+        assert start % PREPROCESS_ROWS == 0
+        assert start + math.ceil(length / PREPROCESS_ROWS) * PREPROCESS_ROWS <= end  # its last tile's box
+    assert statistics_index(lengths).tolist() == [
+        start + i for start, n in zip(starts, lengths, strict=True) for i in range(n)
+    ]
 
 
 @pytest.mark.gpu
@@ -365,17 +388,23 @@ def test_the_lse_gradient_reaches_each_sequence():
 
 
 @pytest.mark.gpu
-def test_no_sequences_gradients_read_another():
-    # Another sequence's keys, values and rows changed: every other sequence's gradients bitwise
-    # the same (the tiles at a sequence's end hold the next one's keys and rows).
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "fixed_order"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_no_sequences_gradients_read_another(causal, deterministic):
+    # Another sequence's keys, values and rows changed, its output gradient NaN: every other
+    # sequence's gradients bitwise the same. The tiles at a sequence's end hold the next one's
+    # keys and rows, and its last query tile reads the padding of its Delta and LSE₂ rows, which
+    # the next sequence's follow.
     lengths = [127, 129, 64]
     q, k, v, cu_q, cu_k = packed(lengths, lengths, device="cuda")
     dout = torch.randn_like(q)
-    before = gradients(q, k, v, cu_q, cu_k, dout, causal=True)
+    options = dict(causal=causal, deterministic=deterministic)
+    before = gradients(q, k, v, cu_q, cu_k, dout, **options)
     changed = [t.clone() for t in (q, k, v, dout)]
     for t in changed:
         t[127:256] = torch.randn_like(t[127:256]) * 3
-    after = gradients(*changed[:3], cu_q, cu_k, changed[3], causal=True)
+    changed[3][127:256] = math.nan
+    after = gradients(*changed[:3], cu_q, cu_k, changed[3], **options)
     others = torch.cat([torch.arange(0, 127), torch.arange(256, 320)]).cuda()
     for grad_before, grad_after in zip(before, after, strict=True):
         assert torch.equal(grad_before[others], grad_after[others])

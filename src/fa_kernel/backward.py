@@ -30,7 +30,7 @@ import functools
 
 import tilelang.language as T
 
-from fa_kernel.backward_preprocess import PREPROCESS_ROWS, compiled_preprocess
+from fa_kernel.backward_preprocess import PREPROCESS_ROWS, at_offset, compiled_preprocess, statistics_row
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility, variant_visibility
 from fa_kernel.scheduler import ragged_registers, read_sequence
@@ -64,27 +64,6 @@ def dq_row(head_dim: int) -> int:
     return head_dim + 4
 
 
-# A TMA box starts 16-byte aligned in global memory, and each pipeline stage of its shared buffer
-# 128-byte aligned: a ragged sequence's rows start at any row, so the Delta and LSE₂ boxes of its
-# query tiles start at the 4-row (16-byte) boundary before the tile and hold RAGGED_SLACK rows more
-# (32 floats: a stage of block_m + 32 floats stays a multiple of 128 bytes).
-RAGGED_SLACK = 32
-
-
-def row_statistics_rows(block_m: int, varlen: bool) -> int:
-    """The rows of a query tile's Delta and LSE₂ boxes (and of their shared buffers)."""
-    return block_m + RAGGED_SLACK if varlen else block_m
-
-
-def row_statistics_box(q_row, varlen: bool) -> tuple:
-    """(first row, the tile's first row's place in it) of the Delta and LSE₂ boxes of the query
-    tile from `q_row`: the tile's own first row in a batched launch, shift 0."""
-    if not varlen:
-        return q_row, 0
-    shift = q_row % 4
-    return q_row - shift, shift
-
-
 @dataclasses.dataclass(frozen=True)
 class KeyTile:
     """A dK/dV block's work tile as its macros read it: batch element, K/V head, first key; for
@@ -96,11 +75,6 @@ class KeyTile:
     kv_start: object
     k_offset: object
     rule: Visibility
-
-
-def at_offset(offset, row):
-    """A row of the tile's sequence in the packed rows (offset None: a batched launch's own rows)."""
-    return row if offset is None else offset + row
 
 
 def gradient_sizes(block_m: int):
@@ -139,9 +113,10 @@ def backward_program(
     and dsinks is the caller's).
 
     `varlen`: a ragged batch, packed, as a batch of one: Q, dO [1, total_q, H, D], K, V, dK, dV
-    [1, total_k, Hkv, D], Delta, LSE₂ and dQ_accum over the packed rows, with room for one query
-    tile past the last row (rows past a sequence's end add zeros to dQ_accum, and read finite
-    Delta); then cu_seqlens_q, cu_seqlens_k (int32 [B + 1]) and the key tile order (int32
+    [1, total_k, Hkv, D], dQ_accum over the packed rows with room for one query tile past the
+    last (rows past a sequence's end add zeros to it), Delta and LSE₂ each sequence's from its
+    own aligned start (backward_preprocess.statistics_start; rows past its end read the padding's
+    zeros); then cu_seqlens_q, cu_seqlens_k (int32 [B + 1]) and the key tile order (int32
     [tiles, 2] of (sequence, K/V tile), scheduler.ragged_key_tile_order), the grid's first
     dimension. Each sequence's keys see only its own rows; a partial last K/V tile stores dK and
     dV row by row.
@@ -172,22 +147,21 @@ def backward_program(
 
     @T.macro
     def capped_probabilities_and_ds(
-        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, shift, scale_log2, softcap_log2
+        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
     ):
         """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left
-        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one. Row j's
-        LSE₂ and D are lse[j + shift] and delta[j + shift] (row_statistics_box)."""
+        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one."""
         if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
                 visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
-                acc_s[i, j] = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[j + shift]), 0)
-                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift]) * (1 - t * t)
+                acc_s[i, j] = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[j]), 0)
+                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
         else:
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
-                acc_s[i, j] = T.exp2(t * scale_log2 - lse[j + shift])
-                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift]) * (1 - t * t)
+                acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])
+                ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
 
     @T.macro
     def add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row):
@@ -264,9 +238,8 @@ def backward_program(
             dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq or operands_in_shared else None
             P_shared = T.alloc_shared([block_n, block_m], dtype) if operands_in_shared else None
             dQ_shared = T.alloc_shared([block_m, DQ_ROW], accum) if with_dq else None
-            box_rows = row_statistics_rows(block_m, varlen)
-            lse = T.alloc_shared([box_rows], accum)
-            delta = T.alloc_shared([box_rows], accum)
+            lse = T.alloc_shared([block_m], accum)
+            delta = T.alloc_shared([block_m], accum)
             acc_s = T.alloc_fragment([block_n, block_m], accum)  # Sᵀ, then Pᵀ
             acc_dp = T.alloc_fragment([block_n, block_m], accum)  # dPᵀ
             p_cast = T.alloc_fragment([block_n, block_m], dtype)
@@ -276,7 +249,7 @@ def backward_program(
             acc_dq = T.alloc_fragment([block_m, head_dim], accum) if with_dq else None
 
             group_size = heads // heads_kv
-            kv_tile, rule, q_offset, k_offset = kv_block, visibility, None, None
+            kv_tile, rule, sequence, q_offset, k_offset = kv_block, visibility, None, None, None
             if varlen:
                 # The producer writes the sequence's registers, which TileLang's warp
                 # specialisation takes for a copy in registers and then gives neither side a
@@ -313,9 +286,9 @@ def backward_program(
                 q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
                 T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
                 T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
-                first, shift = row_statistics_box(q_row, varlen)
-                T.copy(LSE_log2[b, head, first : first + box_rows], lse)
-                T.copy(Delta[b, head, first : first + box_rows], delta)
+                first = statistics_row(q_start, q_offset, sequence)
+                T.copy(LSE_log2[b, head, first : first + block_m], lse)
+                T.copy(Delta[b, head, first : first + block_m], delta)
                 # Sᵀ and dPᵀ issued together (wgmma is asynchronous): Pᵀ is computed while dPᵀ runs.
                 # The GEMMs after them stay synchronous: T.Pipelined releases a stage's Q and dO
                 # after their last GEMM, which must then have finished reading them.
@@ -332,7 +305,7 @@ def backward_program(
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
                     T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
                     capped_probabilities_and_ds(
-                        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, shift, scale_log2, softcap_log2
+                        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
                     )
                     T.copy(acc_s, p_cast)
                 else:
@@ -341,10 +314,10 @@ def backward_program(
                     if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
                         for i, j in T.Parallel(block_n, block_m):
                             visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
-                            acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j + shift]), 0)
+                            acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
                     else:
                         for i, j in T.Parallel(block_n, block_m):
-                            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j + shift])
+                            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
                     T.copy(acc_s, p_cast)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
@@ -352,7 +325,7 @@ def backward_program(
                     # In the other order ptxas serialises every wgmma at head_dim 64 (C7512,
                     # with spills: docs/performance.md).
                     for i, j in T.Parallel(block_n, block_m):
-                        ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift])
+                        ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
                 if operands_in_shared:
                     T.copy(p_cast, P_shared)
                     T.copy(ds_cast, dS_shared)
@@ -430,16 +403,15 @@ def dq_program(
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
-            box_rows = row_statistics_rows(block_m, varlen)
-            lse = T.alloc_shared([box_rows], accum)
-            delta = T.alloc_shared([box_rows], accum)
+            lse = T.alloc_shared([block_m], accum)
+            delta = T.alloc_shared([block_m], accum)
             acc_s = T.alloc_fragment([block_m, block_n], accum)  # S, then dS
             acc_dp = T.alloc_fragment([block_m, block_n], accum)
             ds_cast = T.alloc_fragment([block_m, block_n], dtype)
             acc_dq = T.alloc_fragment([block_m, head_dim], accum)
 
             kv_head = head // (heads // heads_kv)
-            q_tile, rule, q_offset, k_offset = q_block, visibility, None, None
+            q_tile, rule, sequence, q_offset, k_offset = q_block, visibility, None, None, None
             if varlen:
                 # The block's (sequence, query tile) from the tile order; the sequence's offsets
                 # and lengths, read once, and its rule.
@@ -462,9 +434,9 @@ def dq_program(
                 num_kv_blocks = T.max(0, num_kv_blocks - kv_first)
             T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
             T.copy(dO[b, q_row : q_row + block_m, head, :], dO_shared)
-            first, shift = row_statistics_box(q_row, varlen)
-            T.copy(LSE_log2[b, head, first : first + box_rows], lse)
-            T.copy(Delta[b, head, first : first + box_rows], delta)
+            first = statistics_row(q_start, q_offset, sequence)
+            T.copy(LSE_log2[b, head, first : first + block_m], lse)
+            T.copy(Delta[b, head, first : first + block_m], delta)
             T.clear(acc_dq)
             for kv_block in T.Pipelined(num_kv_blocks, num_stages=num_stages):
                 kv_start = (kv_first + kv_block) * block_n
@@ -482,17 +454,17 @@ def dq_program(
                     for i, j in T.Parallel(block_m, block_n):
                         t = capped_score(acc_s[i, j], softcap_log2)
                         visible = rule.sees(kv_start + j, q_start + i, rows_checked=True)
-                        p = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[i + shift]), 0)
-                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift]) * (1 - t * t)
+                        p = T.if_then_else(visible, T.exp2(t * scale_log2 - lse[i]), 0)
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)
                 elif tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
                     for i, j in T.Parallel(block_m, block_n):
                         visible = rule.sees(kv_start + j, q_start + i, rows_checked=True)
-                        p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i + shift]), 0)
-                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift])
+                        p = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[i]), 0)
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
                 else:
                     for i, j in T.Parallel(block_m, block_n):
-                        p = T.exp2(acc_s[i, j] * scale_log2 - lse[i + shift])
-                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift])
+                        p = T.exp2(acc_s[i, j] * scale_log2 - lse[i])
+                        ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])
                 T.gemm(ds_cast, K_shared, acc_dq, policy=T.GemmWarpPolicy.FullRow)
             for i, d in T.Parallel(block_m, head_dim):
                 acc_dq[i, d] = acc_dq[i, d] * softmax_scale
@@ -561,7 +533,7 @@ def compiled_gradient_kernels(
     `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
     fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ).
     `varlen`: their ragged-batch builds."""
-    preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch)
+    preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch, varlen=varlen)
     arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=varlen)
     if not deterministic:
         return preprocess, compiled_backward(**arguments), None

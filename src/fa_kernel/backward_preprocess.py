@@ -9,10 +9,12 @@ row that saw no key, so that its P = 2^(S·scale_log2 − LSE₂) is 0, not 2^in
 # against this module's closure, which string annotations would hide.
 import functools
 
+import numpy as np
 import tilelang.language as T
 
 from fa_kernel.numerics import LOG2E
 from fa_kernel.toolchain import DTYPES, compile_program
+from fa_kernel.variants import kernel_parameter
 
 # Query rows per thread block of the preprocess: one row per thread. Delta and LSE₂ are written
 # for seqlen_q rounded up to a multiple of it (`padded_rows`): the backward loads them by TMA,
@@ -25,16 +27,58 @@ def padded_rows(seqlen_q: int) -> int:
     return -(-seqlen_q // PREPROCESS_ROWS) * PREPROCESS_ROWS
 
 
-def preprocess_program(*, head_dim: int, dtype: str):
+# A ragged batch's Delta and LSE₂ hold each sequence's rows from a start of its own, a multiple
+# of PREPROCESS_ROWS (FlashAttention-3's padded offsets): every query tile's TMA box then starts
+# aligned, and its rows are read as in a batched launch (in pairs, not one float at a time).
+def statistics_start(q_offset, sequence):
+    """The first row of sequence `sequence` (its rows from q_offset in the packed tensors) in a
+    ragged batch's Delta and LSE₂: past the rows and the padding of every sequence before it."""
+    return (q_offset + sequence * PREPROCESS_ROWS) // PREPROCESS_ROWS * PREPROCESS_ROWS
+
+
+def statistics_rows(total_q: int, batch: int) -> int:
+    """The length of a ragged batch's Delta and LSE₂ rows (statistics_start's last sequence's
+    rows, rounded up to whole tiles, end by then)."""
+    return padded_rows(total_q) + batch * PREPROCESS_ROWS
+
+
+def statistics_index(lengths_q: list[int]) -> np.ndarray:
+    """Each packed query row's row in a ragged batch's Delta and LSE₂ (int64 [total_q])."""
+    offsets = np.concatenate([[0], np.cumsum(lengths_q, dtype=np.int64)])
+    starts = statistics_start(offsets[:-1], np.arange(len(lengths_q), dtype=np.int64))
+    return np.arange(offsets[-1], dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths_q)
+
+
+def at_offset(offset, row):
+    """A row of the tile's sequence in the packed rows (offset None: a batched launch's own rows)."""
+    return row if offset is None else offset + row
+
+
+def statistics_row(q_start, q_offset=None, sequence=None):
+    """The row in Delta and LSE₂ of the query tile from q_start: its own in a batched launch (no
+    sequence), else from its sequence's statistics_start."""
+    return q_start if sequence is None else statistics_start(q_offset, sequence) + q_start
+
+
+def preprocess_program(*, head_dim: int, dtype: str, varlen: bool = False):
     """D = rowsum(dO∘O) (fp32) and LSE₂ = LSE·log2(e), +inf where LSE is −inf, per query row.
 
     Arguments at launch: O and dO [B, Sq, H, D], LSE [B, H, Sq] (natural log, as the forward
     writes it), then the outputs Delta and LSE₂ [B, H, padded_rows(Sq)], fp32 (rows past Sq: 0).
+
+    `varlen`: a ragged batch, packed, as a batch of one: O, dO [1, total_q, H, D], LSE [1, H,
+    total_q], Delta and LSE₂ [1, H, statistics_rows(total_q, B)] (zeros where no row lands), then
+    cu_seqlens_q (int32 [B + 1]) and the tile order of PREPROCESS_ROWS-row query tiles
+    (scheduler.ragged_tile_order), the grid's first dimension. Sequence s's rows land from
+    statistics_start.
     """
     batch, seqlen_q, seqlen_q_padded, heads = T.dynamic("batch, seqlen_q, seqlen_q_padded, heads")
     dtype = DTYPES[dtype]
     accum = T.float32
     rows = PREPROCESS_ROWS
+    ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
+    cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
+    tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
 
     @T.prim_func
     def flash_attention_backward_preprocess(
@@ -43,31 +87,51 @@ def preprocess_program(*, head_dim: int, dtype: str):
         LSE: T.Tensor([batch, heads, seqlen_q], accum),
         Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
         LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
+        CuSeqlensQ: kernel_parameter(cu_seqlens_q, varlen),
+        TileOrder: kernel_parameter(tile_order, varlen),
     ):
         # A thread a row up to head_dim 128; two at 256, whose row alone would spill.
         threads = rows * max(1, head_dim // 128)
-        with T.Kernel(T.ceildiv(seqlen_q, rows), heads, batch, threads=threads) as (q_block, head, b):
+        grid = (ragged_tiles, heads, 1) if varlen else (T.ceildiv(seqlen_q, rows), heads, batch)
+        with T.Kernel(*grid, threads=threads) as (q_block, head, b):
             o = T.alloc_fragment([rows, head_dim], dtype)
             do = T.alloc_fragment([rows, head_dim], dtype)
             products = T.alloc_fragment([rows, head_dim], accum)
             delta = T.alloc_fragment([rows], accum)
             lse = T.alloc_fragment([rows], accum)
-            q_start = q_block * rows
-            T.copy(O[b, q_start : q_start + rows, head, :], o)
-            T.copy(dO[b, q_start : q_start + rows, head, :], do)
+            q_start, q_offset = q_block * rows, None
+            if varlen:
+                # The block's (sequence, query tile) from the tile order, and the sequence's rows.
+                q_offset = T.alloc_var(T.int32)
+                sequence_q = T.alloc_var(T.int32)
+                q_offset = CuSeqlensQ[TileOrder[q_block, 0]]
+                sequence_q = CuSeqlensQ[TileOrder[q_block, 0] + 1] - q_offset
+                q_start = TileOrder[q_block, 1] * rows
+            T.copy(O[b, at_offset(q_offset, q_start) : at_offset(q_offset, q_start) + rows, head, :], o)
+            T.copy(dO[b, at_offset(q_offset, q_start) : at_offset(q_offset, q_start) + rows, head, :], do)
             for i, j in T.Parallel(rows, head_dim):
                 products[i, j] = T.Cast(accum, o[i, j]) * T.Cast(accum, do[i, j])
             T.reduce_sum(products, delta, dim=1)
-            T.copy(delta, Delta[b, head, q_start : q_start + rows])
-            T.copy(LSE[b, head, q_start : q_start + rows], lse)
+            if not varlen:
+                T.copy(delta, Delta[b, head, q_start : q_start + rows])
+            T.copy(LSE[b, head, at_offset(q_offset, q_start) : at_offset(q_offset, q_start) + rows], lse)
             for i in T.Parallel(rows):
                 lse[i] = T.if_then_else(lse[i] == -T.infinity(accum), T.infinity(accum), lse[i] * LOG2E)
-            T.copy(lse, LSE_log2[b, head, q_start : q_start + rows])
+            if varlen:
+                # The sequence's own rows only: its padding stays 0 (finite, for the rows past its
+                # end that a query tile reads), and the rows after it are the next sequence's.
+                first = statistics_row(q_start, q_offset, TileOrder[q_block, 0])
+                for i in T.Parallel(rows):
+                    if q_start + i < sequence_q:
+                        Delta[b, head, first + i] = delta[i]
+                        LSE_log2[b, head, first + i] = lse[i]
+            else:
+                T.copy(lse, LSE_log2[b, head, q_start : q_start + rows])
 
     return flash_attention_backward_preprocess
 
 
 @functools.cache
-def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None):
+def compiled_preprocess(*, head_dim: int, dtype: str, arch: str | None = None, varlen: bool = False):
     """The compiled preprocess, cached in this process (TileLang's disk cache spans processes)."""
-    return compile_program(preprocess_program(head_dim=head_dim, dtype=dtype), arch)
+    return compile_program(preprocess_program(head_dim=head_dim, dtype=dtype, varlen=varlen), arch)

@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, DQ_TILES, compiled_gradient_kernels, dq_row
-from fa_kernel.backward_preprocess import PREPROCESS_ROWS, padded_rows
+from fa_kernel.backward_preprocess import PREPROCESS_ROWS, padded_rows, statistics_index, statistics_rows
 from fa_kernel.interface import check_deterministic, check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -242,8 +242,12 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
     total_q, nheads, head_dim = q.shape
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
+    # Each sequence's Delta and LSE₂ rows from an aligned start of its own, zeros between them
+    # (backward_preprocess.statistics_start); dQ's sums over the packed rows and one tile more.
     rows = padded_rows(total_q) + PREPROCESS_ROWS
-    delta = torch.zeros((1, nheads, rows), dtype=torch.float32, device=q.device)
+    delta = torch.zeros(
+        (1, nheads, statistics_rows(total_q, len(layout.lengths_q))), dtype=torch.float32, device=q.device
+    )
     lse_log2 = torch.zeros_like(delta)
     if total_q and k.shape[0]:
         dtype, arch = str(q.dtype).removeprefix("torch."), compile_arch(q.device)
@@ -257,9 +261,10 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
         accum_shape = (1, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
         dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)
         with torch.cuda.device(q.device):
-            preprocess(out[None], dout[None], lse[None], delta, lse_log2)
+            preprocess_order = layout.tile_order(PREPROCESS_ROWS, PREPROCESS_ROWS, False, (-1, -1), q.device)
+            preprocess(out[None], dout[None], lse[None], delta, lse_log2, cu_seqlens_q, preprocess_order)
             if grad_lse is not None:
-                delta[0, :, :total_q] -= grad_lse
+                delta[0, :, layout.statistics_index(q.device)] -= grad_lse
             dk_dv(q[None], k[None], v[None], dout[None], delta, lse_log2, dq_accum, dk[None], dv[None], *scales,
                   cu_seqlens_q, cu_seqlens_k, order)  # fmt: skip
             if dq_kernel is not None:
@@ -272,12 +277,13 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
     else:  # no score anywhere: every gradient 0 but the sinks' (the LSE the sink's, or -inf)
         for grad in (dq, dk, dv):
             grad.zero_()
+    index = layout.statistics_index(q.device)  # each packed row's in Delta and LSE₂
     if not k.shape[0] and total_q:
-        delta[0, :, :total_q] = (dout.float() * out.float()).sum(dim=-1).T - (0 if grad_lse is None else grad_lse)
-        lse_log2[0, :, :total_q] = lse * LOG2E
+        delta[0, :, index] = (dout.float() * out.float()).sum(dim=-1).T - (0 if grad_lse is None else grad_lse)
+        lse_log2[0, :, index] = lse * LOG2E
     if sinks is None:
         return dq, dk, dv, None
-    return dq, dk, dv, sink_gradient(sinks, lse_log2[:, :, :total_q], delta[:, :, :total_q])
+    return dq, dk, dv, sink_gradient(sinks, lse_log2[:, :, index], delta[:, :, index])
 
 
 def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_size, softcap, sinks):
@@ -318,6 +324,13 @@ class _RaggedLayout:
     def key_tile_order(self, block_m, block_n, causal, window_size, device) -> torch.Tensor:
         """The backward's (scheduler.ragged_key_tile_order), on the device."""
         return self._order(ragged_key_tile_order, block_m, block_n, causal, window_size, device)
+
+    def statistics_index(self, device) -> torch.Tensor:
+        """Each packed query row's row in the gradient's Delta and LSE₂ (statistics_index), on the device."""
+        key = ("statistics_index", device)
+        if key not in self.orders:
+            self.orders[key] = torch.from_numpy(statistics_index(self.lengths_q)).to(device)
+        return self.orders[key]
 
     def _order(self, make, block_m, block_n, causal, window_size, device) -> torch.Tensor:
         key = (make.__name__, block_m, block_n, causal, tuple(window_size), device)

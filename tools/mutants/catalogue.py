@@ -570,11 +570,29 @@ KERNEL_MUTANTS = [
         first=VARLEN,
     ),
     Mutant(
-        # A ragged tile's Delta and LSE₂ read from the aligned box's first row, not its own.
-        "varlen_statistics_rows_unshifted",
+        # The gradient's query tiles read Delta and LSE₂ at their packed rows, not their sequence's own start.
+        "varlen_backward_statistics_rows_unpadded",
         "backward.py",
-        "return q_row - shift, shift",
-        "return q_row - shift, 0",
+        "first = statistics_row(q_start, q_offset, sequence)",
+        "first = at_offset(q_offset, q_start)",
+        within="backward_program",
+        first=VARLEN,
+    ),
+    Mutant(
+        # The fixed-order dQ's query tiles read them there too.
+        "varlen_dq_statistics_rows_unpadded",
+        "backward.py",
+        "first = statistics_row(q_start, q_offset, sequence)",
+        "first = at_offset(q_offset, q_start)",
+        within="dq_program",
+        first=VARLEN,
+    ),
+    Mutant(
+        # The preprocess writes a sequence's Delta and LSE₂ at its packed rows; the gradients read its own start.
+        "varlen_preprocess_statistics_rows_unpadded",
+        "backward_preprocess.py",
+        "first = statistics_row(q_start, q_offset, TileOrder[q_block, 0])",
+        "first = at_offset(q_offset, q_start)",
         first=VARLEN,
     ),
     Mutant(
