@@ -100,7 +100,7 @@ def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
     decode.write_text(text)  # a loop variable renamed: the same program but for a name
     changed = shutil.copytree(package, tmp_path / "changed")
     backward = changed / "fa_kernel" / "backward.py"
-    bug = ("(acc_dp[i, j] - delta[j + shift])", "(acc_dp[i, j] + delta[j + shift])")
+    bug = ("(acc_dp[i, j] - delta[j])", "(acc_dp[i, j] + delta[j])")
     backward.write_text(backward.read_text().replace(*bug))  # a bug
     before = same_kernels.program_digests(package, builds)
     assert same_kernels.verdicts(before, same_kernels.program_digests(package, builds)) == ["identical"] * 3

@@ -476,18 +476,18 @@ KERNEL_MUTANTS = [
         # dS without the cap's slope 1 − t², in the fixed-order dQ kernel.
         "dq_softcap_slope_dropped",
         "backward.py",
-        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift]) * (1 - t * t)",
-        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i + shift])",
+        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)",
+        "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])",
         first=BACKWARD_VARIANTS,
     ),
     Mutant(
         # The same in the dK/dV kernel, in the tiles that need no mask.
         "backward_dkdv_softcap_slope_dropped",
         "backward.py",
-        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j + shift])\n"
-        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift]) * (1 - t * t)",
-        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j + shift])\n"
-        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j + shift])",
+        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\n"
+        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)",
+        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\n"
+        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])",
         within="capped_probabilities_and_ds",
         first=BACKWARD_VARIANTS,
     ),
