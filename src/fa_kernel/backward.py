@@ -30,10 +30,10 @@ import functools
 
 import tilelang.language as T
 
-from fa_kernel.backward_preprocess import PREPROCESS_ROWS, at_offset, compiled_preprocess, statistics_row
+from fa_kernel.backward_preprocess import PREPROCESS_ROWS, compiled_preprocess, statistics_row
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility, variant_visibility
-from fa_kernel.scheduler import ragged_registers, read_sequence
+from fa_kernel.scheduler import at_offset, ragged_registers, read_sequence
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter

@@ -13,6 +13,7 @@ import numpy as np
 import tilelang.language as T
 
 from fa_kernel.numerics import LOG2E
+from fa_kernel.scheduler import at_offset
 from fa_kernel.toolchain import DTYPES, compile_program
 from fa_kernel.variants import kernel_parameter
 
@@ -47,11 +48,6 @@ def statistics_index(lengths_q: list[int]) -> np.ndarray:
     offsets = np.concatenate([[0], np.cumsum(lengths_q, dtype=np.int64)])
     starts = statistics_start(offsets[:-1], np.arange(len(lengths_q), dtype=np.int64))
     return np.arange(offsets[-1], dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths_q)
-
-
-def at_offset(offset, row):
-    """A row of the tile's sequence in the packed rows (offset None: a batched launch's own rows)."""
-    return row if offset is None else offset + row
 
 
 def statistics_row(q_start, q_offset=None, sequence=None):

@@ -127,6 +127,12 @@ def tile_scheduler(
     return TileScheduler(q_blocks, num_tiles, workers, place_in_round, work_tile, first_kv_block, warpgroup_kv_blocks)
 
 
+def at_offset(offset, row):
+    """A row of a ragged tile's sequence in the packed tensors (offset None: a batched launch's
+    own rows)."""
+    return row if offset is None else offset + row
+
+
 def ragged_registers() -> tuple:
     """A ragged batch's work tile's int32 registers: (sequence, its first query row and first key
     in the packed tensors, its query and key lengths), for read_sequence to fill."""
