@@ -480,43 +480,22 @@ def dq_program(
     return flash_attention_backward_dq
 
 
-@functools.cache
-def compiled_backward(
-    *,
-    head_dim: int,
-    causal: bool,
-    dtype: str,
-    arch: str | None = None,
-    with_dq: bool = True,
-    variants: Variants = PLAIN,
-    varlen: bool = False,
-):
-    """The compiled backward kernel for this head dim (BACKWARD_TILES), cached as the forward is."""
-    block_m, block_n, stages = BACKWARD_TILES[head_dim]
-    kernel = backward_program(
-        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=stages,
-        with_dq=with_dq, variants=variants, varlen=varlen,
-    )  # fmt: skip
-    return compile_program(kernel, arch)
+def compiled_at_tiles(program, tiles: dict):
+    """`program` compiled at its head dim's tile of `tiles` ((block_m, block_n, stages) by head
+    dim), cached as the forward is: a function of head_dim, arch and the program's options."""
+
+    @functools.cache
+    def compiled(*, head_dim: int, arch: str | None = None, **options):
+        block_m, block_n, stages = tiles[head_dim]
+        kernel = program(head_dim=head_dim, block_m=block_m, block_n=block_n, num_stages=stages, **options)
+        return compile_program(kernel, arch)
+
+    return compiled
 
 
-@functools.cache
-def compiled_dq(
-    *,
-    head_dim: int,
-    causal: bool,
-    dtype: str,
-    arch: str | None = None,
-    variants: Variants = PLAIN,
-    varlen: bool = False,
-):
-    """The compiled fixed-order dQ kernel (dq_program) for this head dim (DQ_TILES)."""
-    block_m, block_n, stages = DQ_TILES[head_dim]
-    kernel = dq_program(
-        head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=stages,
-        variants=variants, varlen=varlen,
-    )  # fmt: skip
-    return compile_program(kernel, arch)
+# The dK/dV kernel (with dQ by bulk adds unless with_dq=False) and the fixed-order dQ kernel.
+compiled_backward = compiled_at_tiles(backward_program, BACKWARD_TILES)
+compiled_dq = compiled_at_tiles(dq_program, DQ_TILES)
 
 
 def compiled_gradient_kernels(

@@ -50,7 +50,7 @@ from fa_kernel.pipeline import (
     own_output_buffer,
     pipeline_parts,
 )
-from fa_kernel.scheduler import at_offset, ragged_registers, read_sequence, tile_scheduler
+from fa_kernel.scheduler import ragged_registers, read_sequence, tile_scheduler
 from fa_kernel.softmax import TANH_APPROX, RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
@@ -127,6 +127,10 @@ def forward_program(
 
     def batch_of(b):
         return None if varlen else b
+
+    def at_offset(offset, row):
+        """A row of the tile's sequence in a packed tensor (offset None: a batched one's own)."""
+        return row if offset is None else offset + row
 
     # ---- the mask (mask.py): the visibility rule with the variants' edges, written into the
     # score accumulator; each variant's value a kernel parameter only where compiled in ----
