@@ -486,8 +486,7 @@ KERNEL_MUTANTS = [
         "backward.py",
         "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\n"
         "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)",
-        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\n"
-        "ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])",
+        "acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])\nds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])",
         within="capped_probabilities_and_ds",
         first=BACKWARD_VARIANTS,
     ),
