@@ -448,6 +448,11 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
         # A kernel change: left to run.
         find(decode, "flash_decoding_split", "relational", "first_row + r < rows", "first_row + r <= rows"),
     ]
+    # The unmutated files build every program (an error in all of them would read as equivalent).
+    for file in ("backward.py", "backward_preprocess.py"):
+        builds = triage.program_builds(file)
+        digests = triage.program_digests((mutants.PACKAGE / file).read_text(), file, builds)
+        assert not [digest for digest in digests if digest.startswith("error")], file
     verdicts = triage.triage_programs(picked, jobs=1)
     assert verdicts[picked[0].id][0] == "equivalent"
     assert verdicts[picked[1].id][0] == "killed"

@@ -47,26 +47,48 @@ HOST_SIDE = ("split_plan", "<module>")
 
 
 def program_builds(file: str) -> list[dict]:
-    """The builder's arguments (PROGRAM_BUILDERS) of every kernel `file`'s GPU tests launch."""
+    """The builder's arguments (PROGRAM_BUILDERS) of every kernel `file`'s GPU tests launch: each
+    branch a build option takes (the variants, ragged batches, pages) in at least one, since a
+    mutant of a branch no build takes would read as equivalent."""
+    from fa_kernel.variants import Variants
+
     if file == "backward_preprocess.py":
         from fa_kernel.configs import BACKWARD_TILES
 
-        return [dict(head_dim=head_dim, dtype="float16", arch="sm_90a") for head_dim in sorted(BACKWARD_TILES)]
+        return [
+            dict(head_dim=head_dim, dtype="float16", arch="sm_90a", varlen=varlen)
+            for head_dim in sorted(BACKWARD_TILES)
+            for varlen in (False, True)
+        ]
     if file == "backward.py":
         from fa_kernel.backward import BACKWARD_TILES
 
+        def kinds(causal: bool) -> list[dict]:
+            # A window's edges without the cap (the select's branch), the cap with them (its own
+            # branch), each batched and ragged; the plain kernel both ways.
+            window = Variants(window_left=True, window_right=not causal)
+            capped = Variants(window_left=True, window_right=not causal, softcap=True)
+            kinds = (Variants(), window, capped)
+            return [dict(variants=kind, varlen=ragged) for kind in kinds for ragged in (False, True)]
+
         return [
-            dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", deterministic=deterministic)
+            dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", deterministic=deterministic, **kind)
             for head_dim in sorted(BACKWARD_TILES)
             for causal in (False, True)
             for deterministic in (False, True)
+            for kind in kinds(causal)
         ]
     from fa_kernel.decode import SPLIT_TILES
 
+    def split_kinds(causal: bool) -> list[dict]:
+        window = Variants(window_left=True, window_right=not causal, softcap=True, sinks=True)
+        return [dict(), dict(variants=window), dict(page_size=16), dict(page_size=64, variants=window)]
+
     return [
-        dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", block_m=block_m)
+        dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", block_m=block_m, **kind)
         for head_dim, block_m in sorted(SPLIT_TILES)
         for causal in (False, True)
+        for kind in split_kinds(causal)
     ]
 
 
@@ -75,24 +97,34 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
     build's builder compiles, with `file`'s text replaced by `source`, read by standing in for the
     module's `compile_program`; 'error: ...' where building a program raises."""
     digests = []
+    from fa_kernel import backward_preprocess
+    from fa_kernel.toolchain import FAST_MATH
+
+    def script(program, arch, pass_configs=FAST_MATH):
+        return program.script(show_meta=True) + repr(pass_configs)
+
+    # The gradient's builder compiles its preprocess from the preprocess's own module: read there
+    # too (compiled, it would be a kernel, not a script).
+    compiled_preprocess = backward_preprocess.compile_program
+    backward_preprocess.compile_program = script
+    backward_preprocess.compiled_preprocess.cache_clear()
     try:
         with _kernel_module(source) as module:
             # The kernels' one compile call (fa_kernel.toolchain), as the module imported it.
-            from fa_kernel.toolchain import FAST_MATH
-
-            module.compile_program = lambda program, arch, pass_configs=FAST_MATH: (
-                program.script(show_meta=True) + repr(pass_configs)
-            )
+            module.compile_program = script
             builder = getattr(module, PROGRAM_BUILDERS[file])
             for build in builds:
                 try:
                     built = builder(**build)  # a kernel, or a launch's kernels (None: one not run)
-                    scripts = [script for script in (built if isinstance(built, tuple) else (built,)) if script]
+                    scripts = [text for text in (built if isinstance(built, tuple) else (built,)) if text]
                     digests.append(short_digest("\n".join(scripts)))
                 except Exception as error:  # a mutant may break the Python that builds a kernel
                     digests.append(f"error: {type(error).__name__}: {error}")
     except Exception as error:  # the mutated module itself does not import
         digests = [f"error: {type(error).__name__}: {error}"]
+    finally:
+        backward_preprocess.compile_program = compiled_preprocess
+        backward_preprocess.compiled_preprocess.cache_clear()
     return digests
 
 
