@@ -412,8 +412,10 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     assert tiers.CPU_BY_FILE["backward.py"] and "decode.py" not in tiers.CPU_BY_FILE
 
 
-def test_program_triage_settles_only_what_the_primfuncs_decide():
+def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path):
     import dataclasses
+    import hashlib
+    import json
 
     from tools.ast_mutants import generate
 
@@ -448,15 +450,17 @@ def test_program_triage_settles_only_what_the_primfuncs_decide():
         # A kernel change: left to run.
         find(decode, "flash_decoding_split", "relational", "first_row + r < rows", "first_row + r <= rows"),
     ]
-    # The unmutated files build every program (an error in all of them would read as equivalent).
-    for file in ("backward.py", "backward_preprocess.py"):
-        builds = triage.program_builds(file)
-        digests = triage.program_digests((mutants.PACKAGE / file).read_text(), file, builds)
-        assert not [digest for digest in digests if digest.startswith("error")], file
-    verdicts = triage.triage_programs(picked, jobs=1)
+    cache = tmp_path / "triage.json"
+    verdicts = triage.triage_programs(picked, jobs=1, cache=cache)
     assert verdicts[picked[0].id][0] == "equivalent"
     assert verdicts[picked[1].id][0] == "killed"
     assert picked[2].id not in verdicts and picked[3].id not in verdicts
+    # The unmutated files built every program: an error in all of them would read as equivalent.
+    stored = json.loads(cache.read_text())
+    for file in ("backward.py", "decode.py"):
+        context = hashlib.sha256(f"{file} {triage.program_builds(file)!r}".encode()).hexdigest()
+        original = stored[triage.short_digest(f"{context}\n{(mutants.PACKAGE / file).read_text()}")]
+        assert original and not [digest for digest in original if digest.startswith("error")], file
 
 
 @pytest.mark.compile
