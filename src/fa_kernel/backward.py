@@ -33,7 +33,7 @@ import tilelang.language as T
 from fa_kernel.backward_preprocess import PREPROCESS_ROWS, compiled_preprocess, statistics_row
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility, variant_visibility
-from fa_kernel.scheduler import at_offset, ragged_registers, read_sequence
+from fa_kernel.scheduler import at_offset, ragged_tile
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
@@ -262,11 +262,9 @@ def backward_program(
                 T.annotate_consumer_reg_alloc(CONSUMER_REGISTERS)
                 # The block's (sequence, K/V tile) from the key tile order; the sequence's
                 # offsets and lengths, read once, and its rule.
-                sequence, q_offset, k_offset, sequence_q, sequence_k = ragged_registers()
-                sequence = TileOrder[kv_block, 0]
-                read_sequence(CuSeqlensQ, CuSeqlensK, sequence, q_offset, k_offset, sequence_q, sequence_k)
+                ragged = ragged_tile(TileOrder, kv_block, CuSeqlensQ, CuSeqlensK)
+                sequence, q_offset, k_offset, sequence_q, sequence_k, kv_tile = ragged
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
-                kv_tile = TileOrder[kv_block, 1]
             kv_start = kv_tile * block_n
             # Right edge (causal): rows before the first that sees this tile's first key add
             # nothing; left edge: nor rows from the first whose window starts past its last key.
@@ -418,11 +416,9 @@ def dq_program(
             if varlen:
                 # The block's (sequence, query tile) from the tile order; the sequence's offsets
                 # and lengths, read once, and its rule.
-                sequence, q_offset, k_offset, sequence_q, sequence_k = ragged_registers()
-                sequence = TileOrder[q_block, 0]
-                read_sequence(CuSeqlensQ, CuSeqlensK, sequence, q_offset, k_offset, sequence_q, sequence_k)
+                ragged = ragged_tile(TileOrder, q_block, CuSeqlensQ, CuSeqlensK)
+                sequence, q_offset, k_offset, sequence_q, sequence_k, q_tile = ragged
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
-                q_tile = TileOrder[q_block, 1]
             q_start = q_tile * block_m
             q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
             num_kv_blocks = T.ceildiv(rule.seqlen_k, block_n)

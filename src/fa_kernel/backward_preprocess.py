@@ -13,7 +13,7 @@ import numpy as np
 import tilelang.language as T
 
 from fa_kernel.numerics import LOG2E
-from fa_kernel.scheduler import at_offset
+from fa_kernel.scheduler import at_offset, ragged_tile
 from fa_kernel.toolchain import DTYPES, compile_program
 from fa_kernel.variants import kernel_parameter
 
@@ -97,12 +97,11 @@ def preprocess_program(*, head_dim: int, dtype: str, varlen: bool = False):
             lse = T.alloc_fragment([rows], accum)
             q_start, q_offset = q_block * rows, None
             if varlen:
-                # The block's (sequence, query tile) from the tile order, and the sequence's rows.
-                q_offset = T.alloc_var(T.int32)
-                sequence_q = T.alloc_var(T.int32)
-                q_offset = CuSeqlensQ[TileOrder[q_block, 0]]
-                sequence_q = CuSeqlensQ[TileOrder[q_block, 0] + 1] - q_offset
-                q_start = TileOrder[q_block, 1] * rows
+                # The block's (sequence, query tile) from the tile order, and the sequence's rows
+                # (its query cu_seqlens stand for the keys', which the preprocess has none of).
+                ragged = ragged_tile(TileOrder, q_block, CuSeqlensQ, CuSeqlensQ)
+                sequence, q_offset, k_offset, sequence_q, sequence_k, q_tile = ragged
+                q_start = q_tile * rows
             T.copy(O[b, at_offset(q_offset, q_start) : at_offset(q_offset, q_start) + rows, head, :], o)
             T.copy(dO[b, at_offset(q_offset, q_start) : at_offset(q_offset, q_start) + rows, head, :], do)
             for i, j in T.Parallel(rows, head_dim):
@@ -116,7 +115,7 @@ def preprocess_program(*, head_dim: int, dtype: str, varlen: bool = False):
             if varlen:
                 # The sequence's own rows only: its padding stays 0 (finite, for the rows past its
                 # end that a query tile reads), and the rows after it are the next sequence's.
-                first = statistics_row(q_start, q_offset, TileOrder[q_block, 0])
+                first = statistics_row(q_start, q_offset, sequence)
                 for i in T.Parallel(rows):
                     if q_start + i < sequence_q:
                         Delta[b, head, first + i] = delta[i]

@@ -149,6 +149,24 @@ def read_sequence(cu_seqlens_q, cu_seqlens_k, sequence: T.Ref, q_offset: T.Ref, 
     seqlen_k = cu_seqlens_k[sequence + 1] - k_offset  # noqa: F841
 
 
+@T.macro
+def read_ragged_tile(tile_order, block, cu_seqlens_q, cu_seqlens_k, sequence: T.Ref, q_offset: T.Ref, k_offset: T.Ref,
+                     seqlen_q: T.Ref, seqlen_k: T.Ref):  # fmt: skip
+    """Row `block` of a tile order's sequence, and its offsets and lengths, into the registers."""
+    sequence = tile_order[block, 0]
+    read_sequence(cu_seqlens_q, cu_seqlens_k, sequence, q_offset, k_offset, seqlen_q, seqlen_k)
+
+
+def ragged_tile(tile_order, block, cu_seqlens_q, cu_seqlens_k) -> tuple:
+    """A ragged batch's work tile, at the start of a kernel's block: the registers (sequence,
+    q_offset, k_offset, seqlen_q, seqlen_k) read_ragged_tile fills from row `block` of the tile
+    order, and the order's second column, the block's query or K/V tile in its sequence."""
+    registers = ragged_registers()
+    # As the kernels' bodies see a register: its one element.
+    read_ragged_tile(tile_order, block, cu_seqlens_q, cu_seqlens_k, *(register[0] for register in registers))
+    return *registers, tile_order[block, 1]
+
+
 def ragged_tile_order(lengths_q: list[int], lengths_k: list[int], block_m: int, block_n: int, causal: bool,
                       window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:  # fmt: skip
     """int32 [tiles, 2] on the host: (sequence, query block) of each query block of a ragged

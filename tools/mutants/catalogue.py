@@ -590,7 +590,7 @@ KERNEL_MUTANTS = [
         # The preprocess writes a sequence's Delta and LSE₂ at its packed rows; the gradients read its own start.
         "varlen_preprocess_statistics_rows_unpadded",
         "backward_preprocess.py",
-        "first = statistics_row(q_start, q_offset, TileOrder[q_block, 0])",
+        "first = statistics_row(q_start, q_offset, sequence)",
         "first = at_offset(q_offset, q_start)",
         first=VARLEN,
     ),
