@@ -237,14 +237,13 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
     """(dq, dk, dv, dsinks; None without sinks) of a ragged batch: the preprocess over the packed
     rows as a batch of one, the backward kernel's varlen build over the key tile order, dQ cast
     from its fp32 sums, or `deterministic` the fixed-order dQ kernel's varlen build over the query
-    tile order. Delta, LSE₂ and dQ's sums have room for one query tile past the last row,
-    zeros (finite: a row past a sequence's end takes P = 0 by the select, and 0·NaN would not be 0)."""
+    tile order. Each sequence's Delta and LSE₂ rows start aligned, zeros between them
+    (backward_preprocess.statistics_start), and dQ's sums have room for one query tile past the
+    last row: a tile past a sequence's end reads finite values there (it takes P = 0 by the
+    select, and 0·NaN would not be 0)."""
     total_q, nheads, head_dim = q.shape
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
-    # Each sequence's Delta and LSE₂ rows from an aligned start of its own, zeros between them
-    # (backward_preprocess.statistics_start); dQ's sums over the packed rows and one tile more.
-    rows = padded_rows(total_q) + PREPROCESS_ROWS
     delta = torch.zeros(
         (1, nheads, statistics_rows(total_q, len(layout.lengths_q))), dtype=torch.float32, device=q.device
     )
@@ -257,7 +256,9 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
         block_m, block_n, _ = BACKWARD_TILES[head_dim]
         order = layout.key_tile_order(block_m, block_n, causal, window_size, q.device)
         scales = (exponent_scale(scale, softcap), scale, *launch_arguments(variants, window_size, softcap, scale, None))
-        # dQ's fp32 sums for the atomic kernel; a one-element placeholder for the fixed-order dQ's.
+        # dQ's fp32 sums for the atomic kernel (one query tile past the last row); a one-element
+        # placeholder for the fixed-order dQ's.
+        rows = padded_rows(total_q) + PREPROCESS_ROWS
         accum_shape = (1, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
         dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)
         with torch.cuda.device(q.device):
@@ -277,13 +278,15 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
     else:  # no score anywhere: every gradient 0 but the sinks' (the LSE the sink's, or -inf)
         for grad in (dq, dk, dv):
             grad.zero_()
-    index = layout.statistics_index(q.device)  # each packed row's in Delta and LSE₂
-    if not k.shape[0] and total_q:
-        delta[0, :, index] = (dout.float() * out.float()).sum(dim=-1).T - (0 if grad_lse is None else grad_lse)
-        lse_log2[0, :, index] = lse * LOG2E
     if sinks is None:
         return dq, dk, dv, None
-    return dq, dk, dv, sink_gradient(sinks, lse_log2[:, :, index], delta[:, :, index])
+    if total_q and k.shape[0]:
+        index = layout.statistics_index(q.device)  # each packed row's in Delta and LSE₂
+        delta_rows, lse_log2_rows = delta[:, :, index], lse_log2[:, :, index]
+    else:  # no preprocess ran: D and LSE₂ from the packed rows
+        delta_rows = ((dout.float() * out.float()).sum(dim=-1).T - (0 if grad_lse is None else grad_lse))[None]
+        lse_log2_rows = (lse * LOG2E)[None]
+    return dq, dk, dv, sink_gradient(sinks, lse_log2_rows, delta_rows)
 
 
 def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_size, softcap, sinks):
