@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES, DQ_TILES, compiled_gradient_kernels, dq_row
-from fa_kernel.backward_preprocess import PREPROCESS_ROWS, padded_rows, statistics_index, statistics_rows
+from fa_kernel.backward_preprocess import PREPROCESS_ROWS, statistics_index, statistics_rows
 from fa_kernel.interface import check_deterministic, check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -256,10 +256,10 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
         block_m, block_n, _ = BACKWARD_TILES[head_dim]
         order = layout.key_tile_order(block_m, block_n, causal, window_size, q.device)
         scales = (exponent_scale(scale, softcap), scale, *launch_arguments(variants, window_size, softcap, scale, None))
-        # dQ's fp32 sums for the atomic kernel (one query tile past the last row); a one-element
-        # placeholder for the fixed-order dQ's.
-        rows = padded_rows(total_q) + PREPROCESS_ROWS
-        accum_shape = (1, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
+        # dQ's fp32 sums for the atomic kernel, as many rows as Delta's (the kernel takes both at
+        # one length; at least one query tile past the last row); a one-element placeholder for
+        # the fixed-order dQ's.
+        accum_shape = (1, nheads, delta.shape[-1], dq_row(head_dim)) if dq_kernel is None else (1,)
         dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)
         with torch.cuda.device(q.device):
             preprocess_order = layout.tile_order(PREPROCESS_ROWS, PREPROCESS_ROWS, False, (-1, -1), q.device)
