@@ -167,16 +167,10 @@ def split_program(
             allocate_p = T.alloc_fragment if split_rows else T.alloc_shared
             acc_p = allocate_p([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
-            row_max = T.alloc_fragment([block_m], accum)
-            row_max_prev = T.alloc_fragment([block_m], accum)
-            row_max_scaled = T.alloc_fragment([block_m], accum)
-            alpha = T.alloc_fragment([block_m], accum)
-            tile_sum = T.alloc_fragment([block_m], accum)
-            row_sum = T.alloc_fragment([block_m], accum)
+            row_state = RowState.allocate(block_m)
             last_key = T.alloc_fragment([block_m], T.int32)  # right edge: each row's last visible key
             # Left edge: each row's first.
             first_key = T.alloc_fragment([block_m], T.int32) if visibility.limits_left else None
-            row_state = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
 
             kv_head = row_block_head % heads_kv
             first_row = (row_block_head // heads_kv) * block_m
@@ -218,20 +212,20 @@ def split_program(
                     acc_s[r, j] = T.if_then_else(visible, kept(acc_s[r, j]), neg_inf)
                 softmax.fold_tile(acc_s, row_state, scale_log2)
                 T.copy(acc_s, acc_p)
-                softmax.rescale_output(acc_o, alpha)  # before P·V, which adds into acc_o
+                softmax.rescale_output(acc_o, row_state.alpha)  # before P·V, which adds into acc_o
                 load_tile(V, V_shared, b, kv_start, kv_head, BlockTable)
                 T.gemm(acc_p, V_shared, acc_o, policy=policy)
             for r, d in T.Parallel(block_m, head_dim):
                 row = first_row + r
                 if row < rows:
                     O_partial[b, split, kv_head * group_size + row % group_size, row // group_size, d] = (
-                        softmax.normalised(acc_o, row_sum, r, d)
+                        softmax.normalised(acc_o, row_state.row_sum, r, d)
                     )
             for r in T.Parallel(block_m):
                 row = first_row + r
                 if row < rows:
                     LSE_partial[b, split, kv_head * group_size + row % group_size, row // group_size] = T.if_then_else(
-                        row_sum[r] == 0, neg_inf, softmax.log2_sum(row_state, r)
+                        row_state.row_sum[r] == 0, neg_inf, softmax.log2_sum(row_state, r)
                     )
 
     return flash_decoding_split

@@ -50,7 +50,7 @@ from fa_kernel.pipeline import (
     own_output_buffer,
     pipeline_parts,
 )
-from fa_kernel.scheduler import ragged_registers, read_sequence, tile_scheduler
+from fa_kernel.scheduler import at_offset, ragged_tile, tile_scheduler
 from fa_kernel.softmax import TANH_APPROX, RowState, online_softmax
 from fa_kernel.toolchain import DTYPES, OWN_SYNCS, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
@@ -127,10 +127,6 @@ def forward_program(
 
     def batch_of(b):
         return None if varlen else b
-
-    def at_offset(offset, row):
-        """A row of the tile's sequence in a packed tensor (offset None: a batched one's own)."""
-        return row if offset is None else offset + row
 
     # ---- the mask (mask.py): the visibility rule with the variants' edges, written into the
     # score accumulator; each variant's value a kernel parameter only where compiled in ----
@@ -453,13 +449,8 @@ def forward_program(
             acc_s = T.alloc_fragment([block_m, block_n], accum)
             acc_p = T.alloc_fragment([block_m, block_n], dtype)
             acc_o = T.alloc_fragment([block_m, head_dim], accum)
-            row_max = T.alloc_fragment([block_m], accum)
-            row_max_prev = T.alloc_fragment([block_m], accum)
-            row_max_scaled = T.alloc_fragment([block_m], accum)
-            alpha = T.alloc_fragment([block_m], accum)
-            tile_sum = T.alloc_fragment([block_m], accum)
+            rows = RowState.allocate(block_m)
             row_over = T.alloc_var(T.int32)  # this thread has a row whose sum is over STALE_SUM_LIMIT
-            row_sum = T.alloc_fragment([block_m], accum)
             # full[stage]: the producer's threads arrived and the TMA bytes landed;
             # empty[stage]: every consumer thread is done reading the buffer. q_empty: every
             # consumer's last Q.K^T of the work tile is done, the next tile's Q may land.
@@ -503,11 +494,10 @@ def forward_program(
             # scheduler's (query block, head, sequence); the sequence's offsets and lengths.
             rule, q_offset, k_offset = visibility, None, None
             if varlen:
-                sequence, q_offset, k_offset, sequence_q, sequence_k = ragged_registers()
-                sequence = TileOrder[block[0], 0]
-                read_sequence(CuSeqlensQ, CuSeqlensK, sequence, q_offset, k_offset, sequence_q, sequence_k)
+                ragged = ragged_tile(TileOrder, block[0], CuSeqlensQ, CuSeqlensK)
+                sequence, q_offset, k_offset, sequence_q, sequence_k, q_block = ragged
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
-                block = (TileOrder[block[0], 1], block[1], sequence)
+                block = (q_block, block[1], sequence)
 
             pipe = Pipeline(
                 Q_shared, K_shared, V_shared, O_shared, q_full, q_empty, o_stored, k_full, k_empty, v_full, v_empty
@@ -533,7 +523,6 @@ def forward_program(
                 buffer_of(next_kv_first),
                 visibility,
             )
-            rows = RowState(row_max, row_max_prev, row_max_scaled, alpha, tile_sum, row_sum)
             regs = ConsumerRegisters(acc_s, acc_p, acc_o, rows, row_over.buffer, own_kv_blocks.buffer)
             if thread >= consumers:
                 producer(pipe, tile, kv_before, Q, K, V, block, rounds)

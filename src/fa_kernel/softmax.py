@@ -9,7 +9,7 @@ normalisation and the LSE read as "no key": output 0, LSE -inf.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 import tilelang.language as T
@@ -50,6 +50,11 @@ class RowState:
     alpha: object
     tile_sum: object
     row_sum: object
+
+    @classmethod
+    def allocate(cls, block_m: int) -> "RowState":
+        """Each part a new fp32 fragment of block_m rows, allocated in field order."""
+        return cls(*(T.alloc_fragment([block_m], T.float32) for _ in fields(cls)))
 
 
 class OnlineSoftmax(NamedTuple):
