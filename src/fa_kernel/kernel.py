@@ -495,9 +495,10 @@ def forward_program(
             rule, q_offset, k_offset = visibility, None, None
             if varlen:
                 ragged = ragged_tile(TileOrder, block[0], CuSeqlensQ, CuSeqlensK)
-                sequence, q_offset, k_offset, sequence_q, sequence_k, q_block = ragged
+                sequence, q_offset, k_offset, sequence_q, sequence_k = ragged[:5]
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
-                block = (q_block, block[1], sequence)
+                # The order's query block unnamed: a name given a load becomes a variable of its own.
+                block = (ragged[5], block[1], sequence)
 
             pipe = Pipeline(
                 Q_shared, K_shared, V_shared, O_shared, q_full, q_empty, o_stored, k_full, k_empty, v_full, v_empty
