@@ -463,3 +463,32 @@ def test_the_custom_ops_pass_opcheck():
     out, lse = torch.ops.fa_kernel.varlen_forward(*arguments)
     backward = (torch.randn_like(out), None, q, k, v, out, lse, *arguments[3:])
     torch.library.opcheck(torch.ops.fa_kernel.varlen_backward.default, backward)
+
+
+def test_autograd_hands_the_options_to_the_gradient_and_its_gradients_to_the_leaves(monkeypatch):
+    # The plumbing, on the CPU: the launches stood in for, the options must reach the gradient
+    # as given and its four gradients the four leaves (dsinks in the sinks' slot).
+    from fa_kernel import varlen
+
+    q, k, v, cu_q, cu_k = packed([3, 5], [4, 6])
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    monkeypatch.setattr(varlen, "check_inputs", lambda q, k, v, scale, causal, **variants: scale)
+    monkeypatch.setattr(varlen, "_varlen_forward", lambda q, k, v, sinks, *args: (q * 2, q.new_zeros(4, 8).float()))
+    markers = [torch.full_like(t, i + 1.0) for i, t in enumerate((q, k, v, sinks))]
+    given = {}
+
+    def gradients(dout, grad_lse, q_, k_, v_, out, lse, cu_q_, cu_k_, layout, scale, causal, window, softcap, sinks_,
+                  deterministic):  # fmt: skip
+        given.update(scale=scale, causal=causal, window=window, softcap=softcap, deterministic=deterministic)
+        assert grad_lse is None and torch.equal(dout, torch.ones_like(dout))
+        handed = (q_, k_, v_, cu_q_, cu_k_, sinks_)
+        assert all(a is b for a, b in zip(handed, (q, k, v, cu_q, cu_k, sinks), strict=True))
+        return markers
+
+    monkeypatch.setattr(varlen, "_varlen_gradients", gradients)
+    options = dict(softmax_scale=0.25, causal=True, window_size=(4, -1), softcap=2.0, sinks=sinks, deterministic=True)
+    call(q, k, v, cu_q, cu_k, **options).sum().backward()
+    assert given == dict(scale=0.25, causal=True, window=(4, -1), softcap=2.0, deterministic=True)
+    for leaf, marker in zip((q, k, v, sinks), markers, strict=True):
+        assert torch.equal(leaf.grad, marker)

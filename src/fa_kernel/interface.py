@@ -528,14 +528,15 @@ class _EagerAttention(torch.autograd.Function):
     (perf/host_overhead.py): more than a decode step's or a short sequence's kernels take."""
 
     @staticmethod
-    def forward(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, sinks):
-        return _attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sinks)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, sinks):
+        # ctx in forward, not a setup_context: with one, apply binds each call's arguments to
+        # forward's signature through inspect, tens of µs of host time a call (docs/perf-log.md).
+        output = _attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sinks)
         # An unused output's gradient arrives as None, as the op's formula takes it.
         ctx.set_materialize_grads(False)
+        inputs = (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, sinks)
         _setup_context(ctx, inputs, output)
+        return output
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):

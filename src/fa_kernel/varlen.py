@@ -210,15 +210,14 @@ class _VarlenAttention(torch.autograd.Function):
     builds (_varlen_gradients)."""
 
     @staticmethod
-    def forward(q, k, v, sinks, *arguments):
-        return _varlen_forward(q, k, v, sinks, *arguments[:-1])  # the last, deterministic, is the gradient's
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
+    def forward(ctx, q, k, v, sinks, *arguments):
+        # ctx in forward, not setup_context (interface._EagerAttention says why).
+        output = _varlen_forward(q, k, v, sinks, *arguments[:-1])  # the last, deterministic, is the gradient's
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
-        q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, _, _, layout, scale, causal, window_size, softcap, _ = inputs
+        cu_seqlens_q, cu_seqlens_k, _, _, layout, scale, causal, window_size, softcap, deterministic = arguments
         ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, sinks)
-        ctx.options = (layout, scale, causal, window_size, softcap, inputs[-1])
+        ctx.options = (layout, scale, causal, window_size, softcap, deterministic)
+        return output
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
