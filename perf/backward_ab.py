@@ -17,11 +17,6 @@ Variants (`--list` prints them), each a build option of `compiled_backward`:
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
-  no_dq_shared_operands
-                   the same with Pᵀ and dSᵀ through shared memory (`operands_in_shared=True`):
-                   at d64 ptxas serialises the shipped one's wgmma (C7512) and spills 80-240 B;
-                   this one serialises none and spills 48-100 B. Against no_dq: issue 53's
-                   fixed-order d64 gradient (0.74x the atomic one).
 
 A lever measured and decided leaves this list (its figures: docs/performance.md; its code: git).
 A new one enters as an argument of `backward_program`, not as an edit of its text.
@@ -52,9 +47,8 @@ from perf import ab
 VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
-    "no_dq_shared_operands": {"with_dq": False, "operands_in_shared": True},
 }
-KNOWN_INCORRECT = frozenset({"no_dq", "no_dq_shared_operands"})
+KNOWN_INCORRECT = frozenset({"no_dq"})
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),
     Shape(8, 32, 4096, 128, True, torch.bfloat16),

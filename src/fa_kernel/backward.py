@@ -97,7 +97,6 @@ def backward_program(
     with_dq: bool = True,
     variants: Variants = PLAIN,
     varlen: bool = False,
-    operands_in_shared: bool | None = None,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -125,7 +124,6 @@ def backward_program(
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64), the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's.
-    `operands_in_shared` True or False overrides that rule (an A/B option: perf/backward_ab.py).
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
@@ -137,8 +135,7 @@ def backward_program(
     cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
     cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
     tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
-    if operands_in_shared is None:
-        operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
+    operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
 
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
