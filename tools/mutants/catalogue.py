@@ -547,16 +547,16 @@ KERNEL_MUTANTS = [
         # sequence is never run, and its last runs past the end.
         "varlen_tile_order_block_off_by_one",
         "kernel.py",
-        "block = (TileOrder[block[0], 1], block[1], sequence)",
-        "block = (TileOrder[block[0], 1] + 1, block[1], sequence)",
+        "block = (ragged[5], block[1], sequence)",
+        "block = (ragged[5] + 1, block[1], sequence)",
         first=VARLEN,
     ),
     Mutant(
-        # The tile order's entries read as (query block, sequence).
+        # The tile order's sequence read from its tile column (every ragged kernel reads it there).
         "varlen_tile_order_columns_swapped",
-        "kernel.py",
-        "sequence = TileOrder[block[0], 0]",
-        "sequence = TileOrder[block[0], 1]",
+        "scheduler.py",
+        "sequence = tile_order[block, 0]",
+        "sequence = tile_order[block, 1]",
         first=VARLEN,
     ),
     Mutant(
@@ -754,7 +754,7 @@ KERNEL_MUTANTS = [
     Mutant(
         "decode_rescale_dropped",
         "decode.py",
-        "softmax.rescale_output(acc_o, alpha)",
+        "softmax.rescale_output(acc_o, row_state.alpha)",
         "",
         first=DECODE,
     ),
