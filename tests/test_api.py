@@ -185,6 +185,32 @@ def test_causal_with_a_window_on_its_right_is_still_causal(monkeypatch):
     assert launched[0][4:] == (True, 4, 7, 0.0, None)
 
 
+def test_torch_func_grad_takes_the_same_gradient_as_autograd(monkeypatch):
+    # torch.func's transforms take an autograd.Function only with a setup_context, which eager
+    # calls do without (it costs the host an inspect.signature a call): under a transform
+    # flash_attn_func takes the Function that has one. The kernels stood in for by the emulators.
+    from fa_kernel import interface
+    from fa_kernel.emulator import attention_backward_tiled, attention_tiled
+    from fa_kernel.reference import random_qkv
+
+    def attention(q, k, v, scale, causal, *variants):
+        return attention_tiled(q, k, v, scale, causal)
+
+    def backward_into(dq, dk, dv, dout, grad_lse, q, k, v, out, lse, scale, causal, deterministic, **given):
+        grads = attention_backward_tiled(q, k, v, out, lse, dout, scale, causal)[:3]
+        for into, grad in zip((dq, dk, dv), grads, strict=True):
+            into.copy_(grad)
+
+    monkeypatch.setattr(interface, "check_inputs", lambda q, k, v, scale, causal, **variants: 0.125)
+    monkeypatch.setattr(interface, "_attention", attention)
+    monkeypatch.setattr(interface, "backward_into", backward_into)
+    q, k, v = random_qkv(1, 70, 90, 4, 2, 64, torch.float16, seed=5, device="cpu")
+    through_func = torch.func.grad(lambda q: flash_attn_func(q, k, v, causal=True).float().sum())(q)
+    q.requires_grad_()
+    flash_attn_func(q, k, v, causal=True).float().sum().backward()
+    assert torch.equal(through_func, q.grad)
+
+
 def test_the_op_takes_the_variants_for_torch_compile():
     q, k, v = qkv(nheads=8, nheads_kv=2, seqlen_q=5, seqlen_k=300, device="meta")
     sinks = torch.zeros(8, device="meta")

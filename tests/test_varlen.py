@@ -492,3 +492,16 @@ def test_autograd_hands_the_options_to_the_gradient_and_its_gradients_to_the_lea
     assert given == dict(scale=0.25, causal=True, window=(4, -1), softcap=2.0, deterministic=True)
     for leaf, marker in zip((q, k, v, sinks), markers, strict=True):
         assert torch.equal(leaf.grad, marker)
+
+
+def test_torch_func_grad_takes_the_gradient_autograd_takes(monkeypatch):
+    # Under torch.func's transforms the Function with a setup_context runs (they refuse one
+    # without); the same stand-ins as above.
+    from fa_kernel import varlen
+
+    q, k, v, cu_q, cu_k = packed([3, 5], [4, 6])
+    monkeypatch.setattr(varlen, "check_inputs", lambda q, k, v, scale, causal, **variants: scale)
+    monkeypatch.setattr(varlen, "_varlen_forward", lambda q, k, v, sinks, *args: (q * 2, q.new_zeros(4, 8).float()))
+    monkeypatch.setattr(varlen, "_varlen_gradients", lambda dout, *args: (dout * 3, None, None, None))
+    dq = torch.func.grad(lambda q: call(q, k, v, cu_q, cu_k, softmax_scale=0.25).float().sum())(q)
+    assert torch.equal(dq, torch.full_like(q, 3))

@@ -107,7 +107,9 @@ def flash_attn_func(
         # custom op, which they see as one node with its fake and its gradient.
         out, lse = torch.ops.fa_kernel.forward(q, k, v, softmax_scale, causal, deterministic, *variant_args)
     elif needs_grad:
-        out, lse = _EagerAttention.apply(q, k, v, softmax_scale, causal, deterministic, *variant_args)
+        transformed = torch._C._are_functorch_transforms_active()
+        function = _TransformedAttention if transformed else _EagerAttention
+        out, lse = function.apply(q, k, v, softmax_scale, causal, deterministic, *variant_args)
     else:
         out, lse = _attention(q, k, v, softmax_scale, causal, *variant_args)
     return (out, lse) if return_lse else out
@@ -522,6 +524,11 @@ def _forward_gradient(ctx, grad_out, grad_lse):
 torch.library.register_autograd("fa_kernel::forward", _forward_gradient, setup_context=_setup_context)
 
 
+def _eager_gradient(ctx, grad_out, grad_lse):
+    dq, dk, dv, dsinks = _saved_gradients(ctx, grad_out, grad_lse, _gradients)
+    return dq, dk, dv, None, None, None, None, None, None, dsinks
+
+
 class _EagerAttention(torch.autograd.Function):
     """flash_attn_func's autograd in eager mode: the ops' bodies, the same gradient formula, and
     not the custom ops' dispatch, which costs the host about 60 µs a call on the H200
@@ -538,7 +545,20 @@ class _EagerAttention(torch.autograd.Function):
         _setup_context(ctx, inputs, output)
         return output
 
+    backward = staticmethod(_eager_gradient)
+
+
+class _TransformedAttention(torch.autograd.Function):
+    """_EagerAttention under torch.func's transforms (grad, vjp, ...), which take an
+    autograd.Function only with a setup_context."""
+
     @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        dq, dk, dv, dsinks = _saved_gradients(ctx, grad_out, grad_lse, _gradients)
-        return dq, dk, dv, None, None, None, None, None, None, dsinks
+    def forward(q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, sinks):
+        return _attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, sinks)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.set_materialize_grads(False)
+        _setup_context(ctx, inputs, output)
+
+    backward = staticmethod(_eager_gradient)

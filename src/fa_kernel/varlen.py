@@ -85,9 +85,9 @@ def flash_attn_varlen_func(
             q, k, v, *ragged, scale, causal, left, right, softcap, sinks, deterministic
         )
     elif needs_grad:
-        out, lse = _VarlenAttention.apply(
-            q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap, deterministic
-        )
+        transformed = torch._C._are_functorch_transforms_active()
+        function = _TransformedVarlenAttention if transformed else _VarlenAttention
+        out, lse = function.apply(q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap, deterministic)
     else:
         out, lse = _varlen_forward(q, k, v, sinks, *ragged, layout, scale, causal, (left, right), softcap)
     return (out, lse) if return_lse else out
@@ -205,6 +205,24 @@ def _varlen_forward(
     return out, lse
 
 
+def _save_for_gradient(ctx, q, k, v, sinks, arguments, output) -> None:
+    ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+    cu_seqlens_q, cu_seqlens_k, _, _, layout, scale, causal, window_size, softcap, deterministic = arguments
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, sinks)
+    ctx.options = (layout, scale, causal, window_size, softcap, deterministic)
+
+
+def _eager_gradient(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
+    if grad_out is None:  # only the LSE was used
+        grad_out = torch.zeros_like(out)
+    *options, deterministic = ctx.options
+    dq, dk, dv, dsinks = _varlen_gradients(
+        grad_out, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options, sinks, deterministic
+    )
+    return dq, dk, dv, dsinks, *([None] * 10)
+
+
 class _VarlenAttention(torch.autograd.Function):
     """flash_attn_varlen_func's autograd: the forward's launch, and the gradient kernels' varlen
     builds (_varlen_gradients)."""
@@ -213,22 +231,24 @@ class _VarlenAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, sinks, *arguments):
         # ctx in forward, not setup_context (interface._EagerAttention says why).
         output = _varlen_forward(q, k, v, sinks, *arguments[:-1])  # the last, deterministic, is the gradient's
-        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
-        cu_seqlens_q, cu_seqlens_k, _, _, layout, scale, causal, window_size, softcap, deterministic = arguments
-        ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, sinks)
-        ctx.options = (layout, scale, causal, window_size, softcap, deterministic)
+        _save_for_gradient(ctx, q, k, v, sinks, arguments, output)
         return output
 
+    backward = staticmethod(_eager_gradient)
+
+
+class _TransformedVarlenAttention(torch.autograd.Function):
+    """_VarlenAttention under torch.func's transforms, which need a setup_context."""
+
     @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
-        if grad_out is None:  # only the LSE was used
-            grad_out = torch.zeros_like(out)
-        *options, deterministic = ctx.options
-        dq, dk, dv, dsinks = _varlen_gradients(
-            grad_out, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *options, sinks, deterministic
-        )
-        return dq, dk, dv, dsinks, *([None] * 10)
+    def forward(q, k, v, sinks, *arguments):
+        return _varlen_forward(q, k, v, sinks, *arguments[:-1])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _save_for_gradient(ctx, *inputs[:4], inputs[4:], output)
+
+    backward = staticmethod(_eager_gradient)
 
 
 def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, layout, scale, causal, window_size,
