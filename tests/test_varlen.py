@@ -494,7 +494,7 @@ def test_autograd_hands_the_options_to_the_gradient_and_its_gradients_to_the_lea
         assert torch.equal(leaf.grad, marker)
 
 
-def test_torch_func_grad_takes_the_gradient_autograd_takes(monkeypatch):
+def test_torch_func_grad_runs_through_the_varlen_autograd(monkeypatch):
     # Under torch.func's transforms the Function with a setup_context runs (they refuse one
     # without); the same stand-ins as above.
     from fa_kernel import varlen

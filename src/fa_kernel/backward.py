@@ -113,8 +113,9 @@ def backward_program(
     and dsinks is the caller's).
 
     `varlen`: a ragged batch, packed, as a batch of one: Q, dO [1, total_q, H, D], K, V, dK, dV
-    [1, total_k, Hkv, D], dQ_accum over the packed rows with room for one query tile past the
-    last (rows past a sequence's end add zeros to it), Delta and LSE₂ each sequence's from its
+    [1, total_k, Hkv, D], dQ_accum over the packed rows at Delta's length (one dynamic size for
+    both; more than one query tile past the last row: rows past a sequence's end add zeros to
+    it), Delta and LSE₂ each sequence's from its
     own aligned start (backward_preprocess.statistics_start; rows past its end read the padding's
     zeros); then cu_seqlens_q, cu_seqlens_k (int32 [B + 1]) and the key tile order (int32
     [tiles, 2] of (sequence, K/V tile), scheduler.ragged_key_tile_order), the grid's first
