@@ -412,6 +412,23 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     assert tiers.CPU_BY_FILE["backward.py"] and "decode.py" not in tiers.CPU_BY_FILE
 
 
+def test_the_gradient_and_split_kv_suites_test_every_branch_their_triage_builds():
+    from fa_kernel.variants import PLAIN
+
+    # The tests of each build option's branch: a mutant there survives a suite without them.
+    tests_of = {"variants": "tests/test_variants_kernel.py", "varlen": "tests/test_varlen.py"}
+    tests_of["page_size"] = "tests/test_paged.py"
+    for target, file in (("backward", "backward.py"), ("decode", "decode.py")):
+        taken = {
+            option
+            for build in triage.program_builds(file)
+            for option, value in build.items()
+            if option in tests_of and value not in (None, False, PLAIN)
+        }
+        assert taken, file
+        assert {tests_of[option] for option in taken} <= set(tiers.PYTEST_ARGS[target])
+
+
 def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path):
     import dataclasses
     import hashlib

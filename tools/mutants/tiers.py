@@ -47,8 +47,10 @@ def cpu_args(file: str) -> list[str]:
 
 PYTEST_ARGS = {
     "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
-    "backward": ["tests/test_backward_kernel.py", "-m", "gpu"],
-    "decode": ["tests/test_decode.py", "-m", "gpu"],
+    # Every branch triage builds has its tests here (the variants', the ragged batches', the
+    # pages'): a mutant of a branch whose tests the suite leaves out could only survive.
+    "backward": ["tests/test_backward_kernel.py", "tests/test_variants_kernel.py", "tests/test_varlen.py", "-m", "gpu"],
+    "decode": ["tests/test_decode.py", "tests/test_paged.py", "tests/test_variants_kernel.py", "-m", "gpu"],
     # The boundary cases and the named non-finite ones first: under -x a kill there costs
     # seconds, where the property draws before them took minutes to reach it.
     "emulator": [
