@@ -114,6 +114,7 @@ def training_layers(shape: Shape) -> dict:
     """name -> a call of that layer of a training call (forward and backward) on the shape:
 
     training call     flash_attn_func with requires_grad, then backward: what a trainer pays
+    forward, grad     flash_attn_func with requires_grad alone (its graph dropped): the forward's share
     backward op       torch.ops.fa_kernel.backward on saved outputs: the gradient's custom op
     backward_into     the gradient's launches into gradients made beforehand
     SDPA cuDNN        torch's cuDNN backend forward and backward (BHSD), the anchor
@@ -142,6 +143,7 @@ def training_layers(shape: Shape) -> dict:
 
     return {
         "training call": training_call,
+        "forward, grad": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
         "backward op": lambda: torch.ops.fa_kernel.backward(dout, None, *detached, out, lse, scale, causal, False),
         "backward_into": lambda: interface.backward_into(*gradients, dout, None, *detached, out, lse, scale, causal),
         "SDPA cuDNN": sdpa_training_call,
@@ -212,18 +214,21 @@ def print_profile(call, calls: int) -> None:
     profile.disable()
     torch.cuda.synchronize()
     pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 
 
 def training(args) -> int:
     """--training: each layer's host µs a call and its wall µs (a call, then a synchronise: what a
     training step waits for), and with --profile cProfile's top functions of the first shape's
     training call."""
-    print("| shape | layer | host µs a call | wall µs a call |\n|---|---|---|---|")
+    print("| shape | layer | host µs a call | wall µs a call | GPU µs a call (CUDA graph) |\n|---|---|---|---|---|")
     for shape in TRAINING_SHAPES:
         for name, call in training_layers(shape).items():
             host = host_us_per_call(call, args.calls)
             wall = cuda_median_ms(call) * 1e3
-            print(f"| {shape.label()} | {name} | {host:.1f} | {wall:.1f} |", flush=True)
+            gpu = graph_us(call, GRAPH_CALLS) if name in ("backward_into", "forward, grad") else None
+            gpu_text = "-" if gpu is None else f"{gpu:.1f}"
+            print(f"| {shape.label()} | {name} | {host:.1f} | {wall:.1f} | {gpu_text} |", flush=True)
     if args.profile:
         print_profile(training_layers(TRAINING_SHAPES[0])["training call"], args.calls)
     return 0
