@@ -55,6 +55,9 @@ SHAPES = [
     Shape(2, 16, 16384, 128, True, torch.bfloat16),
     Shape(8, 32, 4096, 64, False, torch.bfloat16),
     Shape(8, 32, 4096, 64, True, torch.bfloat16),
+    # Issue 53's short walks: 1k keys, where a block's fixed cost weighs most.
+    Shape(16, 16, 1024, 128, False, torch.bfloat16),
+    Shape(16, 16, 1024, 128, True, torch.bfloat16),
 ]
 # Odd lengths, both offsets' signs, a GQA group: each variant is judged on these first.
 CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]

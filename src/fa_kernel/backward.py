@@ -277,6 +277,11 @@ def backward_program(
             if with_dq and T.get_thread_binding() == 0:
                 for i, j in T.grid(block_m, DQ_ROW - head_dim):
                     dQ_shared[i, head_dim + j] = 0
+            # The step's query head and first row as the consumers use them, in registers set once
+            # a step: left as expressions (the producer's), their integer divisions recur at every
+            # use, in 64 bits in dQ's address, on the path of the thread that issues dQ's add.
+            step_head = T.alloc_var(T.int32)
+            step_q_start = T.alloc_var(T.int32)
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             for step in T.Pipelined(group_size * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks
@@ -297,9 +302,15 @@ def backward_program(
                 T.wgmma_gemm(
                     V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True
                 )
+                # Set after the GEMMs' issue: set before it, TileLang's warp specialisation parts a
+                # ragged batch's row names (q_row, first) from their uses ("used before definition").
+                step_head = head
+                step_q_start = q_start
                 if variants.softcap:
                     # dS takes the cap's slope 1 − t² beside P: both GEMMs first, then P and dS
-                    # in one pass over the capped scores t.
+                    # in one pass over the capped scores t. The row from the expression: from the
+                    # register, head_dim 256 with a left edge alone leaves TileLang's ThreadSync a
+                    # guarded range of 225 threads, a build that does not lower.
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
                     T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
@@ -310,9 +321,9 @@ def backward_program(
                 else:
                     T.wait_wgmma(1)
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
-                    if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
+                    if tile_needs_mask(rule, kv_start, step_q_start, block_n, block_m):
                         for i, j in T.Parallel(block_n, block_m):
-                            visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
+                            visible = rule.sees(kv_start + i, step_q_start + j, rows_checked=True)
                             acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
                     else:
                         for i, j in T.Parallel(block_n, block_m):
@@ -336,7 +347,9 @@ def backward_program(
                 if with_dq:
                     if not operands_in_shared:
                         T.copy(ds_cast, dS_shared)
-                    add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
+                    add_dq_tile(
+                        dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start)
+                    )
             if with_dq:
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
             tile = KeyTile(b, kv_head, kv_start, k_offset, rule)
