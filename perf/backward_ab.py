@@ -2,7 +2,7 @@
 
 From the repository root on the GPU machine:
 
-    python -m perf.backward_ab [--variants NAME ...] [--rounds 5] [--repeats 20]
+    python -m perf.backward_ab [--dq] [--variants NAME ...] [--rounds 5] [--repeats 20]
 
 Every variant's kernel is first judged on odd shapes against `reference_backward.judge_backward`; then
 the main kernel alone (dQ's accumulator zeroed before each call, as the launch does; the
@@ -18,12 +18,21 @@ Variants (`--list` prints them), each a build option of `compiled_backward`:
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
 
+`--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
+`dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
+the shipped no_dq kernel):
+
+  shipped            dq_program as DQ_TILES ships it: one consumer warpgroup on 64 rows.
+  two_warpgroups     128 rows on two consumer warpgroups, which take turns on the tensor cores
+                     where one alone leaves them idle through its exponentials.
+
 A lever measured and decided leaves this list (its figures: docs/performance.md; its code: git).
 A new one enters as an argument of `backward_program`, not as an edit of its text.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
@@ -31,12 +40,14 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import compiled_backward, dq_row
+from fa_kernel.backward import compiled_backward, dq_program, dq_row
 from fa_kernel.backward_preprocess import compiled_preprocess, padded_rows
+from fa_kernel.configs import DQ_TILES
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import random_qkv
 from fa_kernel.reference_backward import judge_backward
+from fa_kernel.toolchain import compile_program
 from fa_kernel.workbench.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
 from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab
@@ -49,6 +60,11 @@ VARIANTS: dict[str, dict] = {
     "no_dq": {"with_dq": False},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})
+# name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
+DQ_VARIANTS: dict[str, dict] = {
+    "shipped": {},
+    "two_warpgroups": {"block_m": 128, "threads": 256},
+}
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),
     Shape(8, 32, 4096, 128, True, torch.bfloat16),
@@ -59,6 +75,8 @@ SHAPES = [
     Shape(16, 16, 1024, 128, False, torch.bfloat16),
     Shape(16, 16, 1024, 128, True, torch.bfloat16),
 ]
+# The fixed-order dQ kernel's FLOPs against the forward's: S, dP and dS.K, three GEMMs to its two.
+DQ_FLOPS = 1.5
 # Odd lengths, both offsets' signs, a GQA group: each variant is judged on these first.
 CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
 
@@ -66,6 +84,37 @@ CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
     """The variant's main backward kernel (dK, dV and dQ's accumulator)."""
     return compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **VARIANTS[name])
+
+
+@functools.cache
+def compiled_dq_variant(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
+    """The variant's fixed-order dQ kernel."""
+    block_m, block_n, stages = DQ_TILES[head_dim]
+    options = dict(block_m=block_m, block_n=block_n, num_stages=stages) | DQ_VARIANTS[name]
+    return compile_program(dq_program(head_dim=head_dim, causal=causal, dtype=dtype, **options), arch)
+
+
+def dq_launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
+    """launcher's (call, grads, inputs) for a fixed-order dQ variant (`--dq`): a call of its dQ
+    kernel, and dQ beside the shipped no_dq kernel's dK and dV."""
+    _, gradients, (q, k, v, dout) = launcher(case, head_dim, causal, dtype, "no_dq", seed)
+    _, dk, dv = gradients()
+    kernel = compiled_dq_variant(variant, head_dim, causal, str(dtype).removeprefix("torch."), compile_arch(q.device))
+    batch, seqlen_q, _, heads, _ = case
+    scale = 1.0 / math.sqrt(head_dim)
+    out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    preprocess = compiled_preprocess(
+        head_dim=head_dim, dtype=str(dtype).removeprefix("torch."), arch=compile_arch(q.device)
+    )
+    delta = torch.empty((batch, heads, padded_rows(seqlen_q)), dtype=torch.float32, device=q.device)
+    lse_log2 = torch.empty_like(delta)
+    preprocess(out, dout, lse, delta, lse_log2)
+    dq = torch.full_like(q, math.nan)
+
+    def call():
+        kernel(q, k, v, dout, delta, lse_log2, dq, scale * LOG2E, scale)
+
+    return call, lambda: (dq, dk, dv), (q, k, v, dout)
 
 
 def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
@@ -102,9 +151,16 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
 
 
 def main() -> int:
-    args, variants = ab.arguments(__doc__.splitlines()[0], VARIANTS, repeats=20)
+    dq = "--dq" in sys.argv[1:]
+    family = DQ_VARIANTS if dq else VARIANTS
+
+    def dq_flag(parser):
+        parser.add_argument("--dq", action="store_true", help="the fixed-order dQ kernel's variants (DQ_VARIANTS)")
+
+    args, variants = ab.arguments(__doc__.splitlines()[0], family, repeats=20, more=dq_flag)
+    launch = dq_launcher if dq else launcher
     if args.list:
-        print("\n".join(VARIANTS))
+        print("\n".join(family))
         return 0
     if args.compile_only:
         # tools/codegen_rules.py's rule too: nothing asynchronous (a wgmma, a TMA store) may
@@ -116,7 +172,8 @@ def main() -> int:
         for name in variants:
             for head_dim in sorted({shape.head_dim for shape in SHAPES}):
                 for causal in (False, True):
-                    source = compiled(name, head_dim, causal, "bfloat16", args.compile_only).get_kernel_source()
+                    build = compiled_dq_variant if dq else compiled
+                    source = build(name, head_dim, causal, "bfloat16", args.compile_only).get_kernel_source()
                     for problem in outstanding_at_exit(source):
                         print(f"{name} d{head_dim} causal={causal}: {problem}")
                         broken += 1
@@ -126,7 +183,7 @@ def main() -> int:
     def failures(name: str):
         for head_dim in sorted({shape.head_dim for shape in SHAPES}):
             for causal, case in itertools.product((False, True), CHECKS):
-                call, grads, (q, k, v, dout) = launcher(case, head_dim, causal, torch.bfloat16, name)
+                call, grads, (q, k, v, dout) = launch(case, head_dim, causal, torch.bfloat16, name)
                 call()
                 verdict = judge_backward(q, k, v, dout, grads(), causal)
                 if not verdict.passed:
@@ -137,13 +194,13 @@ def main() -> int:
     if variants is None:
         return 1
     print("within the bound on", CHECKS, ":", ", ".join(variants), flush=True)
-    ab.print_header("TFLOP/s of the main backward kernel", variants)
+    ab.print_header("TFLOP/s of the fixed-order dQ kernel" if dq else "TFLOP/s of the main backward kernel", variants)
     for shape in SHAPES:
         case = (shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv)
-        flops = shape.flops * BACKWARD_FLOPS
+        flops = shape.flops * (DQ_FLOPS if dq else BACKWARD_FLOPS)
         timers = {}
         for name in variants:
-            call, _, _ = launcher(case, shape.head_dim, shape.causal, shape.dtype, name)
+            call, _, _ = launch(case, shape.head_dim, shape.causal, shape.dtype, name)
             timers[name] = lambda call=call, flops=flops: flops / (cuda_median_ms(call, 5, args.repeats) * 1e-3) / 1e12
         ab.print_row(shape.label(), timers, args.rounds)
     return 0

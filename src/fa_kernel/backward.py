@@ -348,7 +348,14 @@ def backward_program(
                     if not operands_in_shared:
                         T.copy(ds_cast, dS_shared)
                     add_dq_tile(
-                        dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start)
+                        dS_shared,
+                        K_shared,
+                        acc_dq,
+                        dQ_shared,
+                        dQ_accum,
+                        b,
+                        step_head,
+                        at_offset(q_offset, step_q_start),
                     )
             if with_dq:
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
@@ -368,6 +375,7 @@ def dq_program(
     num_stages: int = 2,
     variants: Variants = PLAIN,
     varlen: bool = False,
+    threads: int = 128,
 ):
     """dQ in a fixed order (the deterministic gradient), as a TileLang PrimFunc: one thread block
     per query tile and head walks the K/V tiles its rows see, recomputes S = Q·Kᵀ and P from the
@@ -381,7 +389,11 @@ def dq_program(
     `varlen`: a ragged batch as backward_program's, then cu_seqlens_q, cu_seqlens_k and the query
     tile order (int32 [tiles, 2] of (sequence, query tile), scheduler.ragged_tile_order), the
     grid's first dimension; a sequence's last, partial query tile stores dQ row by row.
+
+    `threads`: consumer threads, a warpgroup for each 64 of the tile's rows (GemmWarpPolicy.FullRow).
     """
+    if block_m != WGMMA_ROWS * (threads // 128):
+        raise ValueError(f"threads: expected a warpgroup for each 64 of block_m's {block_m} rows, got {threads}")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
@@ -410,7 +422,7 @@ def dq_program(
         TileOrder: kernel_parameter(tile_order, varlen),
     ):
         grid = (ragged_tiles, heads, 1) if varlen else (T.ceildiv(seqlen_q, block_m), heads, batch)
-        with T.Kernel(*grid, threads=128) as (q_block, head, b):
+        with T.Kernel(*grid, threads=threads) as (q_block, head, b):
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
