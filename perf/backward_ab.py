@@ -11,12 +11,15 @@ over rounds in this one process (`bench.alternated`, `bench.cuda_median_ms`). TF
 `fa-kernel bench --backward` counts them (2.5x the forward's FLOPs); each variant's ratio to
 the shipped kernel is taken round by round.
 
-Variants (`--list` prints them), each a build option of `compiled_backward`:
+Variants (`--list` prints them), each a build option of `backward_program` over its
+BACKWARD_TILES entry:
 
   shipped          backward.py as it is.
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
+  no_dq_64_rows    that kernel on 64-row query tiles at head_dim 64 (the same kernel at 128):
+                   on 128 rows ptxas serialises its wgmma and spills; on 64, neither.
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -40,9 +43,9 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import compiled_backward, dq_program, dq_row
+from fa_kernel.backward import backward_program, dq_program, dq_row
 from fa_kernel.backward_preprocess import compiled_preprocess, padded_rows
-from fa_kernel.configs import DQ_TILES
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import random_qkv
@@ -52,14 +55,13 @@ from fa_kernel.workbench.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
 from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab
 
-# name -> compiled_backward's arguments besides the case's
-# no_dq: the fixed-order gradient's dK/dV kernel; with its Pᵀ and dSᵀ through shared memory, which
-# takes d64's build off its serialised wgmma (ptxas C7512) and most of its spills.
+# name -> backward_program's arguments over the BACKWARD_TILES entry
 VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
+    "no_dq_64_rows": {"with_dq": False, "block_m": 64},
 }
-KNOWN_INCORRECT = frozenset({"no_dq"})
+KNOWN_INCORRECT = frozenset({"no_dq", "no_dq_64_rows"})
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
     "shipped": {},
@@ -81,9 +83,12 @@ DQ_FLOPS = 1.5
 CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
 
 
+@functools.cache
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
     """The variant's main backward kernel (dK, dV and dQ's accumulator)."""
-    return compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **VARIANTS[name])
+    block_m, block_n, stages = BACKWARD_TILES[head_dim]
+    options = dict(block_m=block_m, block_n=block_n, num_stages=stages) | VARIANTS[name]
+    return compile_program(backward_program(head_dim=head_dim, causal=causal, dtype=dtype, **options), arch)
 
 
 @functools.cache
