@@ -18,6 +18,8 @@ BACKWARD_TILES entry:
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
+  ds_stored_first  dS into shared memory before dV's and dK's GEMMs (`ds_stored_first=True`),
+                   FlashAttention-3's order: the warpgroups meet before dQ's GEMM after theirs.
   no_dq_64_rows    that kernel on 64-row query tiles at head_dim 64 (the same kernel at 128):
                    on 128 rows ptxas serialises its wgmma and spills; on 64, neither.
 
@@ -58,6 +60,7 @@ from perf import ab
 # name -> backward_program's arguments over the BACKWARD_TILES entry
 VARIANTS: dict[str, dict] = {
     "shipped": {},
+    "ds_stored_first": {"ds_stored_first": True},
     "no_dq": {"with_dq": False},
     "no_dq_64_rows": {"with_dq": False, "block_m": 64},
 }

@@ -97,6 +97,7 @@ def backward_program(
     with_dq: bool = True,
     variants: Variants = PLAIN,
     varlen: bool = False,
+    ds_stored_first: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -121,6 +122,10 @@ def backward_program(
     [tiles, 2] of (sequence, K/V tile), scheduler.ragged_key_tile_order), the grid's first
     dimension. Each sequence's keys see only its own rows; a partial last K/V tile stores dK and
     dV row by row.
+
+    `ds_stored_first`: dS into shared memory for dQ's GEMM before dV's and dK's GEMMs, not after
+    them (FlashAttention-3's order: the two warpgroups' barrier before dQ's GEMM then comes after
+    two GEMMs of each); an A/B option (perf/backward_ab.py).
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64), the warpgroups split
@@ -342,10 +347,12 @@ def backward_program(
                     T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                     T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                 else:
+                    if with_dq and ds_stored_first:
+                        T.copy(ds_cast, dS_shared)
                     T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                     T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                 if with_dq:
-                    if not operands_in_shared:
+                    if not operands_in_shared and not ds_stored_first:
                         T.copy(ds_cast, dS_shared)
                     add_dq_tile(
                         dS_shared,
