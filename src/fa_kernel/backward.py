@@ -156,7 +156,9 @@ def backward_program(
         rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
     ):
         """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left
-        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one."""
+        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one. q_start is
+        the step's expression, not its register: from the register, head_dim 256 with a left edge
+        alone leaves TileLang's ThreadSync a guarded range of 225 threads (a build that does not lower)."""
         if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
@@ -313,9 +315,7 @@ def backward_program(
                 step_q_start = q_start
                 if variants.softcap:
                     # dS takes the cap's slope 1 − t² beside P: both GEMMs first, then P and dS
-                    # in one pass over the capped scores t. The row from the expression: from the
-                    # register, head_dim 256 with a left edge alone leaves TileLang's ThreadSync a
-                    # guarded range of 225 threads, a build that does not lower.
+                    # in one pass over the capped scores t (capped_probabilities_and_ds).
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
                     T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
