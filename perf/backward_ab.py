@@ -102,44 +102,28 @@ def compiled_dq_variant(name: str, head_dim: int, causal: bool, dtype: str, arch
     return compile_program(dq_program(head_dim=head_dim, causal=causal, dtype=dtype, **options), arch)
 
 
-def dq_launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
-    """launcher's (call, grads, inputs) for a fixed-order dQ variant (`--dq`): a call of its dQ
-    kernel, and dQ beside the shipped no_dq kernel's dK and dV."""
-    _, gradients, (q, k, v, dout) = launcher(case, head_dim, causal, dtype, "no_dq", seed)
-    _, dk, dv = gradients()
-    kernel = compiled_dq_variant(variant, head_dim, causal, str(dtype).removeprefix("torch."), compile_arch(q.device))
-    batch, seqlen_q, _, heads, _ = case
-    scale = 1.0 / math.sqrt(head_dim)
-    out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
-    preprocess = compiled_preprocess(
-        head_dim=head_dim, dtype=str(dtype).removeprefix("torch."), arch=compile_arch(q.device)
-    )
+def prepared(case, head_dim: int, causal: bool, dtype: torch.dtype, seed: int = 0):
+    """(q, k, v, dout, delta, lse_log2) for case = (batch, seqlen_q, seqlen_k, heads, heads_kv):
+    random inputs, and the shipped forward's and preprocess's statistics the kernels take."""
+    batch, seqlen_q, seqlen_k, heads, heads_kv = case
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, seed)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, softmax_scale=1.0 / math.sqrt(head_dim), causal=causal, return_lse=True)
+    name = str(dtype).removeprefix("torch.")
+    preprocess = compiled_preprocess(head_dim=head_dim, dtype=name, arch=compile_arch(q.device))
     delta = torch.empty((batch, heads, padded_rows(seqlen_q)), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
     preprocess(out, dout, lse, delta, lse_log2)
-    dq = torch.full_like(q, math.nan)
-
-    def call():
-        kernel(q, k, v, dout, delta, lse_log2, dq, scale * LOG2E, scale)
-
-    return call, lambda: (dq, dk, dv), (q, k, v, dout)
+    return q, k, v, dout, delta, lse_log2
 
 
 def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
     """(call, grads, inputs) for case = (batch, seqlen_q, seqlen_k, heads, heads_kv): a call of
     the variant's main kernel, the gradients it wrote, and (q, k, v, dout)."""
-    batch, seqlen_q, seqlen_k, heads, heads_kv = case
-    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, seed)
-    dout = torch.randn_like(q)
+    batch, seqlen_q, _, heads, _ = case
+    q, k, v, dout, delta, lse_log2 = prepared(case, head_dim, causal, dtype, seed)
     scale = 1.0 / math.sqrt(head_dim)
-    out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
-    name = str(dtype).removeprefix("torch.")
-    arch = compile_arch(q.device)
-    preprocess = compiled_preprocess(head_dim=head_dim, dtype=name, arch=arch)
-    kernel = compiled(variant, head_dim, causal, name, arch)
-    delta = torch.empty((batch, heads, padded_rows(seqlen_q)), dtype=torch.float32, device=q.device)
-    lse_log2 = torch.empty_like(delta)
-    preprocess(out, dout, lse, delta, lse_log2)
+    kernel = compiled(variant, head_dim, causal, str(dtype).removeprefix("torch."), compile_arch(q.device))
     # A kernel without dQ (`with_dq=False`) takes a one-element placeholder.
     with_dq = VARIANTS[variant].get("with_dq", True)
     dq_shape = (batch, heads, padded_rows(seqlen_q), dq_row(head_dim)) if with_dq else (1,)
@@ -156,6 +140,26 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
         return (dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2) * scale).to(dtype), dk, dv
 
     return call, grads, (q, k, v, dout)
+
+
+def dq_launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
+    """launcher's (call, grads, inputs) for a fixed-order dQ variant (`--dq`): a call of its dQ
+    kernel, and its dQ beside dK and dV from one run of the shipped no_dq kernel."""
+    q, k, v, dout, delta, lse_log2 = prepared(case, head_dim, causal, dtype, seed)
+    scale = 1.0 / math.sqrt(head_dim)
+    name, arch = str(dtype).removeprefix("torch."), compile_arch(q.device)
+    dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
+    placeholder = torch.zeros(1, dtype=torch.float32, device=q.device)
+    compiled("no_dq", head_dim, causal, name, arch)(
+        q, k, v, dout, delta, lse_log2, placeholder, dk, dv, scale * LOG2E, scale
+    )
+    kernel = compiled_dq_variant(variant, head_dim, causal, name, arch)
+    dq = torch.full_like(q, math.nan)
+
+    def call():
+        kernel(q, k, v, dout, delta, lse_log2, dq, scale * LOG2E, scale)
+
+    return call, lambda: (dq, dk, dv), (q, k, v, dout)
 
 
 def main() -> int:
