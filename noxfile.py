@@ -382,7 +382,7 @@ SANITIZERS = ("memcheck", "racecheck", "synccheck")
 @nox.session(python=PYTHON)
 def sanitize(session: nox.Session) -> None:
     """compute-sanitizer memcheck, racecheck and synccheck over representative launches of the
-    forward, gradient and split-KV kernels (tests/sanitize_cases.py) (GPU). `nox -s sanitize --
+    forward, gradient, split-KV and ragged-batch kernels (tests/sanitize_cases.py) (GPU). `nox -s sanitize --
     racecheck` runs the tools named.
 
     The sanitizer slows every launch by orders of magnitude, so each tool runs the cases in

@@ -18,18 +18,12 @@ BACKWARD_TILES entry:
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
-  ds_stored_first  dS into shared memory before dV's and dK's GEMMs (`ds_stored_first=True`),
-                   FlashAttention-3's order: the warpgroups meet before dQ's GEMM after theirs.
-  no_dq_64_rows    that kernel on 64-row query tiles at head_dim 64 (the same kernel at 128):
-                   on 128 rows ptxas serialises its wgmma and spills; on 64, neither.
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
 the shipped no_dq kernel):
 
-  shipped            dq_program as DQ_TILES ships it: one consumer warpgroup on 64 rows.
-  two_warpgroups     128 rows on two consumer warpgroups, which take turns on the tensor cores
-                     where one alone leaves them idle through its exponentials.
+  shipped            dq_program as DQ_TILES ships it.
 
 A lever measured and decided leaves this list (its figures: docs/performance.md; its code: git).
 A new one enters as an argument of `backward_program`, not as an edit of its text.
@@ -60,15 +54,12 @@ from perf import ab
 # name -> backward_program's arguments over the BACKWARD_TILES entry
 VARIANTS: dict[str, dict] = {
     "shipped": {},
-    "ds_stored_first": {"ds_stored_first": True},
     "no_dq": {"with_dq": False},
-    "no_dq_64_rows": {"with_dq": False, "block_m": 64},
 }
-KNOWN_INCORRECT = frozenset({"no_dq", "no_dq_64_rows"})
+KNOWN_INCORRECT = frozenset({"no_dq"})
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
     "shipped": {},
-    "two_warpgroups": {"block_m": 128, "threads": 256},
 }
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),

@@ -1,6 +1,7 @@
 """Representative launches for compute-sanitizer (`nox -s sanitize`): odd lengths, both
 dtypes, causal and not, GQA, seqlen_q > seqlen_k, the long-sequence table entries, the
-gradient kernels (atomic and fixed-order dQ) and the split-KV kernels. Small shapes: the
+gradient kernels (atomic and fixed-order dQ), the split-KV kernels, and ragged batches (packed
+sequences forward and backward, a paged KV cache). Small shapes: the
 sanitizer slows every access by orders of magnitude. Exits non-zero if any result is wrong, so
 a launch that the sanitizer lets through but that computes garbage still fails the session.
 
@@ -42,11 +43,19 @@ GRADIENT_SHAPES: list[Shape] = [(1, 65, 130, 4, 2, 64), (1, 100, 150, 4, 2, 256)
 # The split-KV kernels: one query and a GQA group's 16 rows in one row block, keys ending inside
 # a tile, several splits.
 SPLIT_KV_SHAPES: list[Shape] = [(2, 1, 300, 8, 2, 128), (1, 16, 1000, 4, 1, 64)]
+# Ragged batches, as (batch, longest query, longest key, heads, K/V heads, head_dim): packed
+# sequences of RAGGED_LENGTHS (a tile's edges either side, an empty sequence, more rows than
+# keys), and a paged cache of PAGED_LENGTHS over 16-key pages (a page's edges, an empty request).
+RAGGED_LENGTHS_Q, RAGGED_LENGTHS_K = [63, 65, 0, 130, 1], [65, 63, 5, 70, 129]
+PAGED_LENGTHS, PAGE_SIZE = [15, 16, 17, 0, 300], 16
+RAGGED_SHAPES: list[Shape] = [(5, 130, 129, 4, 2, 64), (5, 130, 129, 4, 2, 128)]
+PAGED_SHAPES: list[Shape] = [(5, 1, 300, 8, 2, 128)]
 
 
 @dataclass(frozen=True)
 class Case:
-    kernel: str  # "forward", "long entry", "gradients", "gradients deterministic", "split-KV"
+    kernel: str  # "forward", "long entry", "gradients", "gradients deterministic", "split-KV",
+    # "varlen", "varlen gradients", "varlen gradients deterministic", "paged"
     shape: Shape
     dtype: torch.dtype
     causal: bool
@@ -62,12 +71,18 @@ def cases() -> list[Case]:
     both = (torch.float16, torch.bfloat16)
     kinds = [("forward", SHAPES, both), ("long entry", LONG_ENTRY_SHAPES, both)]
     kinds += [("gradients", GRADIENT_SHAPES, (torch.bfloat16,)), ("split-KV", SPLIT_KV_SHAPES, (torch.bfloat16,))]
+    kinds += [("varlen", RAGGED_SHAPES, (torch.bfloat16,)), ("varlen gradients", RAGGED_SHAPES, (torch.bfloat16,))]
+    kinds += [("paged", PAGED_SHAPES, (torch.bfloat16,))]
     found = [
         Case(kernel, shape, dtype, causal)
         for kernel, shapes, dtypes in kinds
         for shape, dtype, causal in itertools.product(shapes, dtypes, (False, True))
     ]
-    return found + [Case("gradients deterministic", GRADIENT_SHAPES[-1], torch.bfloat16, True)]
+    last_tile_checks = [
+        Case("gradients deterministic", GRADIENT_SHAPES[-1], torch.bfloat16, True),
+        Case("varlen gradients deterministic", RAGGED_SHAPES[-1], torch.bfloat16, True),
+    ]
+    return found + last_tile_checks
 
 
 def run(case: Case) -> bool:
@@ -80,6 +95,8 @@ def run(case: Case) -> bool:
     from fa_kernel.reference_backward import judge_backward
     from fa_kernel.workbench.bench import split_kv_call
 
+    if case.kernel.startswith("varlen") or case.kernel == "paged":
+        return run_ragged(case)
     batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = case.shape
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, case.dtype, seed=seqlen_q)
     scale = 1.0 / math.sqrt(head_dim)
@@ -98,6 +115,44 @@ def run(case: Case) -> bool:
         out, lse = split_kv_call(q, k, v, case.causal)()
     torch.cuda.synchronize()
     return judge(q, k, v, out, lse, case.causal, scale).passed
+
+
+def run_ragged(case: Case) -> bool:
+    """A ragged case's launches, each sequence or request judged on its own (suite.ragged)."""
+    from suite import ragged
+
+    from fa_kernel import flash_attn_varlen_func, flash_attn_with_kvcache
+
+    _, _, _, nheads, nheads_kv, head_dim = case.shape
+    try:
+        if case.kernel == "paged":
+            cache = ragged.paged_cache(PAGED_LENGTHS, PAGE_SIZE, nheads, nheads_kv, head_dim, case.dtype, "cuda")
+            q, k_cache, v_cache, seqlens, table = cache
+            out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                               causal=case.causal, return_lse=True)  # fmt: skip
+            torch.cuda.synchronize()
+            ragged.judge_requests(q, k_cache, v_cache, seqlens, table, out, lse, causal=case.causal)
+            return True
+        q, k, v, cu_q, cu_k = ragged.packed(RAGGED_LENGTHS_Q, RAGGED_LENGTHS_K, nheads, nheads_kv, head_dim, case.dtype,
+                                            "cuda")  # fmt: skip
+        longest = dict(max_seqlen_q=max(RAGGED_LENGTHS_Q), max_seqlen_k=max(RAGGED_LENGTHS_K), causal=case.causal)
+        if case.kernel == "varlen":
+            out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, **longest, return_lse=True)
+            torch.cuda.synchronize()
+            ragged.judge_sequences(q, k, v, cu_q, cu_k, out, lse, causal=case.causal)
+            return True
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        out = flash_attn_varlen_func(
+            *leaves, cu_q, cu_k, **longest, deterministic=case.kernel.endswith("deterministic")
+        )
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, dout)
+        torch.cuda.synchronize()
+        ragged.judge_sequence_gradients(q.detach(), k.detach(), v.detach(), dout, cu_q, cu_k, grads, causal=case.causal)
+        return True
+    except AssertionError as verdict:
+        print(verdict, flush=True)
+        return False
 
 
 def shard(all_cases: list[Case], text: str) -> list[Case]:

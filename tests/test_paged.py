@@ -9,32 +9,9 @@ import re
 
 import pytest
 import torch
+from suite.ragged import judge_requests, paged_cache
 
-from fa_kernel.reference import judge, paged_keys
-
-
-def paged_cache(lengths, page_size, nheads=8, nheads_kv=2, head_dim=128, dtype=torch.bfloat16, device="cpu", seed=0,
-                spare_pages=0, shared=False):  # fmt: skip
-    """(q [batch, 1, nheads, head_dim], k_cache, v_cache, cache_seqlens, block_table): each
-    request's pages in a shuffled order (`spare_pages` more in each row of the table, pointing at
-    pages of its own); `shared`: request 1 reads request 0's first page as its own first."""
-    generator = torch.Generator().manual_seed(seed)
-    pages_per = [-(-length // page_size) + spare_pages for length in lengths]
-    most = max(max(pages_per), 1)
-    total = sum(pages_per) + 1
-    order = torch.randperm(total, generator=generator).tolist()
-    table = torch.zeros(len(lengths), most, dtype=torch.int32)
-    taken = 0
-    for b, count in enumerate(pages_per):
-        table[b, :count] = torch.tensor(order[taken : taken + count], dtype=torch.int32)
-        taken += count
-    if shared and len(lengths) > 1:
-        table[1, 0] = table[0, 0]
-    k_cache = torch.randn(total, page_size, nheads_kv, head_dim, generator=generator).to(dtype)
-    v_cache = torch.randn(total, page_size, nheads_kv, head_dim, generator=generator).to(dtype)
-    q = torch.randn(len(lengths), 1, nheads, head_dim, generator=generator).to(dtype)
-    seqlens = torch.tensor(lengths, dtype=torch.int32)
-    return tuple(t.to(device) for t in (q, k_cache, v_cache, seqlens, table))
+from fa_kernel.reference import paged_keys
 
 
 def call(q, k_cache, v_cache, cache_seqlens, block_table, *args, **kwargs):
@@ -75,17 +52,6 @@ def test_good_cache_input_passes_its_checks_up_to_the_device():
 
 
 # ---- on the GPU ----
-
-
-def judge_requests(q, k_cache, v_cache, seqlens, table, out, lse, **options):
-    """Each request judged against the reference over its own keys (reference.paged_keys)."""
-    keys, values = paged_keys(k_cache, table, seqlens), paged_keys(v_cache, table, seqlens)
-    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
-        if k.shape[0] == 0:
-            assert torch.equal(out[b], torch.zeros_like(out[b])), f"request {b}: no key, output not 0"
-            continue
-        verdict = judge(q[b : b + 1], k[None], v[None], out[b : b + 1], lse[b : b + 1], **options)
-        assert verdict.passed, f"request {b} ({k.shape[0]} keys): {verdict}"
 
 
 @pytest.mark.gpu

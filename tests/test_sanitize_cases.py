@@ -17,7 +17,10 @@ def test_the_shards_hold_every_case_once():
 
 def test_each_kernel_family_is_sanitized():
     kinds = {case.kernel for case in sanitize_cases.cases()}
-    assert kinds == {"forward", "long entry", "gradients", "gradients deterministic", "split-KV"}
+    assert kinds == {
+        *("forward", "long entry", "gradients", "gradients deterministic", "split-KV"),
+        *("varlen", "varlen gradients", "varlen gradients deterministic", "paged"),
+    }
 
 
 @pytest.mark.parametrize("text", ["3/3", "-1/2", "1/0"])

@@ -13,21 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from fa_kernel.reference import attention_varlen_ref, judge
-
-
-def cu(*lengths: int, device="cpu") -> torch.Tensor:
-    """cu_seqlens of these lengths: int32 [len + 1], from 0."""
-    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
-
-
-def packed(lengths_q, lengths_k, nheads=4, nheads_kv=2, head_dim=64, dtype=torch.float16, device="cpu", seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(sum(lengths_q), nheads, head_dim, generator=generator).to(dtype=dtype, device=device)
-    k = torch.randn(sum(lengths_k), nheads_kv, head_dim, generator=generator).to(dtype=dtype, device=device)
-    v = torch.randn(sum(lengths_k), nheads_kv, head_dim, generator=generator).to(dtype=dtype, device=device)
-    return q, k, v, cu(*lengths_q, device=device), cu(*lengths_k, device=device)
+from suite.ragged import cu, judge_sequence_gradients, judge_sequences, packed
 
 
 def call(q, k, v, cu_q, cu_k, max_q=None, max_k=None, **kwargs):
@@ -227,18 +213,20 @@ def test_each_sequence_within_the_bound_with_the_variants(variants):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_no_sequence_reads_another(causal):
-    # Another sequence's keys and values changed (finite values): every other sequence's output
-    # and LSE bitwise the same. The tiles at a sequence's end hold the next one's keys.
+    # Each sequence's keys and values changed in turn (finite values): every other sequence's
+    # output and LSE bitwise the same. The tiles at a sequence's end hold the next one's keys; a
+    # tile that forgets its sequence's offset reads the first's.
     q, k, v, cu_q, cu_k = packed([127, 129, 64], [127, 129, 64], device="cuda")
     before, lse_before = call(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
-    k2, v2 = k.clone(), v.clone()
-    k2[127:256] = torch.randn_like(k2[127:256]) * 30
-    v2[127:256] = torch.randn_like(v2[127:256]) * 30
-    after, lse_after = call(q, k2, v2, cu_q, cu_k, causal=causal, return_lse=True)
-    others = torch.cat([torch.arange(0, 127), torch.arange(256, 320)]).cuda()
-    assert torch.equal(before[others], after[others])
-    assert torch.equal(lse_before[:, others], lse_after[:, others])
-    assert not torch.equal(before[127:256], after[127:256])
+    for start, end in itertools.pairwise(cu_k.tolist()):
+        k2, v2 = k.clone(), v.clone()
+        k2[start:end] = torch.randn_like(k2[start:end]) * 30
+        v2[start:end] = torch.randn_like(v2[start:end]) * 30
+        after, lse_after = call(q, k2, v2, cu_q, cu_k, causal=causal, return_lse=True)
+        others = torch.cat([torch.arange(0, start), torch.arange(end, q.shape[0])]).cuda()
+        assert torch.equal(before[others], after[others]), f"keys {start}:{end} changed"
+        assert torch.equal(lse_before[:, others], lse_after[:, others])
+        assert not torch.equal(before[start:end], after[start:end])
 
 
 @pytest.mark.gpu
@@ -248,46 +236,7 @@ def test_no_keys_anywhere_gives_zero_and_minus_infinity():
     assert torch.equal(out, torch.zeros_like(out)) and (lse == -math.inf).all()
 
 
-def judge_sequences(q, k, v, cu_q, cu_k, out, lse, **options):
-    """Each sequence judged on its own (reference.judge); the packed reference agrees too."""
-    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
-    for i in range(len(bounds_q) - 1):
-        (q0, q1), (k0, k1) = bounds_q[i : i + 2], bounds_k[i : i + 2]
-        if q1 == q0:
-            continue
-        if k1 == k0:
-            assert torch.equal(out[q0:q1], torch.zeros_like(out[q0:q1])), f"sequence {i}: no key, output not 0"
-            continue
-        verdict = judge(
-            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1], lse[None, :, q0:q1], **options
-        )
-        assert verdict.passed, f"sequence {i} ({q1 - q0} queries, {k1 - k0} keys): {verdict}"
-    reference, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, **options)
-    assert reference.shape == out.shape
-
-
 # ---- the gradients ----
-
-
-def judge_sequence_gradients(q, k, v, dout, cu_q, cu_k, grads, **options):
-    """Each sequence's (dq, dk, dv) judged on its own (reference_backward.judge_backward); a
-    sequence with no key or no row: its gradients 0."""
-    from fa_kernel.reference_backward import judge_backward
-
-    dq, dk, dv = grads
-    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
-    for i in range(len(bounds_q) - 1):
-        (q0, q1), (k0, k1) = bounds_q[i : i + 2], bounds_k[i : i + 2]
-        if q1 == q0 or k1 == k0:
-            for grad in (dq[q0:q1], dk[k0:k1], dv[k0:k1]):
-                assert torch.equal(grad, torch.zeros_like(grad)), f"sequence {i}: no score, a gradient not 0"
-            continue
-        rows, keys = slice(q0, q1), slice(k0, k1)
-        verdict = judge_backward(
-            q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
-            (dq[None, rows], dk[None, keys], dv[None, keys]), **options,
-        )  # fmt: skip
-        assert verdict.passed, f"sequence {i} ({q1 - q0} rows, {k1 - k0} keys): {verdict}"
 
 
 def gradients(q, k, v, cu_q, cu_k, dout, **options):
@@ -324,9 +273,14 @@ def test_each_sequences_gradients_within_the_bound_with_the_variants(variants):
     "variants", [{}, dict(window_size=(50, 0)), dict(softcap=20.0)], ids=["plain", "window", "softcap"]
 )
 def test_deterministic_gradients_are_within_the_bound_and_the_same_bits_every_run(head_dim, variants):
-    # The fixed-order dQ's query tiles (DQ_TILES: 64 rows) end one row before, at and after a
-    # sequence's end; a sequence with keys and no rows, one with more rows than keys.
-    lengths_q, lengths_k = [1, 63, 64, 65, 0, 200], [1, 63, 64, 65, 3, 130]
+    # Both kernels' query tiles (the fixed-order dQ's, the dK/dV kernel's) end one row before,
+    # at and after a sequence's end; a sequence with keys and no rows, one with more rows than keys.
+    from fa_kernel.backward import BACKWARD_TILES, DQ_TILES
+
+    edges = [
+        rows + side for rows in sorted({DQ_TILES[head_dim][0], BACKWARD_TILES[head_dim][0]}) for side in (-1, 0, 1)
+    ]
+    lengths_q, lengths_k = [1, *edges, 0, 200], [1, *edges, 3, 130]
     q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda", dtype=torch.bfloat16)
     dout = torch.randn_like(q)
     first = gradients(q, k, v, cu_q, cu_k, dout, causal=True, deterministic=True, **variants)
@@ -396,19 +350,22 @@ def test_no_sequences_gradients_read_another(causal, deterministic):
     # (taken at P = 0), and its last query tile reads the padding of its Delta and LSE₂ rows,
     # which the next sequence's follow. Finite values only: P = 0 times a neighbour's NaN row in
     # P^T·dO is NaN (docs/nonfinite.md, "Ragged batches").
+    # Each sequence changed in turn: the first too, whose rows a tile that forgets its sequence's
+    # offset reads.
     lengths = [127, 129, 64]
     q, k, v, cu_q, cu_k = packed(lengths, lengths, device="cuda")
     dout = torch.randn_like(q)
     options = dict(causal=causal, deterministic=deterministic)
     before = gradients(q, k, v, cu_q, cu_k, dout, **options)
-    changed = [t.clone() for t in (q, k, v, dout)]
-    for t in changed:
-        t[127:256] = torch.randn_like(t[127:256]) * 3
-    after = gradients(*changed[:3], cu_q, cu_k, changed[3], **options)
-    others = torch.cat([torch.arange(0, 127), torch.arange(256, 320)]).cuda()
-    for grad_before, grad_after in zip(before, after, strict=True):
-        assert torch.equal(grad_before[others], grad_after[others])
-        assert not torch.equal(grad_before[127:256], grad_after[127:256])
+    for start, end in itertools.pairwise(cu_q.tolist()):
+        changed = [t.clone() for t in (q, k, v, dout)]
+        for t in changed:
+            t[start:end] = torch.randn_like(t[start:end]) * 3
+        after = gradients(*changed[:3], cu_q, cu_k, changed[3], **options)
+        others = torch.cat([torch.arange(0, start), torch.arange(end, q.shape[0])]).cuda()
+        for grad_before, grad_after in zip(before, after, strict=True):
+            assert torch.equal(grad_before[others], grad_after[others]), f"rows {start}:{end} changed"
+            assert not torch.equal(grad_before[start:end], grad_after[start:end])
 
 
 # ---- the custom ops (torch.compile) ----

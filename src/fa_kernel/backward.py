@@ -97,7 +97,6 @@ def backward_program(
     with_dq: bool = True,
     variants: Variants = PLAIN,
     varlen: bool = False,
-    ds_stored_first: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -122,10 +121,6 @@ def backward_program(
     [tiles, 2] of (sequence, K/V tile), scheduler.ragged_key_tile_order), the grid's first
     dimension. Each sequence's keys see only its own rows; a partial last K/V tile stores dK and
     dV row by row.
-
-    `ds_stored_first`: dS into shared memory for dQ's GEMM before dV's and dK's GEMMs, not after
-    them (FlashAttention-3's order: the two warpgroups' barrier before dQ's GEMM then comes after
-    two GEMMs of each); an A/B option (perf/backward_ab.py).
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64), the warpgroups split
@@ -347,12 +342,10 @@ def backward_program(
                     T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                     T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                 else:
-                    if with_dq and ds_stored_first:
-                        T.copy(ds_cast, dS_shared)
                     T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                     T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
                 if with_dq:
-                    if not operands_in_shared and not ds_stored_first:
+                    if not operands_in_shared:
                         T.copy(ds_cast, dS_shared)
                     add_dq_tile(
                         dS_shared,
@@ -382,7 +375,6 @@ def dq_program(
     num_stages: int = 2,
     variants: Variants = PLAIN,
     varlen: bool = False,
-    threads: int = 128,
 ):
     """dQ in a fixed order (the deterministic gradient), as a TileLang PrimFunc: one thread block
     per query tile and head walks the K/V tiles its rows see, recomputes S = Q·Kᵀ and P from the
@@ -397,10 +389,12 @@ def dq_program(
     tile order (int32 [tiles, 2] of (sequence, query tile), scheduler.ragged_tile_order), the
     grid's first dimension; a sequence's last, partial query tile stores dQ row by row.
 
-    `threads`: consumer threads, a warpgroup for each 64 of the tile's rows (GemmWarpPolicy.FullRow).
+    A consumer warpgroup for each 64 of the tile's rows (GemmWarpPolicy.FullRow): on 128 rows the
+    two take turns on the tensor cores, where one alone leaves them idle through its exponentials.
     """
-    if block_m != WGMMA_ROWS * (threads // 128):
-        raise ValueError(f"threads: expected a warpgroup for each 64 of block_m's {block_m} rows, got {threads}")
+    if block_m % WGMMA_ROWS:
+        raise ValueError(f"block_m: expected a multiple of {WGMMA_ROWS} (a warpgroup's wgmma rows), got {block_m}")
+    threads = 128 * (block_m // WGMMA_ROWS)
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]

@@ -235,9 +235,15 @@ BACKWARD_TILES = {
     # (64 KB each) would not fit beside K, V and dQ's buffer (FlashAttention-3's tile)
     256: (64, 64, 1),
 }
-# The fixed-order dQ kernel (deterministic=True): 64 rows at all; its S, dP and dQ of 128 rows
-# weigh on registers as the dK/dV kernel's do not. head_dim 256: 64 keys, one stage, as above.
-DQ_TILES = {64: (64, 128, 2), 128: (64, 128, 2), 256: (64, 64, 1)}
+# The fixed-order dQ kernel (deterministic=True): a consumer warpgroup a 64 rows (dq_program).
+DQ_TILES = {
+    # 128 rows on two warpgroups: one's GEMMs run through the other's exponentials (on 64 rows,
+    # one warpgroup, the tensor cores idle through them)
+    64: (128, 128, 2),
+    128: (128, 128, 2),
+    # the dK/dV kernel's tile (64 keys, one stage); two warpgroups not yet measured here
+    256: (64, 64, 1),
+}
 
 
 # ---- the split-KV kernels (decode.py) ----
