@@ -5,10 +5,11 @@ sequences forward and backward, a paged KV cache). Small shapes: the
 sanitizer slows every access by orders of magnitude. Exits non-zero if any result is wrong, so
 a launch that the sanitizer lets through but that computes garbage still fails the session.
 
-    python tests/sanitize_cases.py [--shard I/N] [--list]
+    python tests/sanitize_cases.py [--shard I/N] [--kernel NAME ...] [--list]
 
 `--shard I/N` runs every N-th case from the I-th (0-based), so that N sanitizer processes share
-the cases; `--list` prints the cases of the shard without running them (no GPU needed).
+the cases; `--kernel` keeps the cases of the kernels named (`--list` shows the names); `--list`
+prints the cases of the shard without running them (no GPU needed).
 """
 
 from __future__ import annotations
@@ -166,9 +167,11 @@ def shard(all_cases: list[Case], text: str) -> list[Case]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th")
+    parser.add_argument("--kernel", nargs="+", help="only the cases of these kernels (as --list names them)")
     parser.add_argument("--list", action="store_true", help="print the shard's cases, run nothing")
     args = parser.parse_args()
-    chosen = shard(cases(), args.shard)
+    kept = [case for case in cases() if args.kernel is None or case.kernel in args.kernel]
+    chosen = shard(kept, args.shard)
     failures = 0
     for case in chosen:
         ok = None if args.list else run(case)
