@@ -247,6 +247,31 @@ def backward_program(
             T.tma_store_arrive()
 
     @T.macro
+    def step_gradients(
+        p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
+        dQ_accum, b, head, q_row,
+    ):  # fmt: skip
+        """A step's GEMMs after P and dS: dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ's tile added."""
+        if own_barriers and with_dq:
+            gemms_with_own_barriers(
+                p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
+                dQ_accum, b, head, q_row,
+            )  # fmt: skip
+        else:
+            if operands_in_shared:
+                T.copy(p_cast, P_shared)
+                T.copy(ds_cast, dS_shared)
+                T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+            else:
+                T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+            if with_dq:
+                if not operands_in_shared:
+                    T.copy(ds_cast, dS_shared)
+                add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
+
+    @T.macro
     def store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale):
         """The epilogue: dK (scaled once, here) and dV of the tile's keys."""
         # Names for variables only: a name given a load (a ragged sequence's registers) would
@@ -397,32 +422,10 @@ def backward_program(
                     # with spills: docs/performance.md).
                     for i, j in T.Parallel(block_n, block_m):
                         ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
-                if own_barriers and with_dq:
-                    gemms_with_own_barriers(
-                        p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
-                        dQ_accum, b, step_head, at_offset(q_offset, step_q_start),
-                    )  # fmt: skip
-                elif operands_in_shared:
-                    T.copy(p_cast, P_shared)
-                    T.copy(ds_cast, dS_shared)
-                    T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                    T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-                else:
-                    T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                    T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-                if with_dq and not own_barriers:
-                    if not operands_in_shared:
-                        T.copy(ds_cast, dS_shared)
-                    add_dq_tile(
-                        dS_shared,
-                        K_shared,
-                        acc_dq,
-                        dQ_shared,
-                        dQ_accum,
-                        b,
-                        step_head,
-                        at_offset(q_offset, step_q_start),
-                    )
+                step_gradients(
+                    p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq,
+                    dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start),
+                )  # fmt: skip
             if with_dq:
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
             tile = KeyTile(b, kv_head, kv_start, k_offset, rule)
