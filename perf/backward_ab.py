@@ -18,11 +18,6 @@ BACKWARD_TILES entry:
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
-  own_barriers     the consumers' syncs placed by hand (`own_barriers=True`): two named
-                   barriers a step around dS's and dQ's shared buffers, where TileLang's planner
-                   places four.
-  gemms_in_flight  that, and dV's GEMM left in flight under dS's store and the barrier, dK's
-                   issued beside dQ's, one wait for the three (`gemms_in_flight=True`).
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -44,7 +39,7 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import backward_program, dq_program, dq_row, pass_configs
+from fa_kernel.backward import backward_program, dq_program, dq_row
 from fa_kernel.backward_preprocess import compiled_preprocess, padded_rows
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import compile_arch
@@ -60,8 +55,6 @@ from perf import ab
 VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
-    "own_barriers": {"own_barriers": True},
-    "gemms_in_flight": {"own_barriers": True, "gemms_in_flight": True},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
@@ -89,8 +82,7 @@ def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
     """The variant's main backward kernel (dK, dV and dQ's accumulator)."""
     block_m, block_n, stages = BACKWARD_TILES[head_dim]
     options = dict(block_m=block_m, block_n=block_n, num_stages=stages) | VARIANTS[name]
-    program = backward_program(head_dim=head_dim, causal=causal, dtype=dtype, **options)
-    return compile_program(program, arch, pass_configs(**options))
+    return compile_program(backward_program(head_dim=head_dim, causal=causal, dtype=dtype, **options), arch)
 
 
 @functools.cache

@@ -309,35 +309,3 @@ def test_ptxas_reports_a_generated_kernels_registers_and_spills(tmp_path):
     script = Path(__file__).resolve().parents[1] / "tools" / "ptxas_report.sh"
     report = subprocess.run([script, source], capture_output=True, text=True, check=True).stdout
     assert re.search(r"Used \d+ registers", report) and "spill stores" in report, report
-
-
-def test_ds_and_dq_pass_through_shared_memory_in_order_where_the_kernel_places_its_barriers():
-    # With own_barriers the dK/dV kernel's consumers meet at two named barriers a step, placed by
-    # hand (TileLang's sync planner off): dS's and dQ's shared buffers are ordered by them alone,
-    # and racecheck sees neither the wgmma's read of dS nor the bulk add's of dQ. Lowered alone.
-    import tvm
-    from tilelang.engine.lower import lower
-    from tools.codegen_rules import dq_staging_gaps
-
-    from fa_kernel.backward import BACKWARD_TILES, backward_program, pass_configs
-
-    block_m, block_n, stages = BACKWARD_TILES[128]
-    options = dict(own_barriers=True, gemms_in_flight=True)
-    program = backward_program(
-        head_dim=128, causal=True, dtype="bfloat16", block_m=block_m, block_n=block_n, num_stages=stages, **options
-    )
-    with tvm.transform.PassContext(opt_level=3, config=pass_configs(**options)), tvm.target.Target(CUDA_SM90A):
-        source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
-    assert dq_staging_gaps(source) == []
-    # The check can fail: without either of the walk's two consumer syncs, it says which order is lost.
-    syncs = list(re.finditer(r"[^\n]*__sync_thread_partial\(\d+, 256\);\n", source))
-    assert len(syncs) == 2, "two consumer syncs a step"
-    without = [source[: sync.start()] + source[sync.end() :] for sync in syncs]
-    assert dq_staging_gaps(without[0]) == [
-        "no consumer sync and proxy fence between dS's write and dQ's wgmma",
-        "no wait for the last bulk add, then a consumer sync, before dQ's write",
-    ]
-    assert dq_staging_gaps(without[1]) == [
-        "no consumer sync between dQ's wgmma and the next step's write of dS",
-        "no consumer sync and proxy fence between dQ's write and its bulk add",
-    ]

@@ -35,7 +35,7 @@ from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility, variant_visibility
 from fa_kernel.scheduler import at_offset, ragged_tile
 from fa_kernel.softmax import capped_score
-from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS, compile_program
+from fa_kernel.toolchain import DTYPES, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
 # Rows of one wgmma (its M): a warpgroup's share of a GEMM's rows is a multiple of it.
@@ -43,9 +43,6 @@ WGMMA_ROWS = 64
 # setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
 # for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
-# The consumer warpgroups' named barrier where the dK/dV kernel places its own (`own_barriers`);
-# TileLang's planner numbers its own from 3, and places none in such a build.
-CONSUMERS_BARRIER = 6
 
 
 def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, block_m: int):
@@ -100,8 +97,6 @@ def backward_program(
     with_dq: bool = True,
     variants: Variants = PLAIN,
     varlen: bool = False,
-    own_barriers: bool = False,
-    gemms_in_flight: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -130,15 +125,7 @@ def backward_program(
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64), the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's.
-
-    `own_barriers` (A/B options, perf/backward_ab.py; compiled with `pass_configs(...)`): the
-    consumers' syncs placed by hand, two named barriers a step around dS's and dQ's shared
-    buffers where TileLang's planner places four (it takes every GEMM's shared operand for an
-    alias of every shared buffer); `gemms_in_flight` then also leaves dV's GEMM in flight under
-    dS's store and the barrier, and dK's beside dQ's, one wait for the three.
     """
-    if gemms_in_flight and not own_barriers:
-        raise ValueError("gemms_in_flight: expected own_barriers=True (its waits are placed by hand)")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
@@ -150,8 +137,6 @@ def backward_program(
     cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
     tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
     operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
-    if own_barriers and operands_in_shared:
-        raise ValueError(f"own_barriers: expected a tile of 64 keys a warpgroup, got block_n={block_n}")
 
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
@@ -205,71 +190,23 @@ def backward_program(
             T.tma_store_arrive()
 
     @T.macro
-    def gemms_with_own_barriers(
-        p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared, dQ_accum,
-        b, head, q_row,
-    ):  # fmt: skip
-        """dV and dK from registers, dQ_tile = dS·K through shared memory, and its bulk add, with
-        two consumer barriers a step. dS_shared is free to write: the previous step's second
-        barrier came after both warpgroups' dQ GEMMs had read it; dQ_shared is once the issuing
-        thread's wait for the previous add precedes the first."""
-        if gemms_in_flight:
-            T.wgmma_gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-        else:
-            T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-        T.copy(ds_cast, dS_shared)
-        T.tma_store_wait(0)
-        T.fence_proxy_async()  # dS's stores, seen by the wgmma (the async proxy)
-        T.sync_threads(CONSUMERS_BARRIER, threads)
-        if gemms_in_flight:
-            T.wgmma_gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-            T.wgmma_gemm(dS_shared, K_shared, acc_dq, transpose_A=True, clear_accum=True)
-            T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_dv, num_regs=block_n * head_dim // threads)
-            T.warpgroup_fence_operand(acc_dk, num_regs=block_n * head_dim // threads)
-            T.warpgroup_fence_operand(acc_dq, num_regs=block_m * head_dim // threads)
-            # A use of Q and dO after the wait: T.Pipelined releases their stage after their last
-            # use, which would otherwise be the GEMMs' issue.
-            T.evaluate(T.address_of(Q_shared[0, 0]))
-            T.evaluate(T.address_of(dO_shared[0, 0]))
-        else:
-            T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-            T.clear(acc_dq)
-            T.gemm(dS_shared, K_shared, acc_dq, transpose_A=True)
-        T.copy(acc_dq, dQ_shared[:, :head_dim])
-        T.fence_proxy_async()  # every writer's stores, seen by the bulk copy
-        T.sync_threads(CONSUMERS_BARRIER, threads)
-        if T.shuffle_elect(threads):
-            T.call_extern(
-                "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_row, 0]),
-                block_m * DQ_ROW * 4,
-            )  # fmt: skip
-            T.tma_store_arrive()
-
-    @T.macro
     def step_gradients(
         p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
         dQ_accum, b, head, q_row,
     ):  # fmt: skip
         """A step's GEMMs after P and dS: dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ's tile added."""
-        if own_barriers and with_dq:
-            gemms_with_own_barriers(
-                p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
-                dQ_accum, b, head, q_row,
-            )  # fmt: skip
+        if operands_in_shared:
+            T.copy(p_cast, P_shared)
+            T.copy(ds_cast, dS_shared)
+            T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+            T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
         else:
-            if operands_in_shared:
-                T.copy(p_cast, P_shared)
+            T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+            T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+        if with_dq:
+            if not operands_in_shared:
                 T.copy(ds_cast, dS_shared)
-                T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-            else:
-                T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-                T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-            if with_dq:
-                if not operands_in_shared:
-                    T.copy(ds_cast, dS_shared)
-                add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
+            add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
 
     @T.macro
     def store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale):
@@ -361,10 +298,6 @@ def backward_program(
             if with_dq and T.get_thread_binding() == 0:
                 for i, j in T.grid(block_m, DQ_ROW - head_dim):
                     dQ_shared[i, head_dim + j] = 0
-                if own_barriers:
-                    T.fence_proxy_async()
-            if with_dq and own_barriers:
-                T.sync_threads()
             # The step's query head and first row as the consumers use them, in registers set once
             # a step: left as expressions (the producer's), their integer divisions recur at every
             # use, in 64 bits in dQ's address, on the path of the thread that issues dQ's add.
@@ -572,12 +505,6 @@ def dq_program(
     return flash_attention_backward_dq
 
 
-def pass_configs(own_barriers: bool = False, **_options) -> dict:
-    """TileLang's pass configs for a gradient build of these options: without its sync planner
-    where the kernel places its own barriers."""
-    return OWN_SYNCS if own_barriers else FAST_MATH
-
-
 def compiled_at_tiles(program, tiles: dict):
     """`program` compiled at its head dim's tile of `tiles` ((block_m, block_n, stages) by head
     dim), cached as the forward is: a function of head_dim, arch and the program's options."""
@@ -586,7 +513,7 @@ def compiled_at_tiles(program, tiles: dict):
     def compiled(*, head_dim: int, arch: str | None = None, **options):
         block_m, block_n, stages = tiles[head_dim]
         kernel = program(head_dim=head_dim, block_m=block_m, block_n=block_n, num_stages=stages, **options)
-        return compile_program(kernel, arch, pass_configs(**options))
+        return compile_program(kernel, arch)
 
     return compiled
 
