@@ -62,6 +62,26 @@ def test_building_for_another_gpu_names_both_of_its_arguments(monkeypatch, capsy
     assert "--arch and --sm-count go together" in capsys.readouterr().err
 
 
+def test_the_gradients_option_builds_the_gradient_kernels_alone(monkeypatch):
+    from fa_kernel.backward import compiled_gradient_kernels
+    from fa_kernel.workbench import builds
+
+    built = {}
+
+    def record(everything, jobs, builder):
+        built.update(everything=everything, builders=builder)
+
+    monkeypatch.setattr(builds, "build_unless_built", record)
+    monkeypatch.setattr(sys, "argv", ["precompile.py", "--gradients", "--arch", "sm_90a", "--sm-count", "132"])
+    precompile.main()
+    everything, builders = precompile.every_build(132, "sm_90a")
+    gradients = [
+        build for build, builder in zip(everything, builders, strict=True) if builder is compiled_gradient_kernels
+    ]
+    assert built["everything"] == gradients and len(gradients) > 40
+    assert built["builders"] == [compiled_gradient_kernels] * len(gradients)
+
+
 class _Unpicklable(Exception):
     """As TileLang's tvm_ffi.Error: it cannot cross from a worker process to the pool, nor can
     the error its pickling raises, so the worker dies (and, unhandled, the pool with it)."""
