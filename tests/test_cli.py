@@ -38,6 +38,9 @@ def test_info_lists_a_config_for_every_case(capsys):
         "(waves of its tiles x seqlen_k) reach 4096;" in text
         and "at most 8 queries, or with GQA from 3072 keys" in text
     )
+    # and the gradient kernels' tiles, from their tables
+    assert "(fa_kernel.backward; tiles by head_dim: d64 128 rows x 128 keys, 2 stage(s), d128 64 rows" in text
+    assert "(one consumer warpgroup per 64 rows: d64 128 rows x 128 keys, 2 stage(s), d128 128 rows" in text
 
 
 @no_gpu

@@ -235,7 +235,7 @@ BACKWARD_TILES = {
     # (64 KB each) would not fit beside K, V and dQ's buffer (FlashAttention-3's tile)
     256: (64, 64, 1),
 }
-# The fixed-order dQ kernel (deterministic=True): a consumer warpgroup a 64 rows (dq_program).
+# The fixed-order dQ kernel (deterministic=True): one consumer warpgroup per 64 rows (dq_program).
 DQ_TILES = {
     # 128 rows on two warpgroups: one's GEMMs run through the other's exponentials (on 64 rows,
     # one warpgroup, the tensor cores idle through them)

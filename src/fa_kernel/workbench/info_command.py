@@ -8,7 +8,7 @@ import platform
 import torch
 
 from fa_kernel import __version__
-from fa_kernel.configs import TUNED, arch_of, grid_bands, split_kv_serves
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, TUNED, arch_of, grid_bands, split_kv_serves
 from fa_kernel.decode import MOST_ROWS as SPLIT_KV_ROWS
 from fa_kernel.decode import SPLIT_TILES
 from fa_kernel.device import device_target
@@ -82,5 +82,17 @@ def run(args) -> int:
         f"{group_rows}; without GQA where the forward kernel's grid, batch x heads at one query, is at most "
         f"{mha_heads} on {sm_count} SMs; where the forward kernel's keys per SM (waves of its tiles x "
         f"seqlen_k) reach {forward_keys}; with at most {queries} queries, or with GQA from {many_queries_keys} keys"
+    )
+
+    def gradient_tiles(tiles: dict) -> str:
+        return ", ".join(
+            f"d{head_dim} {block_m} rows x {block_n} keys, {stages} stage(s)"
+            for head_dim, (block_m, block_n, stages) in sorted(tiles.items())
+        )
+
+    console.print(
+        f"gradients run the dK/dV kernel (fa_kernel.backward; tiles by head_dim: {gradient_tiles(BACKWARD_TILES)}), "
+        f"dQ by bulk reduce-adds; deterministic=True, its dQ by the fixed-order kernel "
+        f"(one consumer warpgroup per 64 rows: {gradient_tiles(DQ_TILES)})"
     )
     return 0
