@@ -409,7 +409,9 @@ def sanitize(session: nox.Session) -> None:
     for tool, shard in ((tool, shard) for tool in tools for shard in range(shards)):
         log = logs / f"{tool}-{shard}.log"
         command = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=1", "--target-processes=all", python]
-        command += ["tests/sanitize_cases.py", "--shard", f"{shard}/{shards}"]
+        # As a module from the root, which puts the root (suite/) on the path: run as a file, it
+        # would have tests/ there instead.
+        command += ["-m", "tests.sanitize_cases", "--shard", f"{shard}/{shards}"]
         with log.open("w") as out:
             running[log] = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     failed = [log for log, process in running.items() if process.wait() != 0]

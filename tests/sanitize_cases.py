@@ -5,7 +5,7 @@ sequences forward and backward, a paged KV cache). Small shapes: the
 sanitizer slows every access by orders of magnitude. Exits non-zero if any result is wrong, so
 a launch that the sanitizer lets through but that computes garbage still fails the session.
 
-    python tests/sanitize_cases.py [--shard I/N] [--kernel NAME ...] [--list]
+    python -m tests.sanitize_cases [--shard I/N] [--kernel NAME ...] [--list]
 
 `--shard I/N` runs every N-th case from the I-th (0-based), so that N sanitizer processes share
 the cases; `--kernel` keeps the cases of the kernels named (`--list` shows the names); `--list`

@@ -3,6 +3,11 @@ overlap, and every kernel family is among them (no GPU needed)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests import sanitize_cases
@@ -27,3 +32,20 @@ def test_each_kernel_family_is_sanitized():
 def test_a_shard_out_of_range_is_refused(text):
     with pytest.raises(ValueError, match="--shard"):
         sanitize_cases.shard(sanitize_cases.cases(), text)
+
+
+def test_the_cases_run_as_nox_runs_them_with_their_helpers_on_the_path():
+    # `nox -s sanitize` runs `python -m tests.sanitize_cases` from the root, the package from src/
+    # alone on PYTHONPATH: the cases' helpers (suite/) must import there. Run as a file, the
+    # script had tests/ on its path instead, and every launch failed on `import suite`.
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    listed = subprocess.run(
+        [sys.executable, "-m", "tests.sanitize_cases", "--list", "--kernel", "paged"],
+        cwd=root, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert listed.returncode == 0 and listed.stdout.count("paged:") == 2, listed.stderr[-2000:]
+    helpers = "import sys, tests.sanitize_cases, suite.launch, suite.ragged; print(sys.path[0] == '')"
+    imported = subprocess.run([sys.executable, "-c", helpers], cwd=root, env=env, capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    assert '"-m", "tests.sanitize_cases"' in (root / "noxfile.py").read_text(), "nox -s sanitize runs the module"
