@@ -31,7 +31,6 @@ A new one enters as an argument of `backward_program`, not as an edit of its tex
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import sys
@@ -39,14 +38,12 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import backward_program, dq_program, dq_row
+from fa_kernel.backward import compiled_backward, compiled_dq, dq_row
 from fa_kernel.backward_preprocess import compiled_preprocess, padded_rows
-from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import random_qkv
 from fa_kernel.reference_backward import judge_backward
-from fa_kernel.toolchain import compile_program
 from fa_kernel.workbench.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
 from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab
@@ -77,20 +74,14 @@ DQ_FLOPS = 1.5
 CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
 
 
-@functools.cache
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
-    """The variant's main backward kernel (dK, dV and dQ's accumulator)."""
-    block_m, block_n, stages = BACKWARD_TILES[head_dim]
-    options = dict(block_m=block_m, block_n=block_n, num_stages=stages) | VARIANTS[name]
-    return compile_program(backward_program(head_dim=head_dim, causal=causal, dtype=dtype, **options), arch)
+    """The variant's main backward kernel (dK, dV and dQ's accumulator), as the package caches it."""
+    return compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **VARIANTS[name])
 
 
-@functools.cache
 def compiled_dq_variant(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
     """The variant's fixed-order dQ kernel."""
-    block_m, block_n, stages = DQ_TILES[head_dim]
-    options = dict(block_m=block_m, block_n=block_n, num_stages=stages) | DQ_VARIANTS[name]
-    return compile_program(dq_program(head_dim=head_dim, causal=causal, dtype=dtype, **options), arch)
+    return compiled_dq(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **DQ_VARIANTS[name])
 
 
 def prepared(case, head_dim: int, causal: bool, dtype: torch.dtype, seed: int = 0):

@@ -507,13 +507,14 @@ def dq_program(
 
 def compiled_at_tiles(program, tiles: dict):
     """`program` compiled at its head dim's tile of `tiles` ((block_m, block_n, stages) by head
-    dim), cached as the forward is: a function of head_dim, arch and the program's options."""
+    dim), cached as the forward is: a function of head_dim, arch and the program's options (an
+    A/B variant's among them may set the tile's own: perf/backward_ab.py)."""
 
     @functools.cache
     def compiled(*, head_dim: int, arch: str | None = None, **options):
         block_m, block_n, stages = tiles[head_dim]
-        kernel = program(head_dim=head_dim, block_m=block_m, block_n=block_n, num_stages=stages, **options)
-        return compile_program(kernel, arch)
+        tile = dict(block_m=block_m, block_n=block_n, num_stages=stages)
+        return compile_program(program(head_dim=head_dim, **(tile | options)), arch)
 
     return compiled
 
