@@ -84,6 +84,16 @@ def test_host_overhead_parses_its_command_line_without_a_gpu():
     assert result.returncode == 0 and "--profile" in result.stdout, result.stderr[-2000:]
 
 
+def test_host_stubbed_times_every_layer_on_the_cpu():
+    # Its stub rewrites interface.py's text: a line it no longer finds must fail here.
+    result = subprocess.run(
+        [sys.executable, "-m", "perf.host_stubbed", "--calls", "20"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for layer in ("no grad forward", "forward, grad", "training call", "backward_into", "SDPA training"):
+        assert f"| {layer} | " in result.stdout, result.stdout
+
+
 def test_variant_cases_count_the_pairs_their_mask_leaves_visible():
     # perf/variants.py's TFLOP/s are counted on visible pairs: the count must be the rule's.
     from perf.variants import Case
