@@ -93,6 +93,16 @@ def guard_region_builds(arch: str, sm_count: int) -> list[dict]:
     ]
 
 
+def gradient_builds(arch: str, head_dims=tuple(BACKWARD_TILES)) -> list[dict]:
+    """compiled_gradient_kernels' arguments for every head dim, causal or not, and dtype."""
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
+        for head_dim in head_dims
+        for causal in (False, True)
+        for dtype in ("float16", "bfloat16")
+    ]
+
+
 def deterministic_builds(arch: str) -> list[dict]:
     """test_backward_kernel: compiled_gradient_kernels' arguments of the deterministic tests' builds."""
     return [

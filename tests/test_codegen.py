@@ -309,3 +309,46 @@ def test_ptxas_reports_a_generated_kernels_registers_and_spills(tmp_path):
     script = Path(__file__).resolve().parents[1] / "tools" / "ptxas_report.sh"
     report = subprocess.run([script, source], capture_output=True, text=True, check=True).stdout
     assert re.search(r"Used \d+ registers", report) and "spill stores" in report, report
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_ds_and_dq_pass_through_shared_memory_in_order_where_the_kernel_places_its_barriers(head_dim):
+    # Where the dK/dV kernel places its consumers' syncs (backward.syncs_by_hand: TileLang's sync
+    # planner off), dS's and dQ's shared buffers are ordered by its two named barriers a step
+    # alone, and racecheck sees neither the wgmma's read of dS nor the bulk add's of dQ. Lowered alone.
+    import tvm
+    from tilelang.engine.lower import lower
+    from tools.codegen_rules import dq_staging_gaps
+
+    from fa_kernel.backward import BACKWARD_TILES, backward_pass_configs, backward_program
+
+    block_m, block_n, stages = BACKWARD_TILES[head_dim]
+    build = dict(block_m=block_m, block_n=block_n, num_stages=stages)
+    program = backward_program(head_dim=head_dim, causal=True, dtype="bfloat16", **build)
+    with tvm.transform.PassContext(opt_level=3, config=backward_pass_configs(**build)), tvm.target.Target(CUDA_SM90A):
+        source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
+    assert dq_staging_gaps(source) == []
+    # The check can fail: without either of the walk's two consumer syncs, it says which order is lost.
+    syncs = list(re.finditer(r"[^\n]*__sync_thread_partial\(\d+, 256\);\n", source))
+    assert len(syncs) == 2, "two consumer syncs a step"
+    without = [source[: sync.start()] + source[sync.end() :] for sync in syncs]
+    assert dq_staging_gaps(without[0]) == [
+        "no consumer sync and proxy fence between dS's write and dQ's wgmma",
+        "no wait for the last bulk add, then a consumer sync, before dQ's write",
+    ]
+    assert dq_staging_gaps(without[1]) == [
+        "no consumer sync between dQ's wgmma and the next step's write of dS",
+        "no consumer sync and proxy fence between dQ's write and its bulk add",
+    ]
+
+
+def test_the_dk_dv_kernel_places_its_own_syncs_only_with_operands_in_registers_and_dq_added():
+    from fa_kernel.backward import BACKWARD_TILES, WGMMA_ROWS, backward_pass_configs, syncs_by_hand
+    from fa_kernel.toolchain import FAST_MATH, OWN_SYNCS
+
+    assert syncs_by_hand(2 * WGMMA_ROWS) and not syncs_by_hand(2 * WGMMA_ROWS - 1)
+    assert not syncs_by_hand(2 * WGMMA_ROWS, with_dq=False) and syncs_by_hand(WGMMA_ROWS, threads=128)
+    for head_dim, (block_m, block_n, stages) in BACKWARD_TILES.items():
+        build = dict(block_m=block_m, block_n=block_n, num_stages=stages)
+        assert backward_pass_configs(**build) == (FAST_MATH if head_dim == 256 else OWN_SYNCS), head_dim
+        assert backward_pass_configs(**build, with_dq=False) == FAST_MATH

@@ -104,3 +104,55 @@ def bulk_source_rewritten_in_flight(source: str) -> list[str]:
                 )
                 break
     return problems
+
+
+def in_order(text: str, *patterns: str) -> bool:
+    """Whether the patterns occur in `text` one after another, in this order."""
+    position = 0
+    for pattern in patterns:
+        found = re.compile(pattern).search(text, position)
+        if found is None:
+            return False
+        position = found.end()
+    return True
+
+
+def dq_staging_gaps(source: str, consumers: int = 256) -> list[str]:
+    """What the dK/dV kernel's generated walk lacks to pass dS and dQ through shared memory, []
+    if nothing, where it places its own barriers (backward.syncs_by_hand).
+
+    dS_shared is written by both consumer warpgroups and read by each one's dQ wgmma; dQ_shared
+    is written by both and read by the bulk reduce-add. Each read needs the writes behind a
+    consumer sync and a proxy fence; each write needs the last step's reads behind a sync (for
+    the bulk add: the issuing thread's wait, then a sync). The walk repeats, so the last step's
+    reads are the loop body's tail before its head. Neither reader is one racecheck sees."""
+    store = re.search(r"tl::tma_store_add\(", source)
+    body = enclosing_loop_body(source, store.start()) if store else None
+    if body is None:
+        return ["dQ's bulk reduce-add inside the walk not found"]
+    loop = source[body[0] : body[1]]
+    element = r"\(\((?:half_t|bfloat16_t)\*\)dS_shared\)"
+    ds_write = re.search(element, loop)
+    ds_operand = re.search(rf"initialize_wgmma_descriptor<[^>]*>\(\w+, \(&\({element}", loop)
+    ds_read = ds_operand and re.compile(r"tl::wgmma_\w+<").search(loop, ds_operand.end())
+    # <1> where dK's GEMM, issued after dQ's, stays in flight under dQ's staging.
+    dq_wait = ds_read and re.compile(r"(?:warpgroup_wait|wait_wgmma)<[01]>").search(loop, ds_read.end())
+    dq_write = dq_wait and re.compile(r"\(\(float\*\)dQ_shared\) \+").search(loop, dq_wait.end())
+    add = re.search(r"tl::tma_store_add\(", loop)
+    if not (ds_write and ds_read and dq_wait and dq_write and add and ds_write.start() < ds_read.start()):
+        return ["dS's write, its wgmma, dQ's write and its bulk add, in that order, not found"]
+    sync, fence = rf"__sync_thread_partial\(\d+, {consumers}\)", r"fence_proxy_async\(\)"
+
+    def synced_and_fenced(text: str) -> bool:
+        return in_order(text, fence, sync) or in_order(text, sync, fence)
+
+    gaps = []
+    if not synced_and_fenced(loop[ds_write.end() : ds_read.start()]):
+        gaps.append("no consumer sync and proxy fence between dS's write and dQ's wgmma")
+    if not in_order(loop[dq_wait.end() :] + loop[: ds_write.start()], sync):
+        gaps.append("no consumer sync between dQ's wgmma and the next step's write of dS")
+    if not synced_and_fenced(loop[dq_write.end() : add.start()]):
+        gaps.append("no consumer sync and proxy fence between dQ's write and its bulk add")
+    if not in_order(loop[add.end() :] + loop[: dq_write.start()], r"tma_store_wait<0", sync):
+        gaps.append("no wait for the last bulk add, then a consumer sync, before dQ's write")
+    return gaps

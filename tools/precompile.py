@@ -100,6 +100,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     would end each on a round of idle cores), then the forward's (builder None)."""
     from suite.builds import (
         deterministic_builds,
+        gradient_builds,
         paged_decode_builds,
         split_kv_test_builds,
         split_kv_variant_builds,
@@ -107,7 +108,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
         varlen_gradient_builds,
     )
 
-    from fa_kernel.backward import compiled_gradient_kernels, gradient_builds
+    from fa_kernel.backward import compiled_gradient_kernels
     from fa_kernel.decode import compiled_decode_kernels
     from fa_kernel.workbench.builds import split_kv_builds, unique
 

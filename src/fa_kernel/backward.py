@@ -30,12 +30,12 @@ import functools
 
 import tilelang.language as T
 
-from fa_kernel.backward_preprocess import PREPROCESS_ROWS, compiled_preprocess, statistics_row
+from fa_kernel.backward_preprocess import PREPROCESS_ROWS, compiled_preprocess, dq_row, statistics_row
 from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.mask import Visibility, variant_visibility
-from fa_kernel.scheduler import at_offset, ragged_tile
+from fa_kernel.scheduler import KeyTile, at_offset, ragged_tile
 from fa_kernel.softmax import capped_score
-from fa_kernel.toolchain import DTYPES, compile_program
+from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS, compile_program
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
 # Rows of one wgmma (its M): a warpgroup's share of a GEMM's rows is a multiple of it.
@@ -43,6 +43,15 @@ WGMMA_ROWS = 64
 # setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
 # for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
+# The consumer warpgroups' named barrier where the dK/dV kernel places its own (syncs_by_hand);
+# TileLang's planner numbers its own from 3, and places none in such a build.
+CONSUMERS_BARRIER = 6
+
+
+def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True) -> bool:
+    """Whether the dK/dV kernel places its consumers' syncs itself, compiled without TileLang's
+    planner: where each warpgroup holds 64 keys (Pᵀ and dSᵀ in registers) and it adds dQ."""
+    return with_dq and block_n >= WGMMA_ROWS * (threads // 128)
 
 
 def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, block_m: int):
@@ -53,28 +62,6 @@ def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, blo
     # As an int: on the bool, TileLang 0.1.15's thread sync fails to lower some non-causal
     # builds (head_dim 64 on 128-row tiles: "a shared-memory sync inside a divergent region").
     return T.if_then_else(needs_mask, 1, 0) == 1
-
-
-def dq_row(head_dim: int) -> int:
-    """The length of a row of dQ's fp32 accumulator, [B, H, padded_rows(Sq), dq_row(D)]: head_dim
-    and 4 floats. A query tile's rows of it are one contiguous run, added from shared memory in
-    one bulk copy, so shared memory holds its exact image; with 4 more floats a row, the rows of a
-    wgmma fragment's column fall on different banks (ncu: 2-way conflicts on its stores, where
-    unpadded rows would give 8-way; 8 floats measured within noise, perf/backward_ab.py)."""
-    return head_dim + 4
-
-
-@dataclasses.dataclass(frozen=True)
-class KeyTile:
-    """A dK/dV block's work tile as its macros read it: batch element, K/V head, first key; for
-    a ragged batch its sequence's first key in the packed rows (None: a batched launch) and rule.
-    (A macro binds a PrimExpr argument to a variable of its own; fields pass through as they are.)"""
-
-    b: object
-    kv_head: object
-    kv_start: object
-    k_offset: object
-    rule: Visibility
 
 
 def gradient_sizes(block_m: int):
@@ -125,6 +112,11 @@ def backward_program(
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64), the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's.
+
+    With the operands in registers and dQ added here, the consumers' syncs are placed by hand
+    (`syncs_by_hand`; compiled without TileLang's sync planner, which takes every GEMM's shared
+    operand for an alias of every shared buffer): two named barriers a step, and dQ's GEMM issued
+    before dK's, whose GEMM runs on under dQ's staging and add, as FlashAttention-3's does.
     """
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
@@ -137,6 +129,7 @@ def backward_program(
     cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
     tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
     operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
+    own_syncs = syncs_by_hand(block_n, threads, with_dq)
 
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
@@ -190,23 +183,65 @@ def backward_program(
             T.tma_store_arrive()
 
     @T.macro
+    def gemms_dq_first(
+        p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared, dQ_accum,
+        b, head, q_row,
+    ):  # fmt: skip
+        """dV and dK from registers, dQ_tile = dS·K through shared memory and its bulk add, two
+        consumer barriers a step: dQ's GEMM first, and dK's left in flight under dQ's staging, its
+        barrier and the add's issue. dS_shared is free to write: the previous step's second
+        barrier came after both warpgroups' dQ GEMMs had read it; dQ_shared is once the issuing
+        thread's wait for the previous add precedes the first barrier."""
+        T.wgmma_gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+        T.copy(ds_cast, dS_shared)
+        T.tma_store_wait(0)
+        T.fence_proxy_async()  # dS's stores, seen by the wgmma (the async proxy)
+        T.sync_threads(CONSUMERS_BARRIER, threads)
+        T.wgmma_gemm(dS_shared, K_shared, acc_dq, transpose_A=True, clear_accum=True)
+        T.wgmma_gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+        T.wait_wgmma(1)  # dV's and dQ's
+        T.warpgroup_fence_operand(acc_dv, num_regs=block_n * head_dim // threads)
+        T.warpgroup_fence_operand(acc_dq, num_regs=block_m * head_dim // threads)
+        # A use after the wait: T.Pipelined releases a stage after its buffers' last use, which
+        # would otherwise be the GEMM's issue.
+        T.evaluate(T.address_of(dO_shared[0, 0]))
+        T.copy(acc_dq, dQ_shared[:, :head_dim])
+        T.fence_proxy_async()  # every writer's stores, seen by the bulk copy
+        T.sync_threads(CONSUMERS_BARRIER, threads)
+        if T.shuffle_elect(threads):
+            T.call_extern(
+                "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_row, 0]),
+                block_m * DQ_ROW * 4,
+            )  # fmt: skip
+            T.tma_store_arrive()
+        T.wait_wgmma(0)  # dK's
+        T.warpgroup_fence_operand(acc_dk, num_regs=block_n * head_dim // threads)
+        T.evaluate(T.address_of(Q_shared[0, 0]))
+
+    @T.macro
     def step_gradients(
         p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
         dQ_accum, b, head, q_row,
     ):  # fmt: skip
         """A step's GEMMs after P and dS: dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ's tile added."""
-        if operands_in_shared:
-            T.copy(p_cast, P_shared)
-            T.copy(ds_cast, dS_shared)
-            T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-            T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+        if own_syncs:
+            gemms_dq_first(
+                p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
+                dQ_accum, b, head, q_row,
+            )  # fmt: skip
         else:
-            T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
-            T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-        if with_dq:
-            if not operands_in_shared:
+            if operands_in_shared:
+                T.copy(p_cast, P_shared)
                 T.copy(ds_cast, dS_shared)
-            add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
+                T.gemm(P_shared, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(dS_shared, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+            else:
+                T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
+            if with_dq:
+                if not operands_in_shared:
+                    T.copy(ds_cast, dS_shared)
+                add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
 
     @T.macro
     def store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale):
@@ -298,6 +333,10 @@ def backward_program(
             if with_dq and T.get_thread_binding() == 0:
                 for i, j in T.grid(block_m, DQ_ROW - head_dim):
                     dQ_shared[i, head_dim + j] = 0
+                if own_syncs:
+                    T.fence_proxy_async()
+            if own_syncs:
+                T.sync_threads()
             # The step's query head and first row as the consumers use them, in registers set once
             # a step: left as expressions (the producer's), their integer divisions recur at every
             # use, in 64 bits in dQ's address, on the path of the thread that issues dQ's add.
@@ -505,22 +544,28 @@ def dq_program(
     return flash_attention_backward_dq
 
 
-def compiled_at_tiles(program, tiles: dict):
+def backward_pass_configs(*, block_n: int, threads: int = 256, with_dq: bool = True, **_build) -> dict:
+    """TileLang's pass configs for a dK/dV build: without its sync planner where the kernel
+    places its own syncs."""
+    return OWN_SYNCS if syncs_by_hand(block_n, threads, with_dq) else FAST_MATH
+
+
+def compiled_at_tiles(program, tiles: dict, pass_configs=lambda **_build: FAST_MATH):
     """`program` compiled at its head dim's tile of `tiles` ((block_m, block_n, stages) by head
-    dim), cached as the forward is: a function of head_dim, arch and the program's options (an
-    A/B variant's among them may set the tile's own: perf/backward_ab.py)."""
+    dim) with `pass_configs(**build)`, cached as the forward is: a function of head_dim, arch and
+    the program's options (an A/B variant's among them may set the tile's own: perf/backward_ab.py)."""
 
     @functools.cache
     def compiled(*, head_dim: int, arch: str | None = None, **options):
         block_m, block_n, stages = tiles[head_dim]
-        tile = dict(block_m=block_m, block_n=block_n, num_stages=stages)
-        return compile_program(program(head_dim=head_dim, **(tile | options)), arch)
+        build = dict(block_m=block_m, block_n=block_n, num_stages=stages) | options
+        return compile_program(program(head_dim=head_dim, **build), arch, pass_configs(**build))
 
     return compiled
 
 
 # The dK/dV kernel (with dQ by bulk adds unless with_dq=False) and the fixed-order dQ kernel.
-compiled_backward = compiled_at_tiles(backward_program, BACKWARD_TILES)
+compiled_backward = compiled_at_tiles(backward_program, BACKWARD_TILES, backward_pass_configs)
 compiled_dq = compiled_at_tiles(dq_program, DQ_TILES)
 
 
@@ -544,12 +589,3 @@ def compiled_gradient_kernels(
         return preprocess, compiled_backward(**arguments), None
     return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)
 
-
-def gradient_builds(arch: str, head_dims=tuple(BACKWARD_TILES)) -> list[dict]:
-    """compiled_gradient_kernels' arguments for every head dim, causal or not, and dtype."""
-    return [
-        dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch)
-        for head_dim in head_dims
-        for causal in (False, True)
-        for dtype in ("float16", "bfloat16")
-    ]

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from fa_kernel.backward import compiled_gradient_kernels, dq_row
-from fa_kernel.backward_preprocess import padded_rows
+from fa_kernel.backward import compiled_gradient_kernels
+from fa_kernel.backward_preprocess import dq_row, padded_rows
 from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
 from fa_kernel.device import device_facts, device_target
@@ -455,7 +455,7 @@ def backward_into(
     kernel_variants = dataclasses.replace(variants, sinks=False)
     scales = (exponent_scale(softmax_scale, softcap), softmax_scale)
     scales += tuple(launch_arguments(kernel_variants, window_size, softcap, softmax_scale, None))
-    # dQ's fp32 sums for the atomic kernel (rows and columns padded: backward.dq_row); a
+    # dQ's fp32 sums for the atomic kernel (rows and columns padded: backward_preprocess.dq_row); a
     # one-element placeholder for the fixed-order dQ's.
     accum_shape = (batch, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
     dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)

@@ -16,6 +16,7 @@ longest K/V walk first (ragged_tile_order), so no thread block is spent past a s
 and the grid's tail is left to the short walks.
 """
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -216,3 +217,16 @@ def _longest_first(sequence, tile, walk) -> torch.Tensor:
     """int32 [tiles, 2] of (sequence, tile), the longest walks first, ties in the order given."""
     order = np.argsort(-walk, kind="stable")
     return torch.from_numpy(np.stack([sequence[order], tile[order]], axis=1).astype(np.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyTile:
+    """A dK/dV block's work tile as its macros read it: batch element, K/V head, first key; for
+    a ragged batch its sequence's first key in the packed rows (None: a batched launch) and rule.
+    (A macro binds a PrimExpr argument to a variable of its own; fields pass through as they are.)"""
+
+    b: object
+    kv_head: object
+    kv_start: object
+    k_offset: object
+    rule: Visibility
