@@ -588,4 +588,3 @@ def compiled_gradient_kernels(
     if not deterministic:
         return preprocess, compiled_backward(**arguments), None
     return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)
-
