@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fa_kernel.backward import BACKWARD_TILES
-from fa_kernel.configs import FALLBACK, SPLIT_TILES, TileConfig, key_ranges
+from fa_kernel.configs import FALLBACK, HEAD_SPLIT_DIMS, SPLIT_TILES, TileConfig, key_ranges
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
 from fa_kernel.kernel import H100_SM_COUNT
 from fa_kernel.variants import PLAIN, Variants
@@ -109,6 +109,19 @@ def deterministic_builds(arch: str) -> list[dict]:
         dict(head_dim=head_dim, causal=causal, dtype="bfloat16", arch=arch, deterministic=True)
         for head_dim in sorted(BACKWARD_TILES)
         for causal in (False, True)
+    ]
+
+
+def head_split_builds(arch: str) -> list[dict]:
+    """compiled_gradient_kernels' arguments of the dK/dV kernel's build that splits a GQA group
+    between blocks: test_backward_kernel's split test (bf16, both dQ kernels) and the property
+    test's draws that take it (both dtypes)."""
+    kinds = (("bfloat16", False), ("bfloat16", True), ("float16", False))
+    return [
+        dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, head_splits=True)
+        for head_dim in HEAD_SPLIT_DIMS
+        for causal in (False, True)
+        for dtype, deterministic in kinds
     ]
 
 

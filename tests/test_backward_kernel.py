@@ -118,6 +118,34 @@ def test_deterministic_gradients_are_the_same_bits_in_every_run(head_dim, causal
             assert torch.equal(before, after), f"run {run}: {name} differs from run 0"
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "fixed_order"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients(head_dim, causal, deterministic):
+    # Few K/V tiles and heads, a long walk: the dK/dV kernel splits each GQA group between blocks
+    # (configs.gradient_head_splits) and the caller sums their fp32 partial dK and dV. Eight
+    # heads on one K/V head over three K/V tiles (the last partial), and a group of three on two
+    # K/V heads over one partial tile; the fixed-order gradient the same bits twice.
+    from fa_kernel.configs import gradient_head_splits
+    from fa_kernel.device import device_target
+
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    sm_count = device_target(torch.device("cuda"))[0]
+    for heads, heads_kv, seqlen_q, seqlen_k in (
+        (8, 1, 8 * block_m + 1, 2 * block_n + 3),
+        (6, 2, 22 * block_m - 1, block_n - 1),
+    ):
+        splits = gradient_head_splits(1, seqlen_q, seqlen_k, heads_kv, heads // heads_kv, head_dim, sm_count)
+        assert splits == heads // heads_kv, f"the case meant to split its group takes {splits} splits"
+        q, k, v = random_qkv(1, seqlen_q, seqlen_k, heads, heads_kv, head_dim, torch.bfloat16, seed=seqlen_k)
+        label = f"{heads}/{heads_kv} heads {seqlen_q}x{seqlen_k}, {splits} splits"
+        assert_gradients_within_the_bound(q, k, v, causal, label, seed=splits, deterministic=deterministic)
+        if deterministic:
+            dout = random_dout(q, 5)
+            first, again = (kernel_gradients(q, k, v, dout, causal, deterministic=True) for _ in range(2))
+            assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), label
+
+
 def test_flash_attn_func_takes_deterministic_through_autograd():
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 300, 400, 4, 2, 64, torch.bfloat16, seed=8))
     dout = random_dout(q, 9)

@@ -11,12 +11,16 @@ import math
 import pytest
 
 from fa_kernel.configs import (
+    BACKWARD_TILES,
     FALLBACK,
     GRID_ROWS,
+    HEAD_SPLIT_DIMS,
+    SPLIT_WALK_STEPS,
     TUNED,
     TUNED_GRIDS,
     TUNED_SHORT,
     TileConfig,
+    gradient_head_splits,
     grid_bands,
     key_ranges,
     select_config,
@@ -146,3 +150,30 @@ def test_split_kv_serves_on_both_sides_of_each_limit(
     batch, seqlen_q, seqlen_k, heads, heads_kv, rows_per_block, sm_count, served
 ):
     assert split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, rows_per_block, sm_count) is served
+
+
+@pytest.mark.parametrize("head_dim", HEAD_SPLIT_DIMS)
+def test_a_gqa_group_is_split_for_a_long_walk_on_a_grid_short_of_a_wave(head_dim):
+    # Both sides of each condition: the walk's length (SPLIT_WALK_STEPS query tiles of the
+    # group), one wave (blocks x splits <= SMs), the splits a divisor of the group.
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    rows_for = SPLIT_WALK_STEPS // 8 * block_m  # 8 heads a group: a walk of SPLIT_WALK_STEPS
+
+    def splits(seqlen_q, key_tiles, group, heads_kv=1, sm_count=132):
+        return gradient_head_splits(1, seqlen_q, key_tiles * block_n, heads_kv, group, head_dim, sm_count)
+
+    assert splits(rows_for, 32, 8) == 4  # 32 blocks: 4 splits fill 128 of 132 SMs
+    assert splits(rows_for - block_m, 32, 8) == 1  # one query tile short of the walk
+    assert splits(rows_for, 33, 8) == 4 and splits(rows_for, 34, 8) == 2  # 132 blocks, then 136
+    assert splits(rows_for, 33, 8, sm_count=131) == 2
+    assert splits(rows_for, 67, 8) == 1  # two splits would pass one wave
+    assert splits(rows_for * 2, 16, 4, heads_kv=2) == 4  # 32 blocks, a group of 4
+    assert splits(rows_for * 8, 2, 1) == 1  # no group to split
+    assert splits(rows_for, 2, 71) == 1 and splits(rows_for, 1, 71) == 71  # a prime group: all or none
+
+
+def test_head_dim_256_keeps_its_group_whole():
+    # Its split build does not lower (backward_program): the rule never asks for it.
+    assert 256 not in HEAD_SPLIT_DIMS and set(HEAD_SPLIT_DIMS) < set(BACKWARD_TILES)
+    assert gradient_head_splits(1, 1 << 14, 64, 1, 8, 256, 132) == 1
+    assert gradient_head_splits(1, 1 << 14, 128, 1, 8, 128, 132) == 8

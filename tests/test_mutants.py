@@ -417,7 +417,7 @@ def test_the_gradient_and_split_kv_suites_test_every_branch_their_triage_builds(
 
     # The tests of each build option's branch: a mutant there survives a suite without them.
     tests_of = {"variants": "tests/test_variants_kernel.py", "varlen": "tests/test_varlen.py"}
-    tests_of["page_size"] = "tests/test_paged.py"
+    tests_of |= {"page_size": "tests/test_paged.py", "head_splits": "tests/test_backward_kernel.py"}
     for target, file in (("backward", "backward.py"), ("decode", "decode.py")):
         taken = {
             option

@@ -101,6 +101,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     from suite.builds import (
         deterministic_builds,
         gradient_builds,
+        head_split_builds,
         paged_decode_builds,
         split_kv_test_builds,
         split_kv_variant_builds,
@@ -113,7 +114,7 @@ def every_build(sm_count: int, arch: str) -> tuple[list[dict], list]:
     from fa_kernel.workbench.builds import split_kv_builds, unique
 
     gradients = gradient_builds(arch) + deterministic_builds(arch) + variant_gradient_builds(arch)
-    gradients += varlen_gradient_builds(arch)
+    gradients += varlen_gradient_builds(arch) + head_split_builds(arch)
     # The split-KV kernels: their own tests' builds, and those flash_attn_func routes decode steps to.
     decodes = split_kv_test_builds(arch) + split_kv_builds(arch) + split_kv_variant_builds(arch)
     decodes = unique(decodes + paged_decode_builds(arch))

@@ -1,26 +1,17 @@
 # mypy: disable-error-code="valid-type,index"
-# (T.Tensor(shape, dtype) annotations are TileLang's kernel signature, not Python types; dQ's
-# buffers are None only where with_dq is False, and then never indexed.)
+# (T.Tensor annotations are TileLang's kernel signature; dQ's buffers are None only without dQ.)
 """The TileLang FlashAttention backward kernels for Hopper, and their compile cache.
 
-FlashAttention-2's backward (its Algorithm 2), as `emulator.attention_backward_tiled`
-specifies it tile by tile:
-
-1. `backward_preprocess.preprocess_program`: per query row, D = rowsum(dO∘O) and LSE₂, the
-   forward's LSE in log2 units.
-2. `backward_program`: one thread block per K/V tile of `block_n` keys and K/V head keeps K
-   and V in shared memory and dK, dV in fp32 registers while it walks, for each query head
-   of its GQA group, the query tiles of `block_m` rows that see any of its keys. Per query
-   tile it recomputes Sᵀ = K·Qᵀ and P from the saved LSE (no softmax, no row state), forms
-   dPᵀ = V·dOᵀ and dSᵀ = Pᵀ∘(dPᵀ − D), adds Pᵀ·dO to dV and dSᵀ·Q to dK, and adds
-   dQ_tile = dS·K into an fp32 dQ accumulator in global memory by a bulk reduce-add.
-   The transposed tiles (keys as rows) let dV and dK take P and dS straight from registers.
-3. The caller scales dQ's accumulator by softmax_scale and casts it (`interface`).
-
-P and dS are the only down-casts, where they enter a GEMM, as in the forward. Keys past
-seqlen_k, query rows past seqlen_q and, causal, keys right of a row's diagonal get P = 0 by a
-select, so a NaN or Inf score of a key a row cannot see never reaches its gradients.
-dK and dV are written once per K/V tile (deterministic); dQ's reduce-adds arrive in any order.
+FlashAttention-2's backward (its Algorithm 2), as `emulator.attention_backward_tiled` specifies
+it tile by tile (docs/design.md walks through it): after `backward_preprocess` (D = rowsum(dO∘O)
+and LSE₂ per query row), `backward_program` runs one thread block per K/V tile and K/V head,
+K and V in shared memory and dK, dV in fp32 registers, over the query tiles of its GQA group's
+heads that see its keys: Sᵀ = K·Qᵀ and P from the saved LSE, dPᵀ = V·dOᵀ, dSᵀ = Pᵀ∘(dPᵀ − D),
+dV += Pᵀ·dO, dK += dSᵀ·Q (keys as rows: P and dS straight from registers), and dQ_tile = dS·K
+bulk-added into an fp32 accumulator the caller scales and casts; `dq_program` sums dQ in a
+fixed order instead (deterministic=True). P and dS are the only down-casts. Hidden keys and rows
+past the ends get P = 0 by a select, so a NaN or Inf score a row cannot see never reaches its
+gradients. dK and dV are written once per K/V tile; dQ's reduce-adds arrive in any order.
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
@@ -48,10 +39,11 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 CONSUMERS_BARRIER = 6
 
 
-def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True) -> bool:
+def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True, head_splits: bool = False) -> bool:
     """Whether the dK/dV kernel places its consumers' syncs itself, compiled without TileLang's
-    planner: where each warpgroup holds 64 keys (Pᵀ and dSᵀ in registers) and it adds dQ."""
-    return with_dq and block_n >= WGMMA_ROWS * (threads // 128)
+    planner: where each warpgroup holds 64 keys (Pᵀ and dSᵀ in registers) and it adds dQ (a
+    build that splits a GQA group keeps the planner's: the two not yet measured together)."""
+    return with_dq and not head_splits and block_n >= WGMMA_ROWS * (threads // 128)
 
 
 def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, block_m: int):
@@ -84,6 +76,7 @@ def backward_program(
     with_dq: bool = True,
     variants: Variants = PLAIN,
     varlen: bool = False,
+    head_splits: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -101,27 +94,35 @@ def backward_program(
 
     `varlen`: a ragged batch, packed, as a batch of one: Q, dO [1, total_q, H, D], K, V, dK, dV
     [1, total_k, Hkv, D], dQ_accum over the packed rows at Delta's length (one dynamic size for
-    both; more than one query tile past the last row: rows past a sequence's end add zeros to
-    it), Delta and LSE₂ each sequence's from its
-    own aligned start (backward_preprocess.statistics_start; rows past its end read the padding's
-    zeros); then cu_seqlens_q, cu_seqlens_k (int32 [B + 1]) and the key tile order (int32
-    [tiles, 2] of (sequence, K/V tile), scheduler.ragged_key_tile_order), the grid's first
-    dimension. Each sequence's keys see only its own rows; a partial last K/V tile stores dK and
-    dV row by row.
+    both; rows past a sequence's end add zeros to it), Delta and LSE₂ each sequence's from its own
+    aligned start (backward_preprocess.statistics_start); then cu_seqlens_q, cu_seqlens_k (int32
+    [B + 1]) and the key tile order (int32 [tiles, 2] of (sequence, K/V tile),
+    scheduler.ragged_key_tile_order), the grid's first dimension. Each sequence's keys see only
+    its own rows; a partial last K/V tile stores dK and dV row by row.
+
+    `head_splits`: a GQA group's query heads split between `splits` blocks of each K/V tile (a
+    divisor of the group, at launch), for a grid of few K/V tiles and heads (MQA, short keys): dK
+    and dV are then fp32 partial sums [splits, B, Sk, Hkv, D], block (tile, kv_head·splits + split)
+    walking its group's heads from split·(group/splits), which the caller sums in a fixed order.
+    Batched launches with P and dS in registers only (head_dim 64 and 128).
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
-    them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64), the warpgroups split
-    Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's.
-
-    With the operands in registers and dQ added here, the consumers' syncs are placed by hand
-    (`syncs_by_hand`; compiled without TileLang's sync planner, which takes every GEMM's shared
-    operand for an alias of every shared buffer): two named barriers a step, and dQ's GEMM issued
-    before dK's, whose GEMM runs on under dQ's staging and add, as FlashAttention-3's does.
+    them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
+    Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's. In
+    registers, with dQ added here, the consumers' syncs are placed by hand (`syncs_by_hand`: two
+    named barriers a step where TileLang's planner, which takes every GEMM's shared operand for an
+    alias of every shared buffer, places four), and dQ's GEMM is issued before dK's, whose GEMM
+    runs on under dQ's staging and add, as FlashAttention-3's does.
     """
+    if head_splits and varlen:
+        raise ValueError("head_splits: expected a batched launch (varlen=False)")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
     accum = T.float32
+    splits = T.dynamic("splits")
+    dk_shape = [splits, batch, seqlen_k, heads_kv, head_dim] if head_splits else [batch, seqlen_k, heads_kv, head_dim]
+    dk_dtype = accum if head_splits else dtype
     DQ_ROW = dq_row(head_dim)
     dq_accum_shape = [batch, heads, seqlen_q_padded, DQ_ROW] if with_dq else [1]
     ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
@@ -129,7 +130,11 @@ def backward_program(
     cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
     tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
     operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
-    own_syncs = syncs_by_hand(block_n, threads, with_dq)
+    if head_splits and operands_in_shared:
+        # Without causal, TileLang 0.1.15's ThreadSync leaves such a build a guarded range of 95
+        # threads ("cannot lower a required shared-memory sync inside a divergent region").
+        raise ValueError(f"head_splits: expected a tile of 64 keys a warpgroup, got block_n={block_n}")
+    own_syncs = syncs_by_hand(block_n, threads, with_dq, head_splits)
 
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
@@ -143,10 +148,9 @@ def backward_program(
     def capped_probabilities_and_ds(
         rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
     ):
-        """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left
-        there), and dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one. q_start is
-        the step's expression, not its register: from the register, head_dim 256 with a left edge
-        alone leaves TileLang's ThreadSync a guarded range of 225 threads (a build that does not lower)."""
+        """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left there),
+        dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one. q_start is the step's
+        expression: its register leaves d256 with a left edge alone a build that does not lower."""
         if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
@@ -174,12 +178,9 @@ def backward_program(
             # image (its pad columns stay 0).
             T.fence_proxy_async()
             T.call_extern(
-                "handle",
-                "tl::tma_store_add",
-                T.address_of(dQ_shared[0, 0]),
-                T.address_of(dQ_accum[b, head, q_row, 0]),
+                "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_row, 0]),
                 block_m * DQ_ROW * 4,
-            )
+            )  # fmt: skip
             T.tma_store_arrive()
 
     @T.macro
@@ -252,8 +253,7 @@ def backward_program(
         for i, j in T.Parallel(block_n, head_dim):
             acc_dk[i, j] = acc_dk[i, j] * softmax_scale
         if varlen:
-            # The sequence's last, partial tile row by row: the rows after it are the next
-            # sequence's keys, whose own block writes them.
+            # A sequence's last, partial tile row by row (the next sequence's block writes on).
             if kv_start + block_n <= tile.rule.seqlen_k:
                 T.copy(acc_dk, dK[b, tile.k_offset + kv_start : tile.k_offset + kv_start + block_n, kv_head, :])
                 T.copy(acc_dv, dV[b, tile.k_offset + kv_start : tile.k_offset + kv_start + block_n, kv_head, :])
@@ -262,6 +262,9 @@ def backward_program(
                     if kv_start + i < tile.rule.seqlen_k:
                         dK[b, tile.k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dk[i, j])
                         dV[b, tile.k_offset + kv_start + i, kv_head, j] = T.Cast(dtype, acc_dv[i, j])
+        elif head_splits:
+            T.copy(acc_dk, dK[tile.split, b, kv_start : kv_start + block_n, kv_head, :])
+            T.copy(acc_dv, dV[tile.split, b, kv_start : kv_start + block_n, kv_head, :])
         else:
             T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
             T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
@@ -275,8 +278,8 @@ def backward_program(
         Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
         LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
         dQ_accum: T.Tensor(dq_accum_shape, accum),
-        dK: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
-        dV: T.Tensor([batch, seqlen_k, heads_kv, head_dim], dtype),
+        dK: T.Tensor(dk_shape, dk_dtype),
+        dV: T.Tensor(dk_shape, dk_dtype),
         scale_log2: T.float32,
         softmax_scale: T.float32,
         window_left: window_left,
@@ -286,8 +289,9 @@ def backward_program(
         CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
         TileOrder: kernel_parameter(tile_order, varlen),
     ):
-        grid = (ragged_tiles, heads_kv, 1) if varlen else (T.ceildiv(seqlen_k, block_n), heads_kv, batch)
-        with T.Kernel(*grid, threads=threads) as (kv_block, kv_head, b):
+        kv_slots = heads_kv * splits if head_splits else heads_kv
+        grid = (ragged_tiles, heads_kv, 1) if varlen else (T.ceildiv(seqlen_k, block_n), kv_slots, batch)
+        with T.Kernel(*grid, threads=threads) as (kv_block, kv_slot, b):
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
@@ -306,6 +310,9 @@ def backward_program(
             acc_dq = T.alloc_fragment([block_m, head_dim], accum) if with_dq else None
 
             group_size = heads // heads_kv
+            kv_head, split, walk_heads = kv_slot, None, group_size
+            if head_splits:
+                kv_head, split, walk_heads = kv_slot // splits, kv_slot % splits, group_size // splits
             kv_tile, rule, sequence, q_offset, k_offset = kv_block, visibility, None, None, None
             if varlen:
                 # The producer writes the sequence's registers, which TileLang's warp
@@ -343,8 +350,10 @@ def backward_program(
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
-            for step in T.Pipelined(group_size * T.max(q_blocks, 0), num_stages=num_stages):
+            for step in T.Pipelined(walk_heads * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks
+                if head_splits:
+                    head = kv_head * group_size + split * walk_heads + step // q_blocks
                 q_tile = step % q_blocks
                 q_start = (first_q_block + q_tile) * block_m
                 q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
@@ -400,7 +409,7 @@ def backward_program(
                 )  # fmt: skip
             if with_dq:
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
-            tile = KeyTile(b, kv_head, kv_start, k_offset, rule)
+            tile = KeyTile(b, kv_head, kv_start, k_offset, rule, split)
             store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale)
 
     return flash_attention_backward
@@ -511,8 +520,7 @@ def dq_program(
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 T.clear(acc_dp)
                 T.gemm(dO_shared, V_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                # The keys a row cannot see get P = 0 by a select, where the tile holds any, as in
-                # the dK/dV kernel.
+                # P = 0 by a select at the keys a row cannot see, where the tile holds any.
                 if variants.softcap:
                     # The capped scores t, and the cap's slope 1 − t² on dS.
                     for i, j in T.Parallel(block_m, block_n):
@@ -533,8 +541,7 @@ def dq_program(
             for i, d in T.Parallel(block_m, head_dim):
                 acc_dq[i, d] = acc_dq[i, d] * softmax_scale
             if varlen and q_start + block_m > rule.seqlen_q:
-                # The sequence's last, partial tile row by row: the rows after it are the next
-                # sequence's, whose own block writes them.
+                # A sequence's last, partial tile row by row (the next sequence's block writes on).
                 for i, d in T.Parallel(block_m, head_dim):
                     if q_start + i < rule.seqlen_q:
                         dQ[b, q_row + i, head, d] = T.Cast(dtype, acc_dq[i, d])
@@ -544,10 +551,10 @@ def dq_program(
     return flash_attention_backward_dq
 
 
-def backward_pass_configs(*, block_n: int, threads: int = 256, with_dq: bool = True, **_build) -> dict:
+def backward_pass_configs(*, block_n, threads=256, with_dq=True, head_splits=False, **_build) -> dict:
     """TileLang's pass configs for a dK/dV build: without its sync planner where the kernel
     places its own syncs."""
-    return OWN_SYNCS if syncs_by_hand(block_n, threads, with_dq) else FAST_MATH
+    return OWN_SYNCS if syncs_by_hand(block_n, threads, with_dq, head_splits) else FAST_MATH
 
 
 def compiled_at_tiles(program, tiles: dict, pass_configs=lambda **_build: FAST_MATH):
@@ -578,13 +585,15 @@ def compiled_gradient_kernels(
     deterministic: bool = False,
     variants: Variants = PLAIN,
     varlen: bool = False,
+    head_splits: bool = False,
 ) -> tuple:
     """(preprocess, backward, dq): the kernels a gradient launches (a module-level builder, for
     `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
-    fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ).
-    `varlen`: their ragged-batch builds."""
+    fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ);
+    `varlen` and `head_splits` as backward_program takes them."""
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch, varlen=varlen)
     arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=varlen)
+    splits = dict(head_splits=True) if head_splits else {}
     if not deterministic:
-        return preprocess, compiled_backward(**arguments), None
-    return preprocess, compiled_backward(**arguments, with_dq=False), compiled_dq(**arguments)
+        return preprocess, compiled_backward(**arguments, **splits), None
+    return preprocess, compiled_backward(**arguments, **splits, with_dq=False), compiled_dq(**arguments)

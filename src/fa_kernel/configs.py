@@ -246,6 +246,31 @@ DQ_TILES = {
 }
 
 
+# Query tiles (over the whole GQA group) a dK/dV block must walk before splitting its group pays:
+# a step takes about 3 µs at head_dim 128 (docs/performance.md), and the split's partial sums
+# cost four launches more (two sums, two casts), about 20 µs: 64 steps leave a wide margin.
+SPLIT_WALK_STEPS = 64
+# The head dims whose dK/dV kernel keeps P and dS in registers; head_dim 256's split build does not
+# lower in TileLang 0.1.15 (backward_program).
+HEAD_SPLIT_DIMS = (64, 128)
+
+
+def gradient_head_splits(
+    batch: int, seqlen_q: int, seqlen_k: int, heads_kv: int, group_size: int, head_dim: int, sm_count: int
+) -> int:
+    """Into how many blocks the dK/dV kernel splits each K/V tile's GQA group of query heads: the
+    largest divisor of the group that keeps the grid to one wave of `sm_count` blocks, where a
+    block's walk is SPLIT_WALK_STEPS query tiles or more; else 1 (the K/V tiles and heads fill the
+    SMs already, or the walk is too short to pay for the partial sums). An MQA gradient over 4k
+    keys otherwise runs 32 blocks on 132 SMs (backward_program's `head_splits`)."""
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    if head_dim not in HEAD_SPLIT_DIMS or -(-seqlen_q // block_m) * group_size < SPLIT_WALK_STEPS:
+        return 1
+    blocks = -(-seqlen_k // block_n) * heads_kv * batch
+    fitting = [d for d in range(1, group_size + 1) if group_size % d == 0 and blocks * d <= sm_count]
+    return max(fitting, default=1)
+
+
 # ---- the split-KV kernels (decode.py) ----
 
 

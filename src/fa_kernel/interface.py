@@ -23,7 +23,7 @@ import torch
 
 from fa_kernel.backward import compiled_gradient_kernels
 from fa_kernel.backward_preprocess import dq_row, padded_rows
-from fa_kernel.configs import TileConfig, arch_of, select_config, tiles_per_sm
+from fa_kernel.configs import TileConfig, arch_of, gradient_head_splits, select_config, tiles_per_sm
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
 from fa_kernel.device import device_facts, device_target
 from fa_kernel.kernel import compiled_forward
@@ -447,9 +447,18 @@ def backward_into(
     delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
     variants = Variants.of(causal, window_size, softcap, sinks)
+    _, seqlen_k, nheads_kv, _ = k.shape
+    group_size, sm_count = nheads // nheads_kv, device_target(q.device)[0]
+    splits = gradient_head_splits(batch, seqlen_q, seqlen_k, nheads_kv, group_size, head_dim, sm_count)
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
-        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants
-    )
+        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants,
+        head_splits=splits > 1,
+    )  # fmt: skip
+    # A GQA group split between blocks: each block's dK and dV are fp32 partial sums, summed here
+    # over the splits in a fixed order (backward_program's head_splits).
+    dk_part, dv_part = dk, dv
+    if splits > 1:
+        dk_part, dv_part = (torch.empty((splits, *k.shape), dtype=torch.float32, device=q.device) for _ in range(2))
     # The sinks are in the LSE already (P is right as it is): the kernels take the window and the
     # cap, and dsinks comes from Delta and the LSE here.
     kernel_variants = dataclasses.replace(variants, sinks=False)
@@ -464,7 +473,10 @@ def backward_into(
         if grad_lse is not None:
             # d LSE_i / d S_ij = P_ij: an upstream gradient of the LSE joins dS = P∘(dP − D) as −D.
             delta[:, :, :seqlen_q] -= grad_lse
-        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, *scales)
+        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk_part, dv_part, *scales)
+        if splits > 1:
+            dk.copy_(dk_part.sum(dim=0))
+            dv.copy_(dv_part.sum(dim=0))
         if dq_kernel is not None:
             dq_kernel(q, k, v, dout, delta, lse_log2, dq, *scales)
         else:

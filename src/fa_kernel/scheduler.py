@@ -230,3 +230,4 @@ class KeyTile:
     kv_start: object
     k_offset: object
     rule: Visibility
+    split: object = None  # the block's share of the group's query heads (head_splits), or None

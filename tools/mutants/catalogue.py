@@ -68,6 +68,7 @@ PAGED = ("tests/test_paged.py",)
 WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_tiles_their_rows_see",)
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
 DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
+HEAD_SPLITS = ("tests/test_backward_kernel.py::test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients",)
 DETERMINISTIC_RUNS = ("tests/test_backward_kernel.py::test_deterministic_gradients_are_the_same_bits_in_every_run",)
 DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
 ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels",)
@@ -665,6 +666,24 @@ KERNEL_MUTANTS = [
         first=BACKWARD_SWEEP,
     ),
     Mutant(
+        # A split block walks the group's first heads, not its own share: the other heads' keys
+        # get no gradient from them, and the first heads' count several times.
+        "head_split_walks_the_first_heads",
+        "backward.py",
+        "head = kv_head * group_size + split * walk_heads + step // q_blocks",
+        "head = kv_head * group_size + step // q_blocks",
+        within="backward_program",
+        first=HEAD_SPLITS,
+    ),
+    Mutant(
+        # The caller sums only the first split's partial dK and dV.
+        "head_split_partials_not_summed",
+        "interface.py",
+        "dk.copy_(dk_part.sum(dim=0))",
+        "dk.copy_(dk_part[0])",
+        first=HEAD_SPLITS,
+    ),
+    Mutant(
         "backward_dk_without_scale",
         "backward.py",
         "acc_dk[i, j] = acc_dk[i, j] * softmax_scale",
@@ -710,10 +729,10 @@ KERNEL_MUTANTS = [
         # reduce-adds land in): only the repeated runs can tell.
         "deterministic_served_by_atomics",
         "interface.py",
-        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, "
-        "deterministic=deterministic, variants=variants)",
-        "compiled_gradient_kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=False, "
-        "variants=variants)",
+        "compiled_gradient_kernels(\n        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch,"
+        " deterministic=deterministic, variants=variants,\n        head_splits=splits > 1,\n    )",
+        "compiled_gradient_kernels(\n        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch,"
+        " deterministic=False, variants=variants,\n        head_splits=splits > 1,\n    )",
         first=DETERMINISTIC_RUNS,
     ),
     # ---- flash_attn_func's route to the split-KV kernels (interface.py): the routing tests

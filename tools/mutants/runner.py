@@ -279,9 +279,9 @@ if file == "kernel.py":
         if build_id(build) in wanted:
             compiled_forward(**build, arch="sm_90a")
 elif file in ("backward.py", "backward_preprocess.py"):
-    from suite.builds import deterministic_builds, gradient_builds
+    from suite.builds import deterministic_builds, gradient_builds, head_split_builds
     from fa_kernel.backward import compiled_gradient_kernels
-    for build in gradient_builds("sm_90a") + deterministic_builds("sm_90a"):
+    for build in gradient_builds("sm_90a") + deterministic_builds("sm_90a") + head_split_builds("sm_90a"):
         compiled_gradient_kernels(**build)
 else:
     from suite.builds import split_kv_test_builds

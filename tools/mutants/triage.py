@@ -62,10 +62,11 @@ def program_builds(file: str) -> list[dict]:
         ]
     if file == "backward.py":
         from fa_kernel.backward import BACKWARD_TILES
+        from fa_kernel.configs import HEAD_SPLIT_DIMS
 
         def kinds(causal: bool) -> list[dict]:
             # A window's edges without the cap (the select's branch), the cap with them (its own
-            # branch), each batched and ragged; the plain kernel both ways.
+            # branch), each batched and ragged; the plain kernel both ways, and split between blocks.
             window = Variants(window_left=True, window_right=not causal)
             capped = Variants(window_left=True, window_right=not causal, softcap=True)
             kinds = (Variants(), window, capped)
@@ -76,7 +77,7 @@ def program_builds(file: str) -> list[dict]:
             for head_dim in sorted(BACKWARD_TILES)
             for causal in (False, True)
             for deterministic in (False, True)
-            for kind in kinds(causal)
+            for kind in [*kinds(causal), *([dict(head_splits=True)] if head_dim in HEAD_SPLIT_DIMS else [])]
         ]
     from fa_kernel.decode import SPLIT_TILES
 
