@@ -38,7 +38,8 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import compiled_backward, compiled_dq
+from fa_kernel.backward import compiled_backward
+from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, padded_rows
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E

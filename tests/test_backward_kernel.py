@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from suite.strategies import cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import BACKWARD_TILES, DQ_TILES
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import backward_into
 from fa_kernel.reference import random_qkv
 from fa_kernel.reference_backward import judge_backward

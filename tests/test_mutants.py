@@ -389,9 +389,10 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     from tools.ast_mutants import generate
 
     forward = generate()
-    others = {"backward.py", "backward_preprocess.py", "decode.py"}
+    others = {"backward.py", "backward_dq.py", "backward_preprocess.py", "decode.py"}
     assert {m.file for m in forward}.isdisjoint(others)  # the forward's campaign as it was
-    for target, files in (("backward", ("backward.py", "backward_preprocess.py")), ("decode", ("decode.py",))):
+    gradient = ("backward.py", "backward_dq.py", "backward_preprocess.py")
+    for target, files in (("backward", gradient), ("decode", ("decode.py",))):
         generated = generate(files=triage.GENERATED_FILES[target])
         assert {m.file for m in generated} == set(files)
         for mutant in {m.file: m for m in generated}.values():  # one of each file
@@ -418,7 +419,7 @@ def test_the_gradient_and_split_kv_suites_test_every_branch_their_triage_builds(
     # The tests of each build option's branch: a mutant there survives a suite without them.
     tests_of = {"variants": "tests/test_variants_kernel.py", "varlen": "tests/test_varlen.py"}
     tests_of |= {"page_size": "tests/test_paged.py", "head_splits": "tests/test_backward_kernel.py"}
-    for target, file in (("backward", "backward.py"), ("decode", "decode.py")):
+    for target, file in (("backward", "backward.py"), ("backward", "backward_dq.py"), ("decode", "decode.py")):
         taken = {
             option
             for build in triage.program_builds(file)
@@ -455,10 +456,12 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
         return dataclasses.replace(generated[0], id=f"{generated[0].file}-{function}", function=function, **fields)
 
     backward = generate(files=("backward.py",))
+    dq = generate(files=("backward_dq.py",))
     decode = generate(files=("decode.py",))
     picked = [
         # A comment of the kernel's body reworded: another text, the same PrimFuncs.
         rewritten(backward, "comment", "# One walk over (query head of the group, query tile)", "# The walk"),
+        rewritten(dq, "comment", "# P = 0 by a select at the keys a row cannot see", "# Selected"),
         # Delta's padding taken as no multiple of block_m: building the gradient kernels raises.
         rewritten(backward, "gradient_sizes", "if PREPROCESS_ROWS % block_m:", "if (PREPROCESS_ROWS + 1) % block_m:"),
         # Host-side: the same PrimFuncs, another split plan at launch. Left to run.
@@ -474,12 +477,12 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
     ]
     cache = tmp_path / "triage.json"
     verdicts = triage.triage_programs(picked, jobs=1, cache=cache)
-    assert verdicts[picked[0].id][0] == "equivalent"
-    assert verdicts[picked[1].id][0] == "killed"
-    assert picked[2].id not in verdicts and picked[3].id not in verdicts
+    assert verdicts[picked[0].id][0] == "equivalent" and verdicts[picked[1].id][0] == "equivalent"
+    assert verdicts[picked[2].id][0] == "killed"
+    assert picked[3].id not in verdicts and picked[4].id not in verdicts
     # The unmutated files built every program: an error in all of them would read as equivalent.
     stored = json.loads(cache.read_text())
-    for file in ("backward.py", "decode.py"):
+    for file in ("backward.py", "backward_dq.py", "decode.py"):
         context = hashlib.sha256(f"{file} {triage.program_builds(file)!r}".encode()).hexdigest()
         original = stored[triage.short_digest(f"{context}\n{(mutants.PACKAGE / file).read_text()}")]
         assert original and not [digest for digest in original if digest.startswith("error")], file

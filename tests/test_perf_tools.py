@@ -27,15 +27,15 @@ def assert_runs_from_the_root(code: str) -> None:
 def test_every_backward_variant_is_a_build_option_of_its_kernel():
     assert_runs_from_the_root(
         "from perf import backward_ab\n"
-        "from fa_kernel import backward\n"
+        "from fa_kernel import backward, backward_dq\n"
         "for arguments in backward_ab.VARIANTS.values():\n"
         "    block_m, block_n, stages = backward.BACKWARD_TILES[64]\n"
         "    tile = dict(block_m=block_m, block_n=block_n, num_stages=stages)\n"
         "    backward.backward_program(head_dim=64, causal=True, dtype='float16', **(tile | arguments))\n"
         "for arguments in backward_ab.DQ_VARIANTS.values():\n"
-        "    block_m, block_n, stages = backward.DQ_TILES[64]\n"
+        "    block_m, block_n, stages = backward_dq.DQ_TILES[64]\n"
         "    tile = dict(block_m=block_m, block_n=block_n, num_stages=stages)\n"
-        "    backward.dq_program(head_dim=64, causal=True, dtype='float16', **(tile | arguments))\n"
+        "    backward_dq.dq_program(head_dim=64, causal=True, dtype='float16', **(tile | arguments))\n"
     )
 
 

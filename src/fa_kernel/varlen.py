@@ -22,8 +22,9 @@ import weakref
 
 import torch
 
-from fa_kernel.backward import BACKWARD_TILES, DQ_TILES, compiled_gradient_kernels
+from fa_kernel.backward import compiled_gradient_kernels
 from fa_kernel.backward_preprocess import PREPROCESS_ROWS, dq_row, statistics_index, statistics_rows
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
 from fa_kernel.interface import check_deterministic, check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E

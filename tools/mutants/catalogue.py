@@ -88,6 +88,7 @@ ROWS_WITHOUT_KEYS = _rows_without_keys()
 # directly): the GPU tests of the launch (empty inputs, one key, strided inputs) first.
 FIRST_BY_FILE = {
     "backward.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
+    "backward_dq.py": DETERMINISTIC_SWEEP,
     "backward_preprocess.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
     "decode.py": DECODE,
     "interface.py": (
@@ -468,7 +469,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # The fixed-order dQ's walk starts a K/V tile late.
         "dq_window_walk_a_tile_late",
-        "backward.py",
+        "backward_dq.py",
         "kv_first = T.max(0, rule.first_key(q_start)) // block_n",
         "kv_first = T.max(0, rule.first_key(q_start)) // block_n + 1",
         first=BACKWARD_VARIANTS,
@@ -476,7 +477,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # dS without the cap's slope 1 − t², in the fixed-order dQ kernel.
         "dq_softcap_slope_dropped",
-        "backward.py",
+        "backward_dq.py",
         "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i]) * (1 - t * t)",
         "ds_cast[i, j] = p * (acc_dp[i, j] - delta[i])",
         first=BACKWARD_VARIANTS,
@@ -581,7 +582,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # The fixed-order dQ's query tiles read them there too.
         "varlen_dq_statistics_rows_unpadded",
-        "backward.py",
+        "backward_dq.py",
         "first = statistics_row(q_start, q_offset, sequence)",
         "first = at_offset(q_offset, q_start)",
         within="dq_program",
@@ -598,7 +599,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # The fixed-order dQ's query tiles read and written from the packed rows' start.
         "varlen_dq_rows_without_offset",
-        "backward.py",
+        "backward_dq.py",
         "at_offset(q_offset, q_start)",
         "q_start",
         within="dq_program",
@@ -607,7 +608,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # The fixed-order dQ's partial last query tile stored whole: the next sequence's first rows overwritten.
         "varlen_dq_partial_query_tile_stored_whole",
-        "backward.py",
+        "backward_dq.py",
         "varlen and q_start + block_m > rule.seqlen_q",
         "varlen and q_start >= rule.seqlen_q",
         first=VARLEN,
@@ -714,11 +715,11 @@ KERNEL_MUTANTS = [
         "_saved_gradients(ctx, grad_out, None, _gradients)",
         first=("tests/test_backward_kernel.py::test_lse_gradient",),
     ),
-    # ---- the deterministic dQ (backward.py's dq_program)
+    # ---- the deterministic dQ (backward_dq.py)
     Mutant(
         # The walk stops one K/V tile before the last its rows see.
         "deterministic_dq_last_tile_dropped",
-        "backward.py",
+        "backward_dq.py",
         "T.ceildiv(rule.keys_before(q_start + block_m), block_n)",
         "T.ceildiv(rule.keys_before(q_start + block_m), block_n) - 1",
         within="dq_program",

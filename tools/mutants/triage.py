@@ -28,7 +28,7 @@ from tools.mutants import PACKAGE, ROOT
 GENERATED_FILES = {
     "kernel": None,  # ast_mutants.FILES: the forward kernel, its launch, dispatch and constants
     "emulator": ("emulator.py",),
-    "backward": ("backward.py", "backward_preprocess.py"),
+    "backward": ("backward.py", "backward_dq.py", "backward_preprocess.py"),
     "decode": ("decode.py",),
 }
 GPU_TARGETS = ("kernel", "backward", "decode")
@@ -37,6 +37,7 @@ GPU_TARGETS = ("kernel", "backward", "decode")
 # element type, which no operator mutates).
 PROGRAM_BUILDERS = {
     "backward.py": "compiled_gradient_kernels",
+    "backward_dq.py": "compiled_dq",
     "backward_preprocess.py": "compiled_preprocess",
     "decode.py": "compiled_decode_kernels",
 }
@@ -60,9 +61,8 @@ def program_builds(file: str) -> list[dict]:
             for head_dim in sorted(BACKWARD_TILES)
             for varlen in (False, True)
         ]
-    if file == "backward.py":
-        from fa_kernel.backward import BACKWARD_TILES
-        from fa_kernel.configs import HEAD_SPLIT_DIMS
+    if file in ("backward.py", "backward_dq.py"):
+        from fa_kernel.configs import BACKWARD_TILES, HEAD_SPLIT_DIMS
 
         def kinds(causal: bool) -> list[dict]:
             # A window's edges without the cap (the select's branch), the cap with them (its own
@@ -72,6 +72,13 @@ def program_builds(file: str) -> list[dict]:
             kinds = (Variants(), window, capped)
             return [dict(variants=kind, varlen=ragged) for kind in kinds for ragged in (False, True)]
 
+        if file == "backward_dq.py":  # the fixed-order dQ kernel's builder, compiled_dq
+            return [
+                dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", **kind)
+                for head_dim in sorted(BACKWARD_TILES)
+                for causal in (False, True)
+                for kind in kinds(causal)
+            ]
         return [
             dict(head_dim=head_dim, causal=causal, dtype="float16", arch="sm_90a", deterministic=deterministic, **kind)
             for head_dim in sorted(BACKWARD_TILES)
@@ -98,17 +105,19 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
     build's builder compiles, with `file`'s text replaced by `source`, read by standing in for the
     module's `compile_program`; 'error: ...' where building a program raises."""
     digests = []
-    from fa_kernel import backward_preprocess
+    from fa_kernel import backward, backward_dq, backward_preprocess
     from fa_kernel.toolchain import FAST_MATH
 
     def script(program, arch, pass_configs=FAST_MATH):
         return program.script(show_meta=True) + repr(pass_configs)
 
-    # The gradient's builder compiles its preprocess from the preprocess's own module: read there
-    # too (compiled, it would be a kernel, not a script).
-    compiled_preprocess = backward_preprocess.compile_program
-    backward_preprocess.compile_program = script
-    backward_preprocess.compiled_preprocess.cache_clear()
+    # The gradient's builder compiles its preprocess, and its fixed-order dQ kernel, from the
+    # package's own modules (backward_dq through backward's compile cache): read there too
+    # (compiled, they would be kernels, not scripts).
+    compiled = backward_preprocess.compile_program, backward.compile_program
+    backward_preprocess.compile_program = backward.compile_program = script
+    for cache in (backward_preprocess.compiled_preprocess, backward_dq.compiled_dq):
+        cache.cache_clear()
     try:
         with _kernel_module(source) as module:
             # The kernels' one compile call (fa_kernel.toolchain), as the module imported it.
@@ -124,8 +133,9 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
     except Exception as error:  # the mutated module itself does not import
         digests = [f"error: {type(error).__name__}: {error}"]
     finally:
-        backward_preprocess.compile_program = compiled_preprocess
-        backward_preprocess.compiled_preprocess.cache_clear()
+        backward_preprocess.compile_program, backward.compile_program = compiled
+        for cache in (backward_preprocess.compiled_preprocess, backward_dq.compiled_dq):
+            cache.cache_clear()
     return digests
 
 
