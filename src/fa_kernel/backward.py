@@ -39,11 +39,27 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 CONSUMERS_BARRIER = 6
 
 
+def operands_in_registers(block_n: int, threads: int = 256) -> bool:
+    """Whether Pᵀ and dSᵀ enter the dK/dV kernel's dV and dK GEMMs from registers: each consumer
+    warpgroup holds whole rows of them (64 keys a warpgroup); else through shared memory."""
+    return block_n >= WGMMA_ROWS * (threads // 128)
+
+
 def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True, head_splits: bool = False) -> bool:
     """Whether the dK/dV kernel places its consumers' syncs itself, compiled without TileLang's
-    planner: where each warpgroup holds 64 keys (Pᵀ and dSᵀ in registers) and it adds dQ (a
-    build that splits a GQA group keeps the planner's: the two not yet measured together)."""
-    return with_dq and not head_splits and block_n >= WGMMA_ROWS * (threads // 128)
+    planner: with the operands in registers where it adds dQ (a build that splits a GQA group
+    keeps the planner's: the two not yet measured together)."""
+    return with_dq and not head_splits and operands_in_registers(block_n, threads)
+
+
+def ragged_parameters(varlen: bool) -> tuple:
+    """(ragged_tiles, cu_seqlens_q, cu_seqlens_k, tile_order): a ragged launch's tile count (its
+    grid's first dimension) and the annotations of its int32 parameters, None in a batched launch
+    (two annotations for the two cu_seqlens: two buffers)."""
+    ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
+    if not varlen:
+        return ragged_tiles, None, None, None
+    return ragged_tiles, T.Tensor([cu_len], T.int32), T.Tensor([cu_len], T.int32), T.Tensor([ragged_tiles, 2], T.int32)
 
 
 def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, block_m: int):
@@ -125,11 +141,8 @@ def backward_program(
     dk_dtype = accum if head_splits else dtype
     DQ_ROW = dq_row(head_dim)
     dq_accum_shape = [batch, heads, seqlen_q_padded, DQ_ROW] if with_dq else [1]
-    ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
-    cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
-    cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
-    tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
-    operands_in_shared = block_n < WGMMA_ROWS * (threads // 128)
+    ragged_tiles, cu_seqlens_q, cu_seqlens_k, tile_order = ragged_parameters(varlen)
+    operands_in_shared = not operands_in_registers(block_n, threads)
     if head_splits and operands_in_shared:
         # Without causal, TileLang 0.1.15's ThreadSync leaves such a build a guarded range of 95
         # threads ("cannot lower a required shared-memory sync inside a divergent region").
@@ -164,6 +177,15 @@ def backward_program(
                 ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
 
     @T.macro
+    def issue_dq_add(dQ_shared, dQ_accum, b, head, q_row):
+        """The elected thread's bulk reduce-add of dQ_shared's image into dQ_accum's rows from q_row."""
+        T.call_extern(
+            "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_row, 0]),
+            block_m * DQ_ROW * 4,
+        )  # fmt: skip
+        T.tma_store_arrive()
+
+    @T.macro
     def add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row):
         """dQ_tile = dS·K, added to dQ_accum's rows from q_row by one bulk reduce-add."""
         T.clear(acc_dq)
@@ -177,11 +199,7 @@ def backward_program(
             # dQ_accum's rows are contiguous, so a query tile is one bulk add of dQ_shared's
             # image (its pad columns stay 0).
             T.fence_proxy_async()
-            T.call_extern(
-                "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_row, 0]),
-                block_m * DQ_ROW * 4,
-            )  # fmt: skip
-            T.tma_store_arrive()
+            issue_dq_add(dQ_shared, dQ_accum, b, head, q_row)
 
     @T.macro
     def gemms_dq_first(
@@ -210,11 +228,7 @@ def backward_program(
         T.fence_proxy_async()  # every writer's stores, seen by the bulk copy
         T.sync_threads(CONSUMERS_BARRIER, threads)
         if T.shuffle_elect(threads):
-            T.call_extern(
-                "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]), T.address_of(dQ_accum[b, head, q_row, 0]),
-                block_m * DQ_ROW * 4,
-            )  # fmt: skip
-            T.tma_store_arrive()
+            issue_dq_add(dQ_shared, dQ_accum, b, head, q_row)
         T.wait_wgmma(0)  # dK's
         T.warpgroup_fence_operand(acc_dk, num_regs=block_n * head_dim // threads)
         T.evaluate(T.address_of(Q_shared[0, 0]))

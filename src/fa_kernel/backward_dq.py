@@ -15,7 +15,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from fa_kernel.backward import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, tile_needs_mask
+from fa_kernel.backward import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
 from fa_kernel.backward_preprocess import statistics_row
 from fa_kernel.configs import DQ_TILES
 from fa_kernel.mask import variant_visibility
@@ -59,10 +59,7 @@ def dq_program(
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
     accum = T.float32
-    ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
-    cu_seqlens_q = T.Tensor([cu_len], T.int32) if varlen else None
-    cu_seqlens_k = T.Tensor([cu_len], T.int32) if varlen else None  # two annotations: two buffers
-    tile_order = T.Tensor([ragged_tiles, 2], T.int32) if varlen else None
+    ragged_tiles, cu_seqlens_q, cu_seqlens_k, tile_order = ragged_parameters(varlen)
 
     @T.prim_func
     def flash_attention_backward_dq(

@@ -28,9 +28,6 @@ def padded_rows(seqlen_q: int) -> int:
     return -(-seqlen_q // PREPROCESS_ROWS) * PREPROCESS_ROWS
 
 
-# A ragged batch's Delta and LSE₂ hold each sequence's rows from a start of its own, a multiple
-# of PREPROCESS_ROWS (FlashAttention-3's padded offsets): every query tile's TMA box then starts
-# aligned, and its rows are read as in a batched launch (in pairs, not one float at a time).
 def dq_row(head_dim: int) -> int:
     """The length of a row of dQ's fp32 accumulator, [B, H, padded_rows(Sq), dq_row(D)]: head_dim
     and 4 floats. A query tile's rows of it are one contiguous run, added from shared memory in
@@ -40,6 +37,9 @@ def dq_row(head_dim: int) -> int:
     return head_dim + 4
 
 
+# A ragged batch's Delta and LSE₂ hold each sequence's rows from a start of its own, a multiple
+# of PREPROCESS_ROWS (FlashAttention-3's padded offsets): every query tile's TMA box then starts
+# aligned, and its rows are read as in a batched launch (in pairs, not one float at a time).
 def statistics_start(q_offset, sequence):
     """The first row of sequence `sequence` (its rows from q_offset in the packed tensors) in a
     ragged batch's Delta and LSE₂: past the rows and the padding of every sequence before it."""

@@ -439,7 +439,7 @@ def backward_into(
             return None
         delta = (dout.float() * out.float()).sum(dim=-1).transpose(1, 2)  # [batch, nheads, seqlen_q]
         return sink_gradient(sinks, lse * LOG2E, delta if grad_lse is None else delta - grad_lse)
-    dtype, arch = _DTYPE_NAMES[q.dtype], compile_arch(q.device)
+    dtype, (sm_count, arch) = _DTYPE_NAMES[q.dtype], device_target(q.device)
     # The kernels assume dense BSHD strides: these are the backward's documented copies (an
     # upstream gradient is often a broadcast view).
     dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
@@ -448,8 +448,7 @@ def backward_into(
     lse_log2 = torch.empty_like(delta)
     variants = Variants.of(causal, window_size, softcap, sinks)
     _, seqlen_k, nheads_kv, _ = k.shape
-    group_size, sm_count = nheads // nheads_kv, device_target(q.device)[0]
-    splits = gradient_head_splits(batch, seqlen_q, seqlen_k, nheads_kv, group_size, head_dim, sm_count)
+    splits = gradient_head_splits(batch, seqlen_q, seqlen_k, nheads_kv, nheads // nheads_kv, head_dim, sm_count)
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
         head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants,
         head_splits=splits > 1,
