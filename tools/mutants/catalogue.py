@@ -536,6 +536,23 @@ KERNEL_MUTANTS = [
         first=VARLEN,
     ),
     Mutant(
+        # Each sequence sees the next one's first key (the end of its keys read one late): the
+        # cross-talk the isolation test perturbs each sequence to catch.
+        "varlen_keys_one_long",
+        "scheduler.py",
+        "cu_seqlens_k[sequence + 1] - k_offset",
+        "cu_seqlens_k[sequence + 1] - k_offset + 1",
+        first=VARLEN,
+    ),
+    Mutant(
+        # The forward's K/V tiles read from the packed keys' start, not their sequence's.
+        "varlen_forward_keys_without_offset",
+        "kernel.py",
+        "key_row = at_offset(tile.k_offset, kv_start)",
+        "key_row = kv_start",
+        first=VARLEN,
+    ),
+    Mutant(
         # A sequence's last, partial block stored by a whole TMA box: rows of the next sequence overwritten.
         "varlen_partial_block_by_tma",
         "epilogue.py",
