@@ -1,6 +1,6 @@
 """The gradient kernels' tile conditions, exactly, on the CPU (TileLang's expressions evaluated
 by its simplifier): which (key, row) pairs a query row sees (the rule's select, rows checked), and
-which tiles hold a pair it does not (backward.tile_needs_mask, the rule's tile test as the
+which tiles hold a pair it does not (gradient_parts.tile_needs_mask, the rule's tile test as the
 gradient kernels take it). A tile the condition misses would give a hidden key its exponential; one it adds only costs
 a select. Both are held to the definition here, so a mutant of either dies without a GPU."""
 
@@ -12,7 +12,7 @@ import pytest
 
 tilelang = pytest.importorskip("tilelang")
 
-from fa_kernel.backward import tile_needs_mask  # noqa: E402
+from fa_kernel.gradient_parts import tile_needs_mask  # noqa: E402
 from fa_kernel.mask import Visibility  # noqa: E402
 
 ANALYZER = tilelang.tvm.arith.Analyzer()

@@ -121,7 +121,8 @@ def test_the_rewrite_rule_sees_the_backwards_deferred_wait_dropped(head_dim):
 def test_the_gradient_operands_pass_through_shared_memory_where_a_warpgroup_holds_part_of_a_row(head_dim):
     # Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     # them (128 keys on two warpgroups); on head_dim 256's 64 keys, from shared memory.
-    from fa_kernel.backward import BACKWARD_TILES, WGMMA_ROWS, compiled_backward
+    from fa_kernel.backward import BACKWARD_TILES, compiled_backward
+    from fa_kernel.gradient_parts import WGMMA_ROWS
 
     source = compiled_backward(head_dim=head_dim, causal=True, dtype="bfloat16", arch="sm_90a").get_kernel_source()
     in_shared = BACKWARD_TILES[head_dim][1] < 2 * WGMMA_ROWS
@@ -343,7 +344,8 @@ def test_ds_and_dq_pass_through_shared_memory_in_order_where_the_kernel_places_i
 
 
 def test_the_dk_dv_kernel_places_its_own_syncs_only_with_operands_in_registers_and_dq_added():
-    from fa_kernel.backward import BACKWARD_TILES, WGMMA_ROWS, backward_pass_configs, syncs_by_hand
+    from fa_kernel.backward import BACKWARD_TILES, backward_pass_configs, syncs_by_hand
+    from fa_kernel.gradient_parts import WGMMA_ROWS
     from fa_kernel.toolchain import FAST_MATH, OWN_SYNCS
 
     assert syncs_by_hand(2 * WGMMA_ROWS) and not syncs_by_hand(2 * WGMMA_ROWS - 1)

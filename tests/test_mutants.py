@@ -389,9 +389,9 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     from tools.ast_mutants import generate
 
     forward = generate()
-    others = {"backward.py", "backward_dq.py", "backward_preprocess.py", "decode.py"}
+    others = {"backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py", "decode.py"}
     assert {m.file for m in forward}.isdisjoint(others)  # the forward's campaign as it was
-    gradient = ("backward.py", "backward_dq.py", "backward_preprocess.py")
+    gradient = ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py")
     for target, files in (("backward", gradient), ("decode", ("decode.py",))):
         generated = generate(files=triage.GENERATED_FILES[target])
         assert {m.file for m in generated} == set(files)
@@ -410,7 +410,23 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
             assert tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=True) == cpu
             # Their kernels are the whole suite's precompile's, not the smoke tier's.
             assert tiers.precompile_args([planned[:-1]], target) == []
-    assert tiers.CPU_BY_FILE["backward.py"] and "decode.py" not in tiers.CPU_BY_FILE
+    assert tiers.CPU_BY_FILE["gradient_parts.py"] and "decode.py" not in tiers.CPU_BY_FILE
+
+
+def test_a_mutant_of_the_gradient_parts_is_judged_by_both_gradient_kernels():
+    from fa_kernel import backward_dq, gradient_parts
+
+    # backward.py's builder, over builds that compile the fixed-order dQ kernel too ...
+    assert triage.PROGRAM_BUILDERS["gradient_parts.py"] == triage.PROGRAM_BUILDERS["backward.py"]
+    builds = triage.program_builds("gradient_parts.py")
+    assert builds == triage.program_builds("backward.py") and any(build["deterministic"] for build in builds)
+    # ... each kernel's compile cache the mutated parts' own, the package's modules left as they were.
+    with triage._kernel_module((mutants.PACKAGE / "gradient_parts.py").read_text()) as parts:
+        kernels = triage._gradient_kernels_on(parts)
+        for cache in (kernels.compiled_backward, kernels.compiled_dq):
+            assert cache.__wrapped__.__globals__ is vars(parts)
+    assert sys.modules["fa_kernel.gradient_parts"] is gradient_parts
+    assert sys.modules["fa_kernel.backward_dq"] is backward_dq
 
 
 def test_the_gradient_and_split_kv_suites_test_every_branch_their_triage_builds():
@@ -419,7 +435,8 @@ def test_the_gradient_and_split_kv_suites_test_every_branch_their_triage_builds(
     # The tests of each build option's branch: a mutant there survives a suite without them.
     tests_of = {"variants": "tests/test_variants_kernel.py", "varlen": "tests/test_varlen.py"}
     tests_of |= {"page_size": "tests/test_paged.py", "head_splits": "tests/test_backward_kernel.py"}
-    for target, file in (("backward", "backward.py"), ("backward", "backward_dq.py"), ("decode", "decode.py")):
+    files = ("backward.py", "backward_dq.py", "gradient_parts.py")
+    for target, file in [*(("backward", file) for file in files), ("decode", "decode.py")]:
         taken = {
             option
             for build in triage.program_builds(file)
@@ -457,13 +474,15 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
 
     backward = generate(files=("backward.py",))
     dq = generate(files=("backward_dq.py",))
+    parts = generate(files=("gradient_parts.py",))
     decode = generate(files=("decode.py",))
     picked = [
         # A comment of the kernel's body reworded: another text, the same PrimFuncs.
         rewritten(backward, "comment", "# One walk over (query head of the group, query tile)", "# The walk"),
         rewritten(dq, "comment", "# P = 0 by a select at the keys a row cannot see", "# Selected"),
+        rewritten(parts, "comment", "# As an int: on the bool,", "# As an int:"),
         # Delta's padding taken as no multiple of block_m: building the gradient kernels raises.
-        rewritten(backward, "gradient_sizes", "if PREPROCESS_ROWS % block_m:", "if (PREPROCESS_ROWS + 1) % block_m:"),
+        rewritten(parts, "gradient_sizes", "if PREPROCESS_ROWS % block_m:", "if (PREPROCESS_ROWS + 1) % block_m:"),
         # Host-side: the same PrimFuncs, another split plan at launch. Left to run.
         find(
             decode,
@@ -477,15 +496,19 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
     ]
     cache = tmp_path / "triage.json"
     verdicts = triage.triage_programs(picked, jobs=1, cache=cache)
-    assert verdicts[picked[0].id][0] == "equivalent" and verdicts[picked[1].id][0] == "equivalent"
-    assert verdicts[picked[2].id][0] == "killed"
-    assert picked[3].id not in verdicts and picked[4].id not in verdicts
+    assert [verdicts[mutant.id][0] for mutant in picked[:3]] == ["equivalent"] * 3
+    assert verdicts[picked[3].id][0] == "killed"
+    assert picked[4].id not in verdicts and picked[5].id not in verdicts
     # The unmutated files built every program: an error in all of them would read as equivalent.
     stored = json.loads(cache.read_text())
-    for file in ("backward.py", "backward_dq.py", "decode.py"):
+    originals = {}
+    for file in ("backward.py", "backward_dq.py", "gradient_parts.py", "decode.py"):
         context = hashlib.sha256(f"{file} {triage.program_builds(file)!r}".encode()).hexdigest()
         original = stored[triage.short_digest(f"{context}\n{(mutants.PACKAGE / file).read_text()}")]
         assert original and not [digest for digest in original if digest.startswith("error")], file
+        originals[file] = original
+    # The gradient kernels built on the parts imported afresh are the package's.
+    assert originals["gradient_parts.py"] == originals["backward.py"]
 
 
 @pytest.mark.compile

@@ -101,8 +101,9 @@ SCOPES = {
     "numerics.py": Scope((), constants=True),
     # The gradient and split-KV kernels, for `tools/mutants/ --generated --target backward`
     # (`decode`): judged by their own GPU tests, apart from the forward's campaign.
-    "backward.py": Scope(("tile_needs_mask", "gradient_sizes", "backward_program"), constants=True),
+    "backward.py": Scope(("backward_program",), constants=True),
     "backward_dq.py": Scope(("dq_program",), constants=True),
+    "gradient_parts.py": Scope(("tile_needs_mask", "gradient_sizes"), constants=True),
     "backward_preprocess.py": Scope(("preprocess_program",), constants=True),
     "decode.py": Scope(("split_plan", "split_program", "combine_program"), constants=True),
     # The emulator's tile loop, mutated for `tools/mutants/ --generated --target emulator`:

@@ -17,20 +17,19 @@ gradients. dK and dV are written once per K/V tile; dQ's reduce-adds arrive in a
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
 import dataclasses
-import functools
 
 import tilelang.language as T
 
-from fa_kernel.backward_preprocess import PREPROCESS_ROWS, compiled_preprocess, dq_row, statistics_row
+from fa_kernel.backward_dq import compiled_dq
+from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, statistics_row
 from fa_kernel.configs import BACKWARD_TILES
-from fa_kernel.mask import Visibility, variant_visibility
+from fa_kernel.gradient_parts import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
+from fa_kernel.mask import variant_visibility
 from fa_kernel.scheduler import KeyTile, at_offset, ragged_tile
 from fa_kernel.softmax import capped_score
-from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS, compile_program
+from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 
-# Rows of one wgmma (its M): a warpgroup's share of a GEMM's rows is a multiple of it.
-WGMMA_ROWS = 64
 # setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
 # for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
@@ -50,34 +49,6 @@ def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True, head_s
     planner: with the operands in registers where it adds dQ (a build that splits a GQA group
     keeps the planner's: the two not yet measured together)."""
     return with_dq and not head_splits and operands_in_registers(block_n, threads)
-
-
-def ragged_parameters(varlen: bool) -> tuple:
-    """(ragged_tiles, cu_seqlens_q, cu_seqlens_k, tile_order): a ragged launch's tile count (its
-    grid's first dimension) and the annotations of its int32 parameters, None in a batched launch
-    (two annotations for the two cu_seqlens: two buffers)."""
-    ragged_tiles, cu_len = T.dynamic("ragged_tiles, cu_len")
-    if not varlen:
-        return ragged_tiles, None, None, None
-    return ragged_tiles, T.Tensor([cu_len], T.int32), T.Tensor([cu_len], T.int32), T.Tensor([ragged_tiles, 2], T.int32)
-
-
-def tile_needs_mask(visibility: Visibility, kv_start, q_start, block_n: int, block_m: int):
-    """Whether the tile holds a (key, row) pair the rule hides, rows past seqlen_q included: every
-    other tile takes P = exp2(...) without the select (the select at every element of every tile
-    cost the causal gradient a third of its time: docs/performance.md)."""
-    needs_mask = visibility.tile_needs_mask(kv_start, block_n, q_start, block_m, rows_checked=True)
-    # As an int: on the bool, TileLang 0.1.15's thread sync fails to lower some non-causal
-    # builds (head_dim 64 on 128-row tiles: "a shared-memory sync inside a divergent region").
-    return T.if_then_else(needs_mask, 1, 0) == 1
-
-
-def gradient_sizes(block_m: int):
-    """The sizes the gradient kernels take at launch (T.dynamic), once block_m is checked against
-    Delta's padding, whose rows a query tile's TMA box must not leave."""
-    if PREPROCESS_ROWS % block_m:
-        raise ValueError(f"block_m: expected a divisor of {PREPROCESS_ROWS} (Delta's padding), got {block_m}")
-    return T.dynamic("batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv")
 
 
 def backward_program(
@@ -435,20 +406,6 @@ def backward_pass_configs(*, block_n, threads=256, with_dq=True, head_splits=Fal
     return OWN_SYNCS if syncs_by_hand(block_n, threads, with_dq, head_splits) else FAST_MATH
 
 
-def compiled_at_tiles(program, tiles: dict, pass_configs=lambda **_build: FAST_MATH):
-    """`program` compiled at its head dim's tile of `tiles` ((block_m, block_n, stages) by head
-    dim) with `pass_configs(**build)`, cached as the forward is: a function of head_dim, arch and
-    the program's options (an A/B variant's among them may set the tile's own: perf/backward_ab.py)."""
-
-    @functools.cache
-    def compiled(*, head_dim: int, arch: str | None = None, **options):
-        block_m, block_n, stages = tiles[head_dim]
-        build = dict(block_m=block_m, block_n=block_n, num_stages=stages) | options
-        return compile_program(program(head_dim=head_dim, **build), arch, pass_configs(**build))
-
-    return compiled
-
-
 # The dK/dV kernel, with dQ by bulk adds unless with_dq=False (the fixed-order dQ's: backward_dq).
 compiled_backward = compiled_at_tiles(backward_program, BACKWARD_TILES, backward_pass_configs)
 
@@ -468,8 +425,6 @@ def compiled_gradient_kernels(
     `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
     fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ);
     `varlen` and `head_splits` as backward_program takes them."""
-    from fa_kernel.backward_dq import compiled_dq  # here: backward_dq builds on this module's parts
-
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch, varlen=varlen)
     arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=varlen)
     splits = dict(head_splits=True) if head_splits else {}

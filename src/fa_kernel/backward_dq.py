@@ -6,7 +6,7 @@ Where the dK/dV kernel (backward.py) adds each query tile's dQ into an fp32 accu
 reduce-adds, in no fixed order, this kernel sums dQ in registers, one thread block per query tile
 and head, so every run adds the same terms in the same order: the deterministic gradient runs
 the dK/dV kernel without its dQ (`with_dq=False`) beside it. It shares the dK/dV kernel's parts
-(backward.py: the tile's mask test, the launch sizes, the compile cache).
+(gradient_parts.py: the tile's mask test, the launch sizes, the compile cache).
 """
 
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
@@ -15,9 +15,9 @@ import dataclasses
 
 import tilelang.language as T
 
-from fa_kernel.backward import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
 from fa_kernel.backward_preprocess import statistics_row
 from fa_kernel.configs import DQ_TILES
+from fa_kernel.gradient_parts import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
 from fa_kernel.mask import variant_visibility
 from fa_kernel.scheduler import at_offset, ragged_tile
 from fa_kernel.softmax import capped_score

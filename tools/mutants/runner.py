@@ -278,7 +278,7 @@ if file == "kernel.py":
     for build in sweep_builds():
         if build_id(build) in wanted:
             compiled_forward(**build, arch="sm_90a")
-elif file in ("backward.py", "backward_dq.py", "backward_preprocess.py"):
+elif file in ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py"):
     from suite.builds import deterministic_builds, gradient_builds, head_split_builds
     from fa_kernel.backward import compiled_gradient_kernels
     for build in gradient_builds("sm_90a") + deterministic_builds("sm_90a") + head_split_builds("sm_90a"):

@@ -37,7 +37,7 @@ GUARD_TEST = "tests/test_guard_regions.py::test_sweep_builds_write_only_out_and_
 CPU_TESTS = ("tests/test_configs.py", "tests/test_api.py")
 # CPU tests of a kernel file's pure conditions, run before any GPU tier of its mutants: a
 # mutant of one of them dies in seconds, without a compile.
-CPU_BY_FILE = {"backward.py": ("tests/test_backward_tiles.py",), "mask.py": ("tests/test_mask.py",)}
+CPU_BY_FILE = {"gradient_parts.py": ("tests/test_backward_tiles.py",), "mask.py": ("tests/test_mask.py",)}
 
 
 def cpu_args(file: str) -> list[str]:

@@ -28,16 +28,18 @@ from tools.mutants import PACKAGE, ROOT
 GENERATED_FILES = {
     "kernel": None,  # ast_mutants.FILES: the forward kernel, its launch, dispatch and constants
     "emulator": ("emulator.py",),
-    "backward": ("backward.py", "backward_dq.py", "backward_preprocess.py"),
+    "backward": ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py"),
     "decode": ("decode.py",),
 }
 GPU_TARGETS = ("kernel", "backward", "decode")
 # Per file of a kernel other than the forward: its module-level builder of every kernel a launch
 # runs, and the builds its GPU tests launch (fp16 alone: the dtype enters a kernel only as its
-# element type, which no operator mutates).
+# element type, which no operator mutates). gradient_parts.py's parts are both gradient kernels':
+# backward.py's builder, whose deterministic builds compile the fixed-order dQ kernel too.
 PROGRAM_BUILDERS = {
     "backward.py": "compiled_gradient_kernels",
     "backward_dq.py": "compiled_dq",
+    "gradient_parts.py": "compiled_gradient_kernels",
     "backward_preprocess.py": "compiled_preprocess",
     "decode.py": "compiled_decode_kernels",
 }
@@ -61,7 +63,7 @@ def program_builds(file: str) -> list[dict]:
             for head_dim in sorted(BACKWARD_TILES)
             for varlen in (False, True)
         ]
-    if file in ("backward.py", "backward_dq.py"):
+    if file in ("backward.py", "backward_dq.py", "gradient_parts.py"):
         from fa_kernel.configs import BACKWARD_TILES, HEAD_SPLIT_DIMS
 
         def kinds(causal: bool) -> list[dict]:
@@ -105,23 +107,25 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
     build's builder compiles, with `file`'s text replaced by `source`, read by standing in for the
     module's `compile_program`; 'error: ...' where building a program raises."""
     digests = []
-    from fa_kernel import backward, backward_dq, backward_preprocess
+    from fa_kernel import backward_dq, backward_preprocess, gradient_parts
     from fa_kernel.toolchain import FAST_MATH
 
     def script(program, arch, pass_configs=FAST_MATH):
         return program.script(show_meta=True) + repr(pass_configs)
 
     # The gradient's builder compiles its preprocess, and its fixed-order dQ kernel, from the
-    # package's own modules (backward_dq through backward's compile cache): read there too
-    # (compiled, they would be kernels, not scripts).
-    compiled = backward_preprocess.compile_program, backward.compile_program
-    backward_preprocess.compile_program = backward.compile_program = script
+    # package's own modules (both gradient kernels through gradient_parts' compile cache): read
+    # there too (compiled, they would be kernels, not scripts).
+    compiled = backward_preprocess.compile_program, gradient_parts.compile_program
+    backward_preprocess.compile_program = gradient_parts.compile_program = script
     for cache in (backward_preprocess.compiled_preprocess, backward_dq.compiled_dq):
         cache.cache_clear()
     try:
         with _kernel_module(source) as module:
             # The kernels' one compile call (fa_kernel.toolchain), as the module imported it.
             module.compile_program = script
+            if file == "gradient_parts.py":  # its builder is backward.py's, on the mutated parts
+                module = _gradient_kernels_on(module)
             builder = getattr(module, PROGRAM_BUILDERS[file])
             for build in builds:
                 try:
@@ -133,10 +137,33 @@ def program_digests(source: str, file: str, builds: list[dict]) -> list[str]:
     except Exception as error:  # the mutated module itself does not import
         digests = [f"error: {type(error).__name__}: {error}"]
     finally:
-        backward_preprocess.compile_program, backward.compile_program = compiled
+        backward_preprocess.compile_program, gradient_parts.compile_program = compiled
         for cache in (backward_preprocess.compiled_preprocess, backward_dq.compiled_dq):
             cache.cache_clear()
     return digests
+
+
+def _gradient_kernels_on(parts):
+    """backward.py, and backward_dq.py as it imports it, imported afresh on the module `parts` in
+    place of gradient_parts.py: both gradient kernels built on a mutant of their shared parts."""
+    import importlib.util
+
+    def imported(name: str):
+        spec = importlib.util.spec_from_file_location(f"on_mutated_parts_{name}", PACKAGE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    names = ("fa_kernel.gradient_parts", "fa_kernel.backward_dq")
+    saved = {name: sys.modules[name] for name in names if name in sys.modules}
+    try:
+        sys.modules["fa_kernel.gradient_parts"] = parts
+        sys.modules["fa_kernel.backward_dq"] = imported("backward_dq")
+        return imported("backward")
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
 
 
 def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> dict[str, tuple[str, str]]:
