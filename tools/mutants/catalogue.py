@@ -89,6 +89,7 @@ ROWS_WITHOUT_KEYS = _rows_without_keys()
 FIRST_BY_FILE = {
     "backward.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
     "backward_dq.py": DETERMINISTIC_SWEEP,
+    "gradient_parts.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
     "backward_preprocess.py": BACKWARD_SWEEP + DETERMINISTIC_SWEEP,
     "decode.py": DECODE,
     "interface.py": (
