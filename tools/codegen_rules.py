@@ -137,7 +137,8 @@ def dq_staging_gaps(source: str, consumers: int = 256) -> list[str]:
     ds_read = ds_operand and re.compile(r"tl::wgmma_\w+<").search(loop, ds_operand.end())
     # <1> where dK's GEMM, issued after dQ's, stays in flight under dQ's staging.
     dq_wait = ds_read and re.compile(r"(?:warpgroup_wait|wait_wgmma)<[01]>").search(loop, ds_read.end())
-    dq_write = dq_wait and re.compile(r"\(\(float\*\)dQ_shared\) \+").search(loop, dq_wait.end())
+    # A vector store at an offset, or (dQᵀ written transposed) an element at an index.
+    dq_write = dq_wait and re.compile(r"\(\(float\*\)dQ_shared\)(?: \+|\[)").search(loop, dq_wait.end())
     add = re.search(r"tl::tma_store_add\(", loop)
     if not (ds_write and ds_read and dq_wait and dq_write and add and ds_write.start() < ds_read.start()):
         return ["dS's write, its wgmma, dQ's write and its bulk add, in that order, not found"]

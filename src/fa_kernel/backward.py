@@ -99,7 +99,8 @@ def backward_program(
     registers, with dQ added here, the consumers' syncs are placed by hand (`syncs_by_hand`: two
     named barriers a step where TileLang's planner, which takes every GEMM's shared operand for an
     alias of every shared buffer, places four), and dQ's GEMM is issued before dK's, whose GEMM
-    runs on under dQ's staging and add, as FlashAttention-3's does.
+    runs on under dQ's staging and add, as FlashAttention-3's does; dQ comes transposed there,
+    dQᵀ = Kᵀ·dSᵀ (its dQ_swapAB).
     """
     if head_splits and varlen:
         raise ValueError("head_splits: expected a batched launch (varlen=False)")
@@ -119,6 +120,9 @@ def backward_program(
         # threads ("cannot lower a required shared-memory sync inside a divergent region").
         raise ValueError(f"head_splits: expected a tile of 64 keys a warpgroup, got block_n={block_n}")
     own_syncs = syncs_by_hand(block_n, threads, with_dq, head_splits)
+    # Where the syncs are placed by hand, dQᵀ = Kᵀ·dSᵀ (FlashAttention-3's dQ_swapAB): its M is
+    # head_dim, 64 rows a warpgroup, and the fragment is written to dQ's shared tile transposed.
+    dq_fragment = [head_dim, block_m] if own_syncs else [block_m, head_dim]
 
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
@@ -177,7 +181,7 @@ def backward_program(
         p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared, dQ_accum,
         b, head, q_row,
     ):  # fmt: skip
-        """dV and dK from registers, dQ_tile = dS·K through shared memory and its bulk add, two
+        """dV and dK from registers, dQ_tile = dS·K (as dQᵀ) through shared memory and its bulk add, two
         consumer barriers a step: dQ's GEMM first, and dK's left in flight under dQ's staging, its
         barrier and the add's issue. dS_shared is free to write: the previous step's second
         barrier came after both warpgroups' dQ GEMMs had read it; dQ_shared is once the issuing
@@ -187,7 +191,8 @@ def backward_program(
         T.tma_store_wait(0)
         T.fence_proxy_async()  # dS's stores, seen by the wgmma (the async proxy)
         T.sync_threads(CONSUMERS_BARRIER, threads)
-        T.wgmma_gemm(dS_shared, K_shared, acc_dq, transpose_A=True, clear_accum=True)
+        full_row = T.GemmWarpPolicy.FullRow
+        T.wgmma_gemm(K_shared, dS_shared, acc_dq, transpose_A=True, clear_accum=True, policy=full_row)  # dQᵀ
         T.wgmma_gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
         T.wait_wgmma(1)  # dV's and dQ's
         T.warpgroup_fence_operand(acc_dv, num_regs=block_n * head_dim // threads)
@@ -195,7 +200,10 @@ def backward_program(
         # A use after the wait: T.Pipelined releases a stage after its buffers' last use, which
         # would otherwise be the GEMM's issue.
         T.evaluate(T.address_of(dO_shared[0, 0]))
-        T.copy(acc_dq, dQ_shared[:, :head_dim])
+        # A thread's pair (i, j), (i, j + 1) lands on rows j, j + 1 (dq_row's 132 floats apart):
+        # a warp's 32 stores fall on banks 8t + g, one each.
+        for i, j in T.Parallel(head_dim, block_m):
+            dQ_shared[j, i] = acc_dq[i, j]
         T.fence_proxy_async()  # every writer's stores, seen by the bulk copy
         T.sync_threads(CONSUMERS_BARRIER, threads)
         if T.shuffle_elect(threads):
@@ -292,7 +300,7 @@ def backward_program(
             ds_cast = T.alloc_fragment([block_n, block_m], dtype)
             acc_dk = T.alloc_fragment([block_n, head_dim], accum)
             acc_dv = T.alloc_fragment([block_n, head_dim], accum)
-            acc_dq = T.alloc_fragment([block_m, head_dim], accum) if with_dq else None
+            acc_dq = T.alloc_fragment(dq_fragment, accum) if with_dq else None
 
             group_size = heads // heads_kv
             kv_head, split, walk_heads = kv_slot, None, group_size
