@@ -512,6 +512,19 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
 
 
 @pytest.mark.compile
+def test_the_committed_triage_cache_is_keyed_by_the_codegen_rules_of_this_tree():
+    # Its generated-code entries are keyed by codegen_rules.py's digest: after an edit of the rules
+    # every campaign, and the prebuild test below, would lower their builds again (minutes).
+    import json
+
+    stored = json.loads((mutants.ROOT / "tools" / "records" / "triage.json").read_text())
+    generated = [key for key in stored if key.startswith("generated ")]
+    assert generated and all(key.startswith(triage.GENERATED) for key in generated), (
+        "tools/records/triage.json is stale: python -m tools.mutants --generated --only "
+        "kernel-release_unread_tiles-guard_always-1 --triage-only --triage-cache <a copy>, then copy it back"
+    )
+
+
 def test_prebuild_compiles_each_mutants_changed_builds_for_a_gpu_host(tmp_path):
     # A check mutant of the release of unread tiles changes two sweep builds: both compiled for
     # sm_90a into the cache folder, where a GPU host's TileLang finds them by their keys.
