@@ -7,7 +7,11 @@ import itertools
 import re
 
 import pytest
-from tools.codegen_rules import bulk_source_rewritten_in_flight, outstanding_at_exit  # noqa: E402
+from tools.codegen_rules import (  # noqa: E402
+    bulk_source_rewritten_in_flight,
+    misaligned_tma_destinations,
+    outstanding_at_exit,
+)
 
 from fa_kernel.configs import TileConfig, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
@@ -62,6 +66,8 @@ def test_nothing_asynchronous_outlives_the_block(head_dim, causal, dtype, seqlen
     assert outstanding_at_exit(source) == []
     # Nor is O's shared tile written again while a TMA store still reads it.
     assert bulk_source_rewritten_in_flight(source) == []
+    # Every TMA tensor copy's shared side stays 128-byte aligned.
+    assert misaligned_tma_destinations(source) == []
 
 
 # The other kernels, each head dim once, causal or not in turn (the rule is about their structure).
@@ -93,6 +99,7 @@ def test_nothing_asynchronous_outlives_the_backward_and_decode_blocks(family, he
         assert outstanding_at_exit(compiled.get_kernel_source()) == []
         # The backward's dQ tile: added by a bulk store whose read is waited for a step later.
         assert bulk_source_rewritten_in_flight(compiled.get_kernel_source()) == []
+        assert misaligned_tma_destinations(compiled.get_kernel_source()) == []
         # ...by a thread that computes no integer division on the way (the step's head and row
         # are registers): recomputed there, they held both warpgroups' next step.
         source = compiled.get_kernel_source()
@@ -295,6 +302,21 @@ def test_the_tanh_approx_option_puts_one_tanh_approx_where_the_division_was():
     assert "tanh_approx(" not in shipped and "2.000000e+00*/ / (exp2f" in shipped
     with pytest.raises(ValueError, match=r"tanh_approx: only a softcap build has a tanh"):
         compiled_forward(**{**build, "variants": PLAIN}, tanh_approx=True)
+
+
+def test_a_tma_copy_into_shared_memory_off_its_128_byte_alignment_is_found():
+    # Two stages of 80 fp32 rows lie 320 bytes apart: the 80-row gradient tile's first GPU launch
+    # stopped with "misaligned address" there. On the shipped d128 gradient (64 rows, 256 bytes
+    # apart) the rule finds nothing; with its stage stride made 80 floats, both statistics.
+    from fa_kernel.backward import compiled_gradient_kernels
+
+    _, dk_dv, _ = compiled_gradient_kernels(head_dim=128, causal=False, dtype="bfloat16", arch="sm_90a")
+    source = dk_dv.get_kernel_source()
+    assert misaligned_tma_destinations(source) == []
+    stride = re.search(r"\(\(float\*\)lse\)\[\(\(\w+ & 1\) \* (\d+)\)\]", source)
+    assert stride and stride.group(1) == "64", "LSE₂'s two stages, 64 floats apart"
+    eighty = source.replace("& 1) * 64)]", "& 1) * 80)]")
+    assert [problem.split("[")[0] for problem in misaligned_tma_destinations(eighty)] == ["lse", "delta"]
 
 
 def test_ptxas_reports_a_generated_kernels_registers_and_spills(tmp_path):

@@ -7,7 +7,8 @@ waits (wgmma.wait_group, cp.async.bulk.wait_group.read) before the memory is reu
 exit is that point for the last operations, and a bulk store's source may not be written again
 before its read is waited for. So these rules check the code instead:
 tests/test_codegen.py on every shipped build, and the mutant runner's triage on every build a
-mutant changes (a build that breaks one is a kill, as a build that raises is).
+mutant changes (a build that breaks one is a kill, as a build that raises is). So do the other
+rules here: dQ's staging order, and TMA copies' shared side 128-byte aligned.
 """
 
 from __future__ import annotations
@@ -157,3 +158,46 @@ def dq_staging_gaps(source: str, consumers: int = 256) -> list[str]:
     if not in_order(loop[add.end() :] + loop[: dq_write.start()], r"tma_store_wait<0", sync):
         gaps.append("no wait for the last bulk add, then a consumer sync, before dQ's write")
     return gaps
+
+
+# Bytes of an element of a shared buffer as the generated code casts it.
+ELEMENT_BYTES = {"float": 4, "int": 4, "uint": 4, "bfloat16_t": 2, "half_t": 2}
+# A TMA tensor copy's shared-memory side must be 128-byte aligned (PTX cp.async.bulk.tensor).
+TMA_SHARED_ALIGNMENT = 128
+
+
+def matching_close(source: str, start: int, close: str = "]") -> int:
+    """The index of the bracket closing the one at `start` (its opening kind inferred)."""
+    opening = source[start]
+    depth = 0
+    for index in range(start, len(source)):
+        if source[index] == opening:
+            depth += 1
+        elif source[index] == close:
+            depth -= 1
+            if depth == 0:
+                return index
+    raise ValueError(f"no {close} closes the {opening} at {start}")
+
+
+def misaligned_tma_destinations(source: str) -> list[str]:
+    """The TMA tensor copies (tl::tma_load or tl::tma_store with a tensor map) whose shared-memory
+    address can leave 128-byte alignment, [] if none: the buffer's offset in dynamic shared
+    memory and every constant of the index (a stage's or a box's stride, an offset), in bytes,
+    must be multiples of 128. No output shows it on the CPU; on the GPU the launch stops with
+    "misaligned address" (two stages of 80 fp32 rows, 320 bytes apart, did)."""
+    bases = {
+        name: int(offset)
+        for name, offset in re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);", source)
+    }
+    problems = []
+    copy = re.compile(r"tl::tma_(?:load|store)\(\w+_desc, (?:[^,]+, )?\(&\(\(\((\w+)\*\)(\w+)\)\[")
+    for match in copy.finditer(source):
+        element, buffer = match.groups()
+        index = source[match.end() - 1 : matching_close(source, match.end() - 1) + 1]
+        size = ELEMENT_BYTES.get(element, 1)
+        constants = [int(c) for c in re.findall(r"(?:[*+-] |\[)\(?(\d+)\)?(?=\)|\]| )", index)]
+        offsets = [bases.get(buffer, 0)] + [c * size for c in constants]
+        if any(offset % TMA_SHARED_ALIGNMENT for offset in offsets):
+            problems.append(f"{buffer}{index}: offsets {offsets} bytes, not all multiples of {TMA_SHARED_ALIGNMENT}")
+    return problems
