@@ -7,8 +7,9 @@ waits (wgmma.wait_group, cp.async.bulk.wait_group.read) before the memory is reu
 exit is that point for the last operations, and a bulk store's source may not be written again
 before its read is waited for. So these rules check the code instead:
 tests/test_codegen.py on every shipped build, and the mutant runner's triage on every build a
-mutant changes (a build that breaks one is a kill, as a build that raises is). So do the other
-rules here: dQ's staging order, and TMA copies' shared side 128-byte aligned.
+mutant changes (a build that breaks one is a kill, as a build that raises is), both through
+`broken_rules`, which also holds every TMA copy's shared side 128-byte aligned. The dK/dV
+kernel's staging order (`dq_staging_gaps`) is checked by its own test.
 """
 
 from __future__ import annotations
@@ -57,17 +58,29 @@ BULK_STORE = re.compile(r"\btl::tma_store(?:_add)?\((?:\w+, )?\(&\(\(\(\w+\*\)(\
 BULK_READ_WAIT = re.compile(r"\btl::tma_store_wait<0\b")
 
 
+BRACKETS = {"{": "}", "[": "]", "(": ")"}
+
+
+def closing(source: str, opening: int) -> int:
+    """The index of the bracket that closes the one at `opening`."""
+    depth = 0
+    for index in range(opening, len(source)):
+        if source[index] == source[opening]:
+            depth += 1
+        elif source[index] == BRACKETS[source[opening]]:
+            depth -= 1
+            if depth == 0:
+                return index
+    raise ValueError(f"nothing closes the {source[opening]} at {opening}")
+
+
 def enclosing_loop_body(source: str, position: int) -> tuple[int, int] | None:
     """(start, end) of the body of the innermost `for` loop around `position`, or None."""
     for header in reversed([m for m in re.finditer(r"\bfor \(", source) if m.start() < position]):
         opening = source.index("{", header.end())
-        depth = 0
-        for index in range(opening, len(source)):
-            depth += {"{": 1, "}": -1}.get(source[index], 0)
-            if depth == 0:
-                break
-        if opening < position < index:
-            return opening + 1, index
+        end = closing(source, opening)
+        if opening < position < end:
+            return opening + 1, end
     return None
 
 
@@ -166,20 +179,6 @@ ELEMENT_BYTES = {"float": 4, "int": 4, "uint": 4, "bfloat16_t": 2, "half_t": 2}
 TMA_SHARED_ALIGNMENT = 128
 
 
-def matching_close(source: str, start: int, close: str = "]") -> int:
-    """The index of the bracket closing the one at `start` (its opening kind inferred)."""
-    opening = source[start]
-    depth = 0
-    for index in range(start, len(source)):
-        if source[index] == opening:
-            depth += 1
-        elif source[index] == close:
-            depth -= 1
-            if depth == 0:
-                return index
-    raise ValueError(f"no {close} closes the {opening} at {start}")
-
-
 def misaligned_tma_destinations(source: str) -> list[str]:
     """The TMA tensor copies (tl::tma_load or tl::tma_store with a tensor map) whose shared-memory
     address can leave 128-byte alignment, [] if none: the buffer's offset in dynamic shared
@@ -194,10 +193,20 @@ def misaligned_tma_destinations(source: str) -> list[str]:
     copy = re.compile(r"tl::tma_(?:load|store)\(\w+_desc, (?:[^,]+, )?\(&\(\(\((\w+)\*\)(\w+)\)\[")
     for match in copy.finditer(source):
         element, buffer = match.groups()
-        index = source[match.end() - 1 : matching_close(source, match.end() - 1) + 1]
+        index = source[match.end() - 1 : closing(source, match.end() - 1) + 1]
         size = ELEMENT_BYTES.get(element, 1)
         constants = [int(c) for c in re.findall(r"(?:[*+-] |\[)\(?(\d+)\)?(?=\)|\]| )", index)]
         offsets = [bases.get(buffer, 0)] + [c * size for c in constants]
         if any(offset % TMA_SHARED_ALIGNMENT for offset in offsets):
             problems.append(f"{buffer}{index}: offsets {offsets} bytes, not all multiples of {TMA_SHARED_ALIGNMENT}")
     return problems
+
+
+# The rules every build is held to: the shipped ones by tests/test_codegen.py, each mutant's by
+# the triage (a build that breaks one is a kill).
+BUILD_RULES = (outstanding_at_exit, bulk_source_rewritten_in_flight, misaligned_tma_destinations)
+
+
+def broken_rules(source: str) -> list[str]:
+    """What the generated CUDA `source` breaks of BUILD_RULES, [] if nothing."""
+    return [problem for rule in BUILD_RULES for problem in rule(source)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.ast_mutants import GeneratedMutant
-from tools.codegen_rules import bulk_source_rewritten_in_flight, misaligned_tma_destinations, outstanding_at_exit
+from tools.codegen_rules import broken_rules
 from tools.equivalent_mutants import EQUIVALENT, GPU_CHECKS
 from tools.mutants import PACKAGE, ROOT
 
@@ -290,8 +290,7 @@ def generated_code_digests(
                 generated = f"{named}\n{artifact.host_mod}\n{artifact.params}\n{module.PASS_CONFIGS!r}"
                 digests[index] = short_digest(generated)
                 source = artifact.kernel_source
-                rules = (outstanding_at_exit, bulk_source_rewritten_in_flight, misaligned_tma_destinations)
-                if problems := [problem for rule in rules for problem in rule(source)]:
+                if problems := broken_rules(source):
                     digests[index] = f"breaks: {problems[0]}"
             except Exception as error:  # a build that lowers in one source and not in the other differs
                 digests[index] = f"error: {type(error).__name__}: {error}"
