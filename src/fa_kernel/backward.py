@@ -191,8 +191,9 @@ def backward_program(
         T.tma_store_wait(0)
         T.fence_proxy_async()  # dS's stores, seen by the wgmma (the async proxy)
         T.sync_threads(CONSUMERS_BARRIER, threads)
-        full_row = T.GemmWarpPolicy.FullRow
-        T.wgmma_gemm(K_shared, dS_shared, acc_dq, transpose_A=True, clear_accum=True, policy=full_row)  # dQᵀ
+        T.wgmma_gemm(  # dQᵀ
+            K_shared, dS_shared, acc_dq, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow
+        )
         T.wgmma_gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
         T.wait_wgmma(1)  # dV's and dQ's
         T.warpgroup_fence_operand(acc_dv, num_regs=block_n * head_dim // threads)
@@ -200,8 +201,8 @@ def backward_program(
         # A use after the wait: T.Pipelined releases a stage after its buffers' last use, which
         # would otherwise be the GEMM's issue.
         T.evaluate(T.address_of(dO_shared[0, 0]))
-        # A thread's pair (i, j), (i, j + 1) lands on rows j, j + 1 (dq_row's 132 floats apart):
-        # a warp's 32 stores fall on banks 8t + g, one each.
+        # A thread's pair (i, j), (i, j + 1) lands on rows j, j + 1, dq_row = head_dim + 4 floats
+        # apart: 2·(head_dim + 4) ≡ 8 (mod 32) at 64 and 128, so a warp's 32 stores take 32 banks.
         for i, j in T.Parallel(head_dim, block_m):
             dQ_shared[j, i] = acc_dq[i, j]
         T.fence_proxy_async()  # every writer's stores, seen by the bulk copy
