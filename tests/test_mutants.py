@@ -511,7 +511,6 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
     assert originals["gradient_parts.py"] == originals["backward.py"]
 
 
-@pytest.mark.compile
 def test_the_committed_triage_cache_is_keyed_by_the_codegen_rules_of_this_tree():
     # Its generated-code entries are keyed by codegen_rules.py's digest: after an edit of the rules
     # every campaign, and the prebuild test below, would lower their builds again (minutes).
@@ -525,6 +524,7 @@ def test_the_committed_triage_cache_is_keyed_by_the_codegen_rules_of_this_tree()
     )
 
 
+@pytest.mark.compile
 def test_prebuild_compiles_each_mutants_changed_builds_for_a_gpu_host(tmp_path):
     # A check mutant of the release of unread tiles changes two sweep builds: both compiled for
     # sm_90a into the cache folder, where a GPU host's TileLang finds them by their keys.

@@ -21,7 +21,7 @@ from pathlib import Path
 from tools.equivalent_mutants import EQUIVALENT
 from tools.mutants import PACKAGE, ROOT
 from tools.mutants.tiers import BUILD_SECONDS, CHECK_TIERS, SUITE_WORKERS, first_tier_seconds, run_script, sweeps
-from tools.mutants.triage import GPU_TARGETS, PROGRAM_BUILDERS
+from tools.mutants.triage import GENERATED_FILES, GPU_TARGETS, PROGRAM_BUILDERS
 
 # Seconds of silence after which a sweep tier is stopped and counted as a hang (a kill): with 16
 # mutants at once on one H200, a passing one-build tier took 24-44 s (2026-12-01), a kernel
@@ -264,7 +264,9 @@ def failure_not_a_kill(returncode: int, log: str, failed: list[str]) -> str | No
 # TILELANG_CACHE_DIR: for kernel.py the sweep builds named in argv[2] (JSON ids); for the gradient
 # and split-KV kernels every build their GPU tests launch (a build the mutant leaves alone is the
 # unmutated kernel's, compiled once for all).
-PREBUILD_SCRIPT = """
+PREBUILD_SCRIPT = (
+    f"GRADIENT_FILES = {GENERATED_FILES['backward']!r}\n"
+    + """
 import json, os, sys
 import fa_kernel
 from fa_kernel.workbench.builds import quiet_tilelang
@@ -278,7 +280,7 @@ if file == "kernel.py":
     for build in sweep_builds():
         if build_id(build) in wanted:
             compiled_forward(**build, arch="sm_90a")
-elif file in ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py"):
+elif file in GRADIENT_FILES:
     from suite.builds import deterministic_builds, gradient_builds, head_split_builds
     from fa_kernel.backward import compiled_gradient_kernels
     for build in gradient_builds("sm_90a") + deterministic_builds("sm_90a") + head_split_builds("sm_90a"):
@@ -289,6 +291,7 @@ else:
     for build in split_kv_test_builds("sm_90a"):
         compiled_decode_kernels(**build)
 """
+)
 
 
 def prebuild(mutants: list, changed: dict[str, list[str]], folder: Path, jobs: int | None) -> int:
