@@ -26,12 +26,12 @@ pytestmark = pytest.mark.gpu
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def kernel_gradients(q, k, v, dout, causal, softmax_scale=None, deterministic=False):
+def kernel_gradients(q, k, v, dout, causal, softmax_scale=None, deterministic=False, head_splits=None):
     """(dq, dk, dv) of the backward kernels for flash_attn_func's forward, written into NaN."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic)
+    backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic, head_splits=head_splits)
     return grads
 
 
@@ -39,9 +39,11 @@ def random_dout(q, seed):
     return torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).to(q.device)
 
 
-def assert_gradients_within_the_bound(q, k, v, causal, label, softmax_scale=None, seed=0, deterministic=False):
+def assert_gradients_within_the_bound(
+    q, k, v, causal, label, softmax_scale=None, seed=0, deterministic=False, head_splits=None
+):
     dout = random_dout(q, seed)
-    grads = kernel_gradients(q, k, v, dout, causal, softmax_scale, deterministic)
+    grads = kernel_gradients(q, k, v, dout, causal, softmax_scale, deterministic, head_splits)
     verdict = judge_backward(q, k, v, dout, grads, causal, softmax_scale)
     assert verdict.passed, f"{label}: {verdict}"
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
@@ -122,28 +124,34 @@ def test_deterministic_gradients_are_the_same_bits_in_every_run(head_dim, causal
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients(head_dim, causal, deterministic):
-    # Few K/V tiles and heads, a long walk: the dK/dV kernel splits each GQA group between blocks
-    # (configs.gradient_head_splits) and the caller sums their fp32 partial dK and dV. Eight
-    # heads on one K/V head over three K/V tiles (the last partial), and a group of three on two
-    # K/V heads over one partial tile; the fixed-order gradient the same bits twice.
-    from fa_kernel.configs import gradient_head_splits
-    from fa_kernel.device import device_target
-
+    # The dK/dV kernel splits each K/V tile's GQA group between blocks (backward_into's
+    # head_splits; configs.gradient_head_splits picks the count) and the caller sums their fp32
+    # partial dK and dV. A group of five over every count from 2 to 5, so the shares come even
+    # and uneven (2+3, 1+2+2, 1+1+1+2, five of 1): on one K/V head over three K/V tiles (the last
+    # partial), and on two over one partial tile; the fixed-order gradient the same bits twice.
     block_m, block_n, _ = BACKWARD_TILES[head_dim]
-    sm_count = device_target(torch.device("cuda"))[0]
     for heads, heads_kv, seqlen_q, seqlen_k in (
-        (8, 1, 8 * block_m + 1, 2 * block_n + 3),
-        (6, 2, 22 * block_m - 1, block_n - 1),
+        (5, 1, 3 * block_m + 1, 2 * block_n + 3),
+        (10, 2, 5 * block_m - 1, block_n - 1),
     ):
-        splits = gradient_head_splits(1, seqlen_q, seqlen_k, heads_kv, heads // heads_kv, head_dim, sm_count)
-        assert splits == heads // heads_kv, f"the case meant to split its group takes {splits} splits"
         q, k, v = random_qkv(1, seqlen_q, seqlen_k, heads, heads_kv, head_dim, torch.bfloat16, seed=seqlen_k)
-        label = f"{heads}/{heads_kv} heads {seqlen_q}x{seqlen_k}, {splits} splits"
-        assert_gradients_within_the_bound(q, k, v, causal, label, seed=splits, deterministic=deterministic)
-        if deterministic:
-            dout = random_dout(q, 5)
-            first, again = (kernel_gradients(q, k, v, dout, causal, deterministic=True) for _ in range(2))
-            assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), label
+        for splits in range(2, heads // heads_kv + 1):
+            label = f"{heads}/{heads_kv} heads {seqlen_q}x{seqlen_k}, {splits} splits"
+            assert_gradients_within_the_bound(
+                q, k, v, causal, label, seed=splits, deterministic=deterministic, head_splits=splits
+            )
+            if deterministic:
+                dout = random_dout(q, 5)
+                first, again = (kernel_gradients(q, k, v, dout, causal, None, True, splits) for _ in range(2))
+                assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), label
+
+
+def test_head_splits_past_the_group_are_refused_before_any_launch():
+    q, k, v = random_qkv(1, 64, 64, 4, 2, 64, torch.bfloat16)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    out, lse = torch.empty_like(q), torch.empty((1, 4, 64), dtype=torch.float32, device=q.device)
+    with pytest.raises(ValueError, match="head_splits: expected 1 to the GQA group's 2 heads"):
+        backward_into(*grads, torch.ones_like(q), None, q, k, v, out, lse, 0.125, False, head_splits=3)
 
 
 def test_flash_attn_func_takes_deterministic_through_autograd():

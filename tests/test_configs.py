@@ -15,7 +15,7 @@ from fa_kernel.configs import (
     FALLBACK,
     GRID_ROWS,
     HEAD_SPLIT_DIMS,
-    SPLIT_WALK_STEPS,
+    SPLIT_MAX_WAVES,
     TUNED,
     TUNED_GRIDS,
     TUNED_SHORT,
@@ -23,10 +23,14 @@ from fa_kernel.configs import (
     gradient_head_splits,
     grid_bands,
     key_ranges,
+    key_tile_walks,
+    list_schedule,
     select_config,
     split_kv_serves,
     tiles_per_sm,
 )
+from fa_kernel.mask import Visibility
+from fa_kernel.reference import visible_keys
 
 CASES = sorted({(arch, head_dim, causal) for arch, head_dim, causal in TUNED})
 
@@ -152,28 +156,61 @@ def test_split_kv_serves_on_both_sides_of_each_limit(
     assert split_kv_serves(batch, seqlen_q, seqlen_k, heads, heads_kv, rows_per_block, sm_count) is served
 
 
+def splits_for(batch, heads, heads_kv, seqlen, head_dim, causal, sm_count=132, seqlen_k=None):
+    rule = Visibility(seqlen, seqlen if seqlen_k is None else seqlen_k, causal)
+    return gradient_head_splits(batch, rule, heads_kv, heads // heads_kv, head_dim, sm_count)
+
+
 @pytest.mark.parametrize("head_dim", HEAD_SPLIT_DIMS)
-def test_a_gqa_group_is_split_for_a_long_walk_on_a_grid_short_of_a_wave(head_dim):
-    # Both sides of each condition: the walk's length (SPLIT_WALK_STEPS query tiles of the
-    # group), one wave (blocks x splits <= SMs), the splits a divisor of the group.
+def test_a_gqa_group_is_split_where_its_blocks_leave_sms_waiting(head_dim):
+    # Both sides of each reason: a grid short of a wave (an MQA gradient over 4k keys: 32 blocks)
+    # splits, one whose blocks fill the waves evenly does not; a walk too short to pay for the
+    # sums does not; a causal grid of few long uneven blocks splits where the same grid without
+    # causal (one even wave) does not; a group of one never.
     block_m, block_n, _ = BACKWARD_TILES[head_dim]
-    rows_for = SPLIT_WALK_STEPS // 8 * block_m  # 8 heads a group: a walk of SPLIT_WALK_STEPS
+    assert splits_for(1, 8, 1, 4096, head_dim, False) > 1
+    assert splits_for(1, 8, 1, 132 * block_n, head_dim, False) == 1  # 132 blocks: one full wave
+    assert splits_for(1, 2, 1, block_m, head_dim, False) == 1  # one query tile a head
+    assert splits_for(8, 71, 1, 2048, head_dim, True) > 1
+    assert splits_for(8, 71, 1, 2048, head_dim, False) == 1
+    assert splits_for(1, 8, 8, 4096, head_dim, False) == splits_for(1, 8, 8, 4096, head_dim, True) == 1
+    # An uneven count where the group has no divisor near the best (71 is prime).
+    assert splits_for(8, 71, 1, 2048, head_dim, True) not in (1, 71)
 
-    def splits(seqlen_q, key_tiles, group, heads_kv=1, sm_count=132):
-        return gradient_head_splits(1, seqlen_q, key_tiles * block_n, heads_kv, group, head_dim, sm_count)
 
-    assert splits(rows_for, 32, 8) == 4  # 32 blocks: 4 splits fill 128 of 132 SMs
-    assert splits(rows_for - block_m, 32, 8) == 1  # one query tile short of the walk
-    assert splits(rows_for, 33, 8) == 4 and splits(rows_for, 34, 8) == 2  # 132 blocks, then 136
-    assert splits(rows_for, 33, 8, sm_count=131) == 2
-    assert splits(rows_for, 67, 8) == 1  # two splits would pass one wave
-    assert splits(rows_for * 2, 16, 4, heads_kv=2) == 4  # 32 blocks, a group of 4
-    assert splits(rows_for * 8, 2, 1) == 1  # no group to split
-    assert splits(rows_for, 2, 71) == 1 and splits(rows_for, 1, 71) == 71  # a prime group: all or none
+def test_more_splits_are_not_tried_past_the_waves_the_model_schedules():
+    # A causal MQA grid of 128 blocks (8 x 16 K/V tiles, head_dim 64) takes 12 splits on 132 SMs;
+    # on fewer SMs its splits stop where the blocks reach SPLIT_MAX_WAVES waves.
+    assert splits_for(8, 71, 1, 2048, 64, True) == 12
+    for sm_count in (33, 66):
+        assert splits_for(8, 71, 1, 2048, 64, True, sm_count=sm_count) == SPLIT_MAX_WAVES * sm_count // 128
+
+
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(500, 500), (300, 700), (700, 300), (1, 129)])
+@pytest.mark.parametrize("window", [(-1, -1), (100, -1), (-1, 30), (64, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_key_tile_walks_the_query_tiles_that_see_it(seqlen_q, seqlen_k, window, causal):
+    # The model's walks against the reference rule: a K/V tile's walk spans the query tiles from
+    # the first holding a row that sees one of its keys to the last (none: no walk).
+    block_m, block_n = 64, 128
+    left, right = (edge if edge >= 0 else None for edge in window)
+    walks = key_tile_walks(Visibility(seqlen_q, seqlen_k, causal, left, right), block_m, block_n)
+    visible = visible_keys(seqlen_q, seqlen_k, causal, window_size=window)
+    assert len(walks) == -(-seqlen_k // block_n)
+    for tile, walk in enumerate(walks):
+        rows = visible[:, tile * block_n : (tile + 1) * block_n].any(dim=1).nonzero().flatten().tolist()
+        span = rows[-1] // block_m - rows[0] // block_m + 1 if rows else 0
+        assert walk == span, f"K/V tile {tile}: walks {walk} query tiles, its rows span {span}"
+
+
+def test_the_list_schedule_starts_each_block_on_the_first_sm_free():
+    assert list_schedule([3, 1, 1, 1], 2) == 3
+    assert list_schedule([1, 1, 1, 1, 1], 2) == 3
+    assert list_schedule([1, 1, 1, 5], 2) == 6  # launch order, not the longest first
 
 
 def test_head_dim_256_keeps_its_group_whole():
     # Its split build does not lower (backward_program): the rule never asks for it.
     assert 256 not in HEAD_SPLIT_DIMS and set(HEAD_SPLIT_DIMS) < set(BACKWARD_TILES)
-    assert gradient_head_splits(1, 1 << 14, 64, 1, 8, 256, 132) == 1
-    assert gradient_head_splits(1, 1 << 14, 128, 1, 8, 128, 132) == 8
+    assert splits_for(1, 8, 1, 1 << 14, 256, False, seqlen_k=64) == 1
+    assert splits_for(1, 8, 1, 1 << 14, 128, False, seqlen_k=128) > 1

@@ -131,3 +131,18 @@ def test_the_paged_timing_cache_holds_each_request_s_keys_in_its_shuffled_pages(
         for b, length in enumerate((100, 37)):
             rows = cache[table[b].long()].flatten(0, 1)[:length]
             assert torch.equal(rows, source[b, :length])
+
+
+def test_the_gradient_splits_script_reads_its_shapes_as_the_bench_labels_them():
+    # perf/gradient_splits.py's shapes: each default reads back to the label its table prints.
+    import argparse
+
+    from perf.gradient_splits import SHAPES, parse_shape
+
+    shape = parse_shape("8x71/1x2048x64c")
+    assert (shape.batch, shape.nheads, shape.heads_kv, shape.seqlen_q, shape.head_dim) == (8, 71, 1, 2048, 64)
+    assert shape.causal and shape.label() == "8x71/1x2048x64 bfloat16 causal"
+    assert not parse_shape("1x8/1x4096x128").causal
+    assert len({parse_shape(text).label() for text in SHAPES}) == len(SHAPES)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected BxH/HKVxSxD"):
+        parse_shape("8x71x2048x64")

@@ -14,6 +14,8 @@ rows only; a case not in them gets the smallest configuration, which is correct 
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -246,29 +248,76 @@ DQ_TILES = {
 }
 
 
-# Query tiles (over the whole GQA group) a dK/dV block must walk before splitting its group pays:
-# a step takes about 3 µs at head_dim 128 (docs/performance.md), and the split's partial sums
-# cost four launches more (two sums, two casts), about 20 µs: 64 steps leave a wide margin.
-SPLIT_WALK_STEPS = 64
+# The dK/dV kernel's time as gradient_head_splits models it, in steps (one query tile of one
+# head against a block's K/V tile, about 3 µs at either head dim's tile, docs/performance.md).
+SPLIT_STEP_US = 3.0
+# A block's own cost past its walk: K/V's load, the pipeline's fill, dK's and dV's store.
+SPLIT_BLOCK_STEPS = 3
+# A split build's step costs more: its syncs are the planner's and its dQ untransposed
+# (backward.syncs_by_hand; docs/perf-log.md has the two measured).
+SPLIT_STEP_COST = 1.08
+# Splitting adds four launches (two sums, two casts), about 20 µs, and each split writes its fp32
+# partial dK and dV and the sums read them back.
+SPLIT_SUM_STEPS = 7
+HBM_BYTES_PER_US = 3.0e6
+# Past this many waves of blocks the grid is fine enough that its tail costs little (and the
+# model's list schedule grows with the blocks): no more splits are tried.
+SPLIT_MAX_WAVES = 16
 # The head dims whose dK/dV kernel keeps P and dS in registers; head_dim 256's split build does not
 # lower in TileLang 0.1.15 (backward_program).
 HEAD_SPLIT_DIMS = (64, 128)
 
 
-def gradient_head_splits(
-    batch: int, seqlen_q: int, seqlen_k: int, heads_kv: int, group_size: int, head_dim: int, sm_count: int
-) -> int:
-    """Into how many blocks the dK/dV kernel splits each K/V tile's GQA group of query heads: the
-    largest divisor of the group that keeps the grid to one wave of `sm_count` blocks, where a
-    block's walk is SPLIT_WALK_STEPS query tiles or more; else 1 (the K/V tiles and heads fill the
-    SMs already, or the walk is too short to pay for the partial sums). An MQA gradient over 4k
-    keys otherwise runs 32 blocks on 132 SMs (backward_program's `head_splits`)."""
-    block_m, block_n, _ = BACKWARD_TILES[head_dim]
-    if head_dim not in HEAD_SPLIT_DIMS or -(-seqlen_q // block_m) * group_size < SPLIT_WALK_STEPS:
+def key_tile_walks(rule, block_m: int, block_n: int) -> list[int]:
+    """The query tiles a dK/dV block walks for one head, for each K/V tile in launch order: from
+    the tile of the first row that sees its first key (a right edge) to past the last row that
+    sees its last (a left edge), as backward_program walks them. `rule`: a mask.Visibility of ints."""
+    walks = []
+    for kv_start in range(0, rule.seqlen_k, block_n):
+        first = max(rule.first_row(kv_start), 0) // block_m if rule.limits_right else 0
+        end = min(rule.seqlen_q, max(0, rule.rows_before(kv_start + block_n))) if rule.limits_left else rule.seqlen_q
+        walks.append(max(-(-end // block_m) - first, 0))
+    return walks
+
+
+def list_schedule(block_steps: list[float], sm_count: int) -> float:
+    """When the last of `block_steps` ends, each block started on the first SM free, in launch
+    order (one dK/dV block an SM: its shared memory)."""
+    ends = [0.0] * sm_count
+    for steps in block_steps:
+        heapq.heapreplace(ends, ends[0] + steps)
+    return max(ends)
+
+
+@functools.lru_cache(maxsize=256)
+def gradient_head_splits(batch: int, rule, heads_kv: int, group_size: int, head_dim: int, sm_count: int) -> int:
+    """Into how many blocks the dK/dV kernel splits each K/V tile's GQA group of query heads
+    (backward_program's `head_splits`; 1: none): the count whose modelled time is least, each
+    split's blocks walking a share of the group. Splits fill a grid short of a wave (an MQA
+    gradient over 4k keys is 32 blocks on 132 SMs), and even out a causal one, whose first K/V
+    tiles walk every query tile of the group while the last walk a few: with few large blocks
+    the SMs wait on the longest. `rule`: the launch's mask.Visibility, of ints."""
+    if head_dim not in HEAD_SPLIT_DIMS or group_size == 1:
         return 1
-    blocks = -(-seqlen_k // block_n) * heads_kv * batch
-    fitting = [d for d in range(1, group_size + 1) if group_size % d == 0 and blocks * d <= sm_count]
-    return max(fitting, default=1)
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    walks = key_tile_walks(rule, block_m, block_n)
+    partial_bytes = 2 * 2 * 4 * batch * rule.seqlen_k * heads_kv * head_dim  # dK and dV, written and read
+    split_steps = partial_bytes / HBM_BYTES_PER_US / SPLIT_STEP_US
+
+    def modelled_steps(splits: int) -> float:
+        heads = [(s + 1) * group_size // splits - s * group_size // splits for s in range(splits)]
+        blocks = [walked * h + SPLIT_BLOCK_STEPS for _ in range(batch * heads_kv) for h in heads for walked in walks]
+        if splits == 1:
+            return list_schedule(blocks, sm_count)
+        return list_schedule(blocks, sm_count) * SPLIT_STEP_COST + SPLIT_SUM_STEPS + splits * split_steps
+
+    best, least = 1, modelled_steps(1)
+    for splits in range(2, group_size + 1):
+        if batch * heads_kv * splits * len(walks) > SPLIT_MAX_WAVES * sm_count:
+            break
+        if (steps := modelled_steps(splits)) < least:
+            best, least = splits, steps
+    return best
 
 
 # ---- the split-KV kernels (decode.py) ----

@@ -23,10 +23,11 @@ import torch
 
 from fa_kernel.backward import compiled_gradient_kernels
 from fa_kernel.backward_preprocess import dq_row, padded_rows
-from fa_kernel.configs import TileConfig, arch_of, gradient_head_splits, select_config, tiles_per_sm
+from fa_kernel.configs import HEAD_SPLIT_DIMS, TileConfig, arch_of, gradient_head_splits, select_config, tiles_per_sm
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
 from fa_kernel.device import device_facts, device_target
 from fa_kernel.kernel import compiled_forward
+from fa_kernel.mask import Visibility
 from fa_kernel.numerics import LOG2E
 from fa_kernel.variants import Variants, exponent_scale, keys_a_row_sees, launch_arguments
 
@@ -424,12 +425,15 @@ def backward_into(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    head_splits: int | None = None,
 ) -> torch.Tensor | None:
     """The gradients of flash_attn_func's (out, lse) against (dout, grad_lse; None: 0), written
     into the caller's contiguous dq, dk, dv: the `fa_kernel::backward` op's launch (the tests
     hand it outputs filled with NaN, so that an element no thread block writes fails).
-    `deterministic`: dq from the fixed-order kernel, not by atomic adds. Returns dsinks (fp32
-    [nheads]) where sinks are given, else None."""
+    `deterministic`: dq from the fixed-order kernel, not by atomic adds. `head_splits`: the
+    blocks each K/V tile's GQA group is split between (1 to the group's size, head_dim 64 and
+    128; for the tests and perf/gradient_splits.py), None: configs.gradient_head_splits'.
+    Returns dsinks (fp32 [nheads]) where sinks are given, else None."""
     batch, seqlen_q, nheads, head_dim = q.shape
     if dq.numel() == 0 or dk.numel() == 0:
         # No query rows, or no keys: no score exists, and every gradient is 0 but the sinks'.
@@ -448,7 +452,16 @@ def backward_into(
     lse_log2 = torch.empty_like(delta)
     variants = Variants.of(causal, window_size, softcap, sinks)
     _, seqlen_k, nheads_kv, _ = k.shape
-    splits = gradient_head_splits(batch, seqlen_q, seqlen_k, nheads_kv, nheads // nheads_kv, head_dim, sm_count)
+    splits = head_splits
+    if splits is None:
+        left, right = (edge if edge >= 0 else None for edge in window_size)
+        rule = Visibility(seqlen_q, seqlen_k, causal, left, right)
+        splits = gradient_head_splits(batch, rule, nheads_kv, nheads // nheads_kv, head_dim, sm_count)
+    elif not 1 <= splits <= nheads // nheads_kv or (splits > 1 and head_dim not in HEAD_SPLIT_DIMS):
+        raise ValueError(
+            f"head_splits: expected 1 to the GQA group's {nheads // nheads_kv} heads (more than 1 at "
+            f"head_dim {' or '.join(map(str, HEAD_SPLIT_DIMS))}), got {splits} at head_dim {head_dim}"
+        )
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
         head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants,
         head_splits=splits > 1,

@@ -1,0 +1,91 @@
+"""The gradient's GQA group splits, timed: each K/V tile's query heads split between 1, 2, ...
+blocks (interface.backward_into's `head_splits`), alternated in one process, beside the count
+configs.gradient_head_splits' model picks. What the model's constants stand on.
+
+From the repository root, on a Hopper GPU:
+
+    python -m perf.gradient_splits [--shapes 8x71/1x2048x64c ...] [--splits 1 2 4 8] [--rounds 3]
+
+A shape is BxH/HKVxSxD, `c` at its end for causal (bf16). Printed: the backward's TFLOP/s by
+splits (the whole gradient: preprocess, the kernels and the partial sums), the model's pick
+marked with *, and the best measured over the model's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+
+import torch
+
+from fa_kernel import flash_attn_func, interface
+from fa_kernel.configs import HEAD_SPLIT_DIMS, gradient_head_splits
+from fa_kernel.device import device_target
+from fa_kernel.mask import Visibility
+from fa_kernel.workbench.bench import BACKWARD_FLOPS, Shape, alternated, cuda_median_ms
+
+# The model grid's rows furthest behind cuDNN at the time of writing (docs/perf-log.md), and two
+# it should leave alone.
+SHAPES = (
+    "8x71/1x2048x64c", "2x71/1x8192x64c", "8x52/4x2048x128c", "2x52/4x8192x128c", "8x128/8x2048x128c",
+    "2x128/8x8192x128c", "8x56/8x2048x128c", "8x16/2x2048x128c", "8x71/1x2048x64", "1x8/1x4096x128",
+)  # fmt: skip
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def parse_shape(text: str) -> Shape:
+    match = re.fullmatch(r"(\d+)x(\d+)/(\d+)x(\d+)x(\d+)(c?)", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"shape: expected BxH/HKVxSxD with an optional c, got {text!r}")
+    batch, heads, heads_kv, seqlen, head_dim = map(int, match.groups()[:5])
+    return Shape(batch, heads, seqlen, head_dim, bool(match[6]), torch.bfloat16, nheads_kv=heads_kv)
+
+
+def split_timers(shape: Shape, splits: list[int], repeats: int) -> dict[int, object]:
+    """splits -> a timer of the backward's TFLOP/s with that many splits."""
+    q, k, v = shape.inputs(0)
+    scale = 1.0 / math.sqrt(shape.head_dim)
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=shape.causal, return_lse=True)
+    dout = torch.randn_like(q)
+    gradients = [torch.empty_like(t) for t in (q, k, v)]
+    flops = shape.flops * BACKWARD_FLOPS
+
+    def timer(count: int):
+        def launch():
+            interface.backward_into(*gradients, dout, None, q, k, v, out, lse, scale, shape.causal, head_splits=count)
+
+        return lambda: flops / cuda_median_ms(launch, warmup=3, repeats=repeats) / 1e9
+
+    return {count: timer(count) for count in splits}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[parse_shape(s) for s in SHAPES])
+    parser.add_argument("--splits", nargs="+", type=int, default=list(SPLITS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    sm_count = device_target(torch.device("cuda"))[0]
+    print(f"Backward TFLOP/s by GQA splits on {torch.cuda.get_device_name()}, medians of {args.rounds} rounds")
+    print("alternated; * the model's pick (configs.gradient_head_splits)\n")
+    print("| shape | TFLOP/s by splits | model's pick | best | best / pick |\n|---|---|---|---|---|")
+    for shape in args.shapes:
+        group = shape.nheads // shape.heads_kv
+        rule = Visibility(shape.seqlen_q, shape.keys, shape.causal)
+        pick = gradient_head_splits(shape.batch, rule, shape.heads_kv, group, shape.head_dim, sm_count)
+        dims_split = shape.head_dim in HEAD_SPLIT_DIMS
+        counts = sorted({c for c in (*args.splits, pick) if c <= group and (c == 1 or dims_split)})
+        samples = alternated(split_timers(shape, counts, args.repeats), args.rounds)
+        medians = {count: statistics.median(figures) for count, figures in samples.items()}
+        best = max(medians, key=medians.__getitem__)
+        cells = ", ".join(f"{c}{'*' if c == pick else ''}: {t:.0f}" for c, t in medians.items())
+        print(f"| {shape.label()} | {cells} | {pick} | {best} | {medians[best] / medians[pick]:.3f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
