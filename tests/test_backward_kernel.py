@@ -127,7 +127,7 @@ def test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients(head_dim,
     # The dK/dV kernel splits each K/V tile's GQA group between blocks (backward_into's
     # head_splits; configs.gradient_head_splits picks the count) and the caller sums their fp32
     # partial dK and dV. A group of five over every count from 2 to 5, so the shares come even
-    # and uneven (2+3, 1+2+2, 1+1+1+2, five of 1): on one K/V head over three K/V tiles (the last
+    # and uneven (3+2, 2+2+1, 2+1+1+1, five of 1): on one K/V head over three K/V tiles (the last
     # partial), and on two over one partial tile; the fixed-order gradient the same bits twice.
     block_m, block_n, _ = BACKWARD_TILES[head_dim]
     for heads, heads_kv, seqlen_q, seqlen_k in (

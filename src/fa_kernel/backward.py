@@ -90,8 +90,7 @@ def backward_program(
     `head_splits`: a GQA group's query heads split between `splits` blocks of each K/V tile (1 to
     the group's size, at launch), for a grid of few or uneven blocks (MQA, causal GQA): dK and dV
     are then fp32 partial sums [splits, B, Sk, Hkv, D], block (tile, kv_head·splits + split)
-    walking the group's heads from split·group // splits to the next split's first, which the
-    caller sums in a fixed order.
+    walking the group's heads split, split + splits, ..., which the caller sums in a fixed order.
     Batched launches with P and dS in registers only (head_dim 64 and 128).
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
@@ -305,13 +304,13 @@ def backward_program(
             acc_dq = T.alloc_fragment(dq_fragment, accum) if with_dq else None
 
             group_size = heads // heads_kv
-            kv_head, first_head, walk_heads = kv_slot, 0, group_size
+            kv_head, split, walk_heads = kv_slot, None, group_size
             if head_splits:
-                # Split s walks the group's heads [s·group // splits, (s+1)·group // splits): any
-                # number of splits up to the group, their walks within one head of each other.
+                # Split s walks the group's heads s, s + splits, ...: any number of splits up to
+                # the group, their walks within one head of each other. At least one head (as
+                # split < group): without the bound, ThreadSync cannot lower some builds' syncs.
                 kv_head, split = kv_slot // splits, kv_slot % splits
-                first_head = split * group_size // splits
-                walk_heads = (split + 1) * group_size // splits - first_head
+                walk_heads = T.max(T.ceildiv(group_size - split, splits), 1)
             kv_tile, rule, sequence, q_offset, k_offset = kv_block, visibility, None, None, None
             if varlen:
                 # The producer writes the sequence's registers, which TileLang's warp
@@ -350,7 +349,9 @@ def backward_program(
             step_q_start = T.alloc_var(T.int32)
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             for step in T.Pipelined(walk_heads * T.max(q_blocks, 0), num_stages=num_stages):
-                head = kv_head * group_size + first_head + step // q_blocks
+                head = kv_head * group_size + step // q_blocks
+                if head_splits:
+                    head = kv_head * group_size + split + step // q_blocks * splits
                 q_tile = step % q_blocks
                 q_start = (first_q_block + q_tile) * block_m
                 q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch

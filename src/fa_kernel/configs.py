@@ -305,7 +305,7 @@ def gradient_head_splits(batch: int, rule, heads_kv: int, group_size: int, head_
     split_steps = partial_bytes / HBM_BYTES_PER_US / SPLIT_STEP_US
 
     def modelled_steps(splits: int) -> float:
-        heads = [(s + 1) * group_size // splits - s * group_size // splits for s in range(splits)]
+        heads = [-(-(group_size - split) // splits) for split in range(splits)]  # split s: heads s, s + splits, ...
         blocks = [walked * h + SPLIT_BLOCK_STEPS for _ in range(batch * heads_kv) for h in heads for walked in walks]
         if splits == 1:
             return list_schedule(blocks, sm_count)

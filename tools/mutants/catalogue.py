@@ -689,8 +689,28 @@ KERNEL_MUTANTS = [
         # get no gradient from them, and the first heads' count several times.
         "head_split_walks_the_first_heads",
         "backward.py",
-        "head = kv_head * group_size + split * walk_heads + step // q_blocks",
-        "head = kv_head * group_size + step // q_blocks",
+        "head = kv_head * group_size + split + step // q_blocks * splits",
+        "head = kv_head * group_size + step // q_blocks * splits",
+        within="backward_program",
+        first=HEAD_SPLITS,
+    ),
+    Mutant(
+        # Every split walks the group's floor share: where the splits do not divide the group,
+        # the heads past the floor's get no gradient.
+        "head_split_uneven_share_dropped",
+        "backward.py",
+        "walk_heads = T.max(T.ceildiv(group_size - split, splits), 1)",
+        "walk_heads = T.max(group_size // splits, 1)",
+        within="backward_program",
+        first=HEAD_SPLITS,
+    ),
+    Mutant(
+        # The splits' heads taken one apart, not `splits` apart: they overlap, and the group's
+        # last heads get no gradient.
+        "head_split_heads_adjacent",
+        "backward.py",
+        "head = kv_head * group_size + split + step // q_blocks * splits",
+        "head = kv_head * group_size + split + step // q_blocks",
         within="backward_program",
         first=HEAD_SPLITS,
     ),
