@@ -18,6 +18,8 @@ BACKWARD_TILES entry:
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
+  heavy_first      the grid's K/V tiles slowest (`heavy_first=True`): under causal every head's
+                   longest walk dispatched before any shorter one (the GQA rows below).
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -53,6 +55,7 @@ from perf import ab
 VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
+    "heavy_first": {"heavy_first": True},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
@@ -69,6 +72,12 @@ SHAPES = [
     # Issue 53's short walks: 1k keys, where a block's fixed cost weighs most.
     Shape(16, 16, 1024, 128, False, torch.bfloat16),
     Shape(16, 16, 1024, 128, True, torch.bfloat16),
+    # Causal GQA, the model grid's rows furthest behind: few (K/V head, batch) pairs of long,
+    # uneven walks; and MHA at the same length.
+    Shape(8, 16, 2048, 128, True, torch.bfloat16, nheads_kv=2),
+    Shape(8, 48, 2048, 128, True, torch.bfloat16, nheads_kv=4),
+    Shape(8, 128, 2048, 128, True, torch.bfloat16, nheads_kv=8),
+    Shape(8, 32, 2048, 128, True, torch.bfloat16),
 ]
 # The fixed-order dQ kernel's FLOPs against the forward's: S, dP and dS.K, three GEMMs to its two.
 DQ_FLOPS = 1.5

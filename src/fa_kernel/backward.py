@@ -64,6 +64,7 @@ def backward_program(
     variants: Variants = PLAIN,
     varlen: bool = False,
     head_splits: bool = False,
+    heavy_first: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -93,6 +94,11 @@ def backward_program(
     walking the group's heads split, split + splits, ..., which the caller sums in a fixed order.
     Batched launches with P and dS in registers only (head_dim 64 and 128).
 
+    `heavy_first`: the grid takes K/V tiles slowest, blocks (K/V slot, batch, K/V tile), so that
+    every (K/V head, batch)'s first tile, under a right edge the longest walk, is dispatched
+    before any second: the SMs take the long blocks first, where the K/V-tile-fastest order
+    leaves the last heads' long blocks to run alone at the end. Batched launches only.
+
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's. In
@@ -102,8 +108,8 @@ def backward_program(
     runs on under dQ's staging and add, as FlashAttention-3's does; dQ comes transposed there,
     dQᵀ = Kᵀ·dSᵀ (its dQ_swapAB).
     """
-    if head_splits and varlen:
-        raise ValueError("head_splits: expected a batched launch (varlen=False)")
+    if (head_splits or heavy_first) and varlen:
+        raise ValueError("head_splits, heavy_first: expected a batched launch (varlen=False)")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
@@ -285,7 +291,11 @@ def backward_program(
     ):
         kv_slots = heads_kv * splits if head_splits else heads_kv
         grid = (ragged_tiles, heads_kv, 1) if varlen else (T.ceildiv(seqlen_k, block_n), kv_slots, batch)
+        if heavy_first:
+            grid = (kv_slots, batch, T.ceildiv(seqlen_k, block_n))
         with T.Kernel(*grid, threads=threads) as (kv_block, kv_slot, b):
+            if heavy_first:
+                kv_block, kv_slot, b = b, kv_block, kv_slot
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
