@@ -114,15 +114,29 @@ def deterministic_builds(arch: str) -> list[dict]:
 
 def head_split_builds(arch: str) -> list[dict]:
     """compiled_gradient_kernels' arguments of the dK/dV kernel's build that splits a GQA group
-    between blocks: test_backward_kernel's split test (bf16, both dQ kernels) and the property
-    test's draws that take it (both dtypes)."""
+    between blocks: test_backward_kernel's split test (bf16, both dQ kernels), the property
+    test's draws that take it (both dtypes), and test_variants_kernel's split test (bf16, its
+    SPLIT_VARIANTS)."""
     kinds = (("bfloat16", False), ("bfloat16", True), ("float16", False))
-    return [
+    plain = [
         dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, head_splits=True)
         for head_dim in HEAD_SPLIT_DIMS
         for causal in (False, True)
         for dtype, deterministic in kinds
     ]
+    variants = [
+        dict(
+            head_dim=head_dim,
+            causal=causal,
+            dtype="bfloat16",
+            arch=arch,
+            variants=SPLIT_VARIANTS[causal],
+            head_splits=True,
+        )
+        for head_dim in HEAD_SPLIT_DIMS
+        for causal in (False, True)
+    ]
+    return plain + variants
 
 
 # test_decode: one dtype per head dim, both across the three: the dtype enters the kernels as the element
@@ -151,6 +165,8 @@ def split_kv_test_builds(arch: str) -> list[dict]:
 WINDOW_VARIANTS = {False: Variants(window_left=True, window_right=True, sinks=True), True: Variants(True, sinks=True)}
 SOFTCAP_VARIANTS = Variants(window_left=True, softcap=True)
 ALL_VARIANTS = Variants(window_left=True, window_right=True, softcap=True, sinks=True)
+# test_variants_kernel's split GQA group: a left edge (and a right one without causal), a cap, sinks.
+SPLIT_VARIANTS = {False: ALL_VARIANTS, True: Variants(window_left=True, softcap=True, sinks=True)}
 
 
 def variant_sweep_builds() -> list[dict]:

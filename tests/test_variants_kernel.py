@@ -28,7 +28,7 @@ from suite.launch import device_arch, run_config
 from suite.strategies import HARD_SCORES, hard_score_cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, SPLIT_TILES, TileConfig
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, HEAD_SPLIT_DIMS, SPLIT_TILES, TileConfig
 from fa_kernel.decode import split_kv_into
 from fa_kernel.interface import backward_into
 from fa_kernel.kernel import compiled_forward
@@ -217,6 +217,32 @@ def test_backward_window_sweep_with_sinks(head_dim, causal, deterministic):
                 if not verdict.passed:
                     failures.append(f"({seqlen_q}, {seqlen_k}) window {window} sinks {sink is not None}: {verdict}")
     assert not failures, f"{len(failures)} cases fail:\n" + "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_SPLIT_DIMS)
+def test_a_split_gqa_group_keeps_the_window_the_cap_and_the_sinks(head_dim, causal):
+    # configs.gradient_head_splits may split any launch's group, windowed or capped: a group of
+    # five on one K/V head in three splits (shares 2+2+1), a left edge at a K/V tile's boundary and
+    # inside one (a right edge too without causal), with the cap and the sinks (suite.builds'
+    # SPLIT_VARIANTS).
+    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    q, k, v = random_qkv(1, 3 * block_m + 1, 2 * block_n + 3, 5, 1, head_dim, torch.bfloat16)
+    dout = torch.randn_like(q)
+    sinks = sinks_for(5, seed=3)
+    failures = []
+    windows = ((block_n, -1), (block_n // 2 + 1, -1)) if causal else ((block_n, 3), (block_n // 2 + 1, block_n + 1))
+    for window in windows:
+        variants = dict(window_size=window, softcap=30.0, sinks=sinks)
+        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants)
+        grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+        scale = head_dim**-0.5
+        dsinks = backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, head_splits=3, **variants)
+        verdict = judge_backward(q, k, v, dout, (*grads, dsinks), causal, **variants)
+        if not verdict.passed:
+            failures.append(f"window {window}: {verdict}")
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.gpu
