@@ -18,6 +18,7 @@ import functools
 import heapq
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -280,7 +281,7 @@ def key_tile_walks(rule, block_m: int, block_n: int) -> list[int]:
     return walks
 
 
-def list_schedule(block_steps: list[float], sm_count: int) -> float:
+def list_schedule(block_steps: Sequence[float], sm_count: int) -> float:
     """When the last of `block_steps` ends, each block started on the first SM free, in launch
     order (one dK/dV block an SM: its shared memory)."""
     ends = [0.0] * sm_count
