@@ -18,8 +18,9 @@ BACKWARD_TILES entry:
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
-  heavy_first      the grid's K/V tiles slowest (`heavy_first=True`): under causal every head's
-                   longest walk dispatched before any shorter one (the GQA rows below).
+  heavy_first      the blocks in groups of about a wave's (batch, K/V head) pairs, each group's
+                   by K/V tile slowest (`heavy_first=True`, configs.pairs_per_group): under causal
+                   the group's longest walks dispatched first (the GQA rows below).
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -43,6 +44,8 @@ from fa_kernel import flash_attn_func
 from fa_kernel.backward import compiled_backward
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, padded_rows
+from fa_kernel.configs import BACKWARD_TILES, pairs_per_group
+from fa_kernel.device import device_target
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import random_qkv
@@ -81,8 +84,9 @@ SHAPES = [
 ]
 # The fixed-order dQ kernel's FLOPs against the forward's: S, dP and dS.K, three GEMMs to its two.
 DQ_FLOPS = 1.5
-# Odd lengths, both offsets' signs, a GQA group: each variant is judged on these first.
-CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1)]
+# Odd lengths, both offsets' signs, a GQA group, and nine (batch, K/V head) pairs over 16 K/V tiles
+# (heavy_first's groups of 8 on 132 SMs, the last of one): each variant is judged on these first.
+CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1), (3, 100, 2000, 6, 3)]
 
 
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
@@ -123,9 +127,15 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     dq_accum = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
 
+    # A heavy-first build takes its groups' size after the scales.
+    order = ()
+    if VARIANTS[variant].get("heavy_first"):
+        key_tiles = -(-k.shape[1] // BACKWARD_TILES[head_dim][1])
+        order = (pairs_per_group(key_tiles, device_target(q.device)[0]),)
+
     def call():
         dq_accum.zero_()
-        kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale)
+        kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale, *order)
 
     def grads():
         if not with_dq:

@@ -55,3 +55,25 @@ def test_a_tile_is_masked_exactly_where_it_holds_a_hidden_pair(causal):
             rule = Visibility(seqlen_q, seqlen_k, causal)
             masked = evaluated(tile_needs_mask(rule, kv_start, q_start, BLOCK_N, BLOCK_M))
             assert masked == hidden, (q_start, kv_start, seqlen_q, seqlen_k)
+
+
+@pytest.mark.parametrize(
+    ("key_tiles", "kv_slots", "batch", "group"), [(16, 3, 3, 8), (3, 2, 1, 44), (5, 4, 2, 1), (2, 7, 1, 3)]
+)
+def test_the_heavy_first_order_runs_every_block_once_each_group_by_tile(key_tiles, kv_slots, batch, group):
+    # backward_program's heavy_first: block index -> (K/V tile, K/V slot, batch) is a bijection,
+    # and within a group of `group` pairs (the last may hold fewer) the tiles never go back; a
+    # group of one is the batched grid's own order (K/V tile fastest, then slot, then batch).
+    from fa_kernel.backward import heavy_first_block
+
+    def at(index):
+        return tuple(int(ANALYZER.simplify(x)) for x in heavy_first_block(index, key_tiles, kv_slots, batch, group))
+
+    blocks = [at(index) for index in range(key_tiles * kv_slots * batch)]
+    assert sorted(blocks) == sorted(itertools.product(range(key_tiles), range(kv_slots), range(batch)))
+    group_blocks = group * key_tiles
+    for start in range(0, len(blocks), group_blocks):
+        tiles = [tile for tile, _, _ in blocks[start : start + group_blocks]]
+        assert tiles == sorted(tiles), f"group from block {start}: tiles {tiles}"
+    if group == 1:
+        assert blocks == [(t, s, b) for b in range(batch) for s in range(kv_slots) for t in range(key_tiles)]

@@ -51,6 +51,18 @@ def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True, head_s
     return with_dq and not head_splits and operands_in_registers(block_n, threads)
 
 
+def heavy_first_block(index, key_tiles, kv_slots, batch, group):
+    """(K/V tile, K/V slot, batch) of block `index` in backward_program's heavy-first order: the
+    (batch, K/V slot) pairs in groups of `group` (the last may hold fewer), each group's blocks by
+    K/V tile slowest."""
+    group_blocks = group * key_tiles
+    first_pair = index // group_blocks * group
+    pairs = T.min(group, kv_slots * batch - first_pair)
+    within = index % group_blocks
+    pair = first_pair + within % pairs
+    return within // pairs, pair % kv_slots, pair // kv_slots
+
+
 def backward_program(
     *,
     head_dim: int,
@@ -94,10 +106,13 @@ def backward_program(
     walking the group's heads split, split + splits, ..., which the caller sums in a fixed order.
     Batched launches with P and dS in registers only (head_dim 64 and 128).
 
-    `heavy_first`: the grid takes K/V tiles slowest, blocks (K/V slot, batch, K/V tile), so that
-    every (K/V head, batch)'s first tile, under a right edge the longest walk, is dispatched
-    before any second: the SMs take the long blocks first, where the K/V-tile-fastest order
-    leaves the last heads' long blocks to run alone at the end. Batched launches only.
+    `heavy_first`: the blocks in groups of `pairs_per_group` (batch, K/V slot) pairs (a launch
+    parameter after the variants'; configs.pairs_per_group), each group's taken by K/V tile
+    slowest (`heavy_first_block`), so that its first tiles, under a right edge the longest walks,
+    are dispatched before its second: the SMs take the long blocks first, where the
+    K/V-tile-fastest order (a group of one pair) leaves the last heads' long blocks to run alone
+    at the end. A group of about a wave keeps the blocks that run together on few query heads,
+    which they share in L2. Batched launches only.
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
@@ -114,7 +129,7 @@ def backward_program(
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     dtype = DTYPES[dtype]
     accum = T.float32
-    splits = T.dynamic("splits")
+    splits, pairs_per_group = T.dynamic("splits, pairs_per_group")
     dk_shape = [splits, batch, seqlen_k, heads_kv, head_dim] if head_splits else [batch, seqlen_k, heads_kv, head_dim]
     dk_dtype = accum if head_splits else dtype
     DQ_ROW = dq_row(head_dim)
@@ -288,14 +303,16 @@ def backward_program(
         CuSeqlensQ: kernel_parameter(cu_seqlens_q, varlen),
         CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
         TileOrder: kernel_parameter(tile_order, varlen),
+        PairsPerGroup: kernel_parameter(pairs_per_group, heavy_first),
     ):
         kv_slots = heads_kv * splits if head_splits else heads_kv
         grid = (ragged_tiles, heads_kv, 1) if varlen else (T.ceildiv(seqlen_k, block_n), kv_slots, batch)
         if heavy_first:
-            grid = (kv_slots, batch, T.ceildiv(seqlen_k, block_n))
+            grid = (T.ceildiv(seqlen_k, block_n) * kv_slots * batch, 1, 1)
         with T.Kernel(*grid, threads=threads) as (kv_block, kv_slot, b):
             if heavy_first:
-                kv_block, kv_slot, b = b, kv_block, kv_slot
+                key_tiles = T.ceildiv(seqlen_k, block_n)
+                kv_block, kv_slot, b = heavy_first_block(kv_block, key_tiles, kv_slots, batch, PairsPerGroup)
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)

@@ -269,6 +269,12 @@ SPLIT_MAX_WAVES = 16
 HEAD_SPLIT_DIMS = (64, 128)
 
 
+def pairs_per_group(key_tiles: int, sm_count: int) -> int:
+    """The (batch, K/V slot) pairs a heavy-first group of dK/dV blocks holds (backward_program's
+    `heavy_first`): as many as one wave of SMs takes every K/V tile of, at least one."""
+    return max(1, sm_count // key_tiles)
+
+
 def key_tile_walks(rule, block_m: int, block_n: int) -> list[int]:
     """The query tiles a dK/dV block walks for one head, for each K/V tile in launch order: from
     the tile of the first row that sees its first key (a right edge) to past the last row that
