@@ -318,10 +318,11 @@ def gradient_head_splits(batch: int, rule, heads_kv: int, group_size: int, head_
             return list_schedule(blocks, sm_count)
         return list_schedule(blocks, sm_count) * SPLIT_STEP_COST + SPLIT_SUM_STEPS + splits * split_steps
 
+    most = min(group_size, SPLIT_MAX_WAVES * sm_count // max(1, batch * heads_kv * len(walks)))
+    if most < 2:
+        return 1  # the grid is fine already: no schedule is worked out
     best, least = 1, modelled_steps(1)
-    for splits in range(2, group_size + 1):
-        if batch * heads_kv * splits * len(walks) > SPLIT_MAX_WAVES * sm_count:
-            break
+    for splits in range(2, most + 1):
         if (steps := modelled_steps(splits)) < least:
             best, least = splits, steps
     return best
