@@ -306,12 +306,10 @@ def backward_program(
         PairsPerGroup: kernel_parameter(pairs_per_group, heavy_first),
     ):
         kv_slots = heads_kv * splits if head_splits else heads_kv
-        grid = (ragged_tiles, heads_kv, 1) if varlen else (T.ceildiv(seqlen_k, block_n), kv_slots, batch)
-        if heavy_first:
-            grid = (T.ceildiv(seqlen_k, block_n) * kv_slots * batch, 1, 1)
-        with T.Kernel(*grid, threads=threads) as (kv_block, kv_slot, b):
+        key_tiles = T.ceildiv(seqlen_k, block_n)
+        grid = (key_tiles * kv_slots * batch, 1, 1) if heavy_first else (key_tiles, kv_slots, batch)
+        with T.Kernel(*((ragged_tiles, heads_kv, 1) if varlen else grid), threads=threads) as (kv_block, kv_slot, b):
             if heavy_first:
-                key_tiles = T.ceildiv(seqlen_k, block_n)
                 kv_block, kv_slot, b = heavy_first_block(kv_block, key_tiles, kv_slots, batch, PairsPerGroup)
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
