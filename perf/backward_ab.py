@@ -44,7 +44,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.backward import compiled_backward
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, padded_rows
-from fa_kernel.configs import BACKWARD_TILES, pairs_per_group
+from fa_kernel.configs import pairs_per_group
 from fa_kernel.device import device_target
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
@@ -130,8 +130,7 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     # A heavy-first build takes its groups' size after the scales.
     order = ()
     if VARIANTS[variant].get("heavy_first"):
-        key_tiles = -(-k.shape[1] // BACKWARD_TILES[head_dim][1])
-        order = (pairs_per_group(key_tiles, device_target(q.device)[0]),)
+        order = (pairs_per_group(k.shape[1], head_dim, device_target(q.device)[0]),)
 
     def call():
         dq_accum.zero_()

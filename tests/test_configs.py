@@ -194,8 +194,7 @@ def test_each_key_tile_walks_the_query_tiles_that_see_it(seqlen_q, seqlen_k, win
     # The model's walks against the reference rule: a K/V tile's walk spans the query tiles from
     # the first holding a row that sees one of its keys to the last (none: no walk).
     block_m, block_n = 64, 128
-    left, right = (edge if edge >= 0 else None for edge in window)
-    walks = key_tile_walks(Visibility(seqlen_q, seqlen_k, causal, left, right), block_m, block_n)
+    walks = key_tile_walks(Visibility.of_window(seqlen_q, seqlen_k, causal, window), block_m, block_n)
     visible = visible_keys(seqlen_q, seqlen_k, causal, window_size=window)
     assert len(walks) == -(-seqlen_k // block_n)
     for tile, walk in enumerate(walks):

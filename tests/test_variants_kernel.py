@@ -189,13 +189,15 @@ def backward_windows(head_dim: int, causal: bool) -> list[tuple[int, int]]:
     return left_only + [(-1, right) for right in values] + list(zip(values, values[::-1], strict=True))
 
 
-def kernel_gradients_with(q, k, v, dout, causal, deterministic, **variants):
+def kernel_gradients_with(q, k, v, dout, causal, deterministic, head_splits=None, **variants):
     """(dq, dk, dv, dsinks) of the backward kernels, written into NaN, for the forward kernel's
-    (out, lse) with the same variants (dsinks None without sinks)."""
+    (out, lse) with the same variants (dsinks None without sinks); `head_splits` as
+    backward_into takes it."""
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     scale = q.shape[-1] ** -0.5
-    dsinks = backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic, **variants)
+    options = dict(variants, head_splits=head_splits)
+    dsinks = backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic, **options)
     return (*grads, dsinks) if dsinks is not None else grads
 
 
@@ -235,11 +237,8 @@ def test_a_split_gqa_group_keeps_the_window_the_cap_and_the_sinks(head_dim, caus
     windows = ((block_n, -1), (block_n // 2 + 1, -1)) if causal else ((block_n, 3), (block_n // 2 + 1, block_n + 1))
     for window in windows:
         variants = dict(window_size=window, softcap=30.0, sinks=sinks)
-        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants)
-        grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-        scale = head_dim**-0.5
-        dsinks = backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, head_splits=3, **variants)
-        verdict = judge_backward(q, k, v, dout, (*grads, dsinks), causal, **variants)
+        grads = kernel_gradients_with(q, k, v, dout, causal, False, head_splits=3, **variants)
+        verdict = judge_backward(q, k, v, dout, grads, causal, **variants)
         if not verdict.passed:
             failures.append(f"window {window}: {verdict}")
     assert not failures, "\n".join(failures)

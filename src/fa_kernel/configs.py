@@ -269,10 +269,11 @@ SPLIT_MAX_WAVES = 16
 HEAD_SPLIT_DIMS = (64, 128)
 
 
-def pairs_per_group(key_tiles: int, sm_count: int) -> int:
+def pairs_per_group(seqlen_k: int, head_dim: int, sm_count: int) -> int:
     """The (batch, K/V slot) pairs a heavy-first group of dK/dV blocks holds (backward_program's
-    `heavy_first`): as many as one wave of SMs takes every K/V tile of, at least one."""
-    return max(1, sm_count // key_tiles)
+    `heavy_first`, a launch argument): as many as one wave of SMs takes every K/V tile of, at
+    least one."""
+    return max(1, sm_count // -(-seqlen_k // BACKWARD_TILES[head_dim][1]))
 
 
 def key_tile_walks(rule, block_m: int, block_n: int) -> list[int]:
@@ -296,7 +297,6 @@ def list_schedule(block_steps: Sequence[float], sm_count: int) -> float:
     return max(ends)
 
 
-@functools.lru_cache(maxsize=256)
 def gradient_head_splits(batch: int, rule, heads_kv: int, group_size: int, head_dim: int, sm_count: int) -> int:
     """Into how many blocks the dK/dV kernel splits each K/V tile's GQA group of query heads
     (backward_program's `head_splits`; 1: none): the count whose modelled time is least, each
@@ -305,7 +305,13 @@ def gradient_head_splits(batch: int, rule, heads_kv: int, group_size: int, head_
     tiles walk every query tile of the group while the last walk a few: with few large blocks
     the SMs wait on the longest. `rule`: the launch's mask.Visibility, of ints."""
     if head_dim not in HEAD_SPLIT_DIMS or group_size == 1:
-        return 1
+        return 1  # before the cache: an MHA gradient pays no lookup
+    return least_time_splits(batch, rule, heads_kv, group_size, head_dim, sm_count)
+
+
+@functools.lru_cache(maxsize=256)
+def least_time_splits(batch: int, rule, heads_kv: int, group_size: int, head_dim: int, sm_count: int) -> int:
+    """gradient_head_splits' model, once per launch shape (it schedules up to thousands of blocks)."""
     block_m, block_n, _ = BACKWARD_TILES[head_dim]
     walks = key_tile_walks(rule, block_m, block_n)
     partial_bytes = 2 * 2 * 4 * batch * rule.seqlen_k * heads_kv * head_dim  # dK and dV, written and read

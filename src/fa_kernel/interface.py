@@ -453,11 +453,8 @@ def backward_into(
     variants = Variants.of(causal, window_size, softcap, sinks)
     _, seqlen_k, nheads_kv, _ = k.shape
     splits = head_splits
-    if splits is None and nheads == nheads_kv:
-        splits = 1  # no group to split: the model's call and its cache lookup spared (host time)
-    elif splits is None:
-        left, right = (edge if edge >= 0 else None for edge in window_size)
-        rule = Visibility(seqlen_q, seqlen_k, causal, left, right)
+    if splits is None:
+        rule = Visibility.of_window(seqlen_q, seqlen_k, causal, window_size)
         splits = gradient_head_splits(batch, rule, nheads_kv, nheads // nheads_kv, head_dim, sm_count)
     elif not 1 <= splits <= nheads // nheads_kv or (splits > 1 and head_dim not in HEAD_SPLIT_DIMS):
         raise ValueError(

@@ -41,6 +41,12 @@ class Visibility:
     left: int | None = None
     right: int | None = None
 
+    @classmethod
+    def of_window(cls, seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int]) -> Visibility:
+        """A launch's rule of ints from flash-attn's window_size (-1: no edge on that side)."""
+        left, right = (edge if edge >= 0 else None for edge in window_size)
+        return cls(seqlen_q, seqlen_k, causal, left, right)
+
     @property
     def right_edge(self) -> int | None:
         """How far right of its diagonal a row sees (None: to the last key)."""
