@@ -253,3 +253,23 @@ def test_autograd_hands_the_variants_to_the_backward_and_dsinks_to_the_sinks(mon
     got = (q.grad, k.grad, v.grad, sinks.grad)
     for name, grad, want in zip(("dq", "dk", "dv", "dsinks"), got, expected, strict=True):
         assert torch.equal(grad, want), name
+
+
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "splits", "refused"),
+    [(4, 64, 2, False), (4, 64, 3, True), (4, 64, 0, True), (8, 128, 1, False), (8, 256, 1, False), (8, 256, 2, True)],
+)
+def test_head_splits_outside_the_group_or_the_split_dims_are_refused_first(heads, head_dim, splits, refused):
+    # backward_into's head_splits: 1 to the GQA group's size (2 K/V heads here), more than 1 at
+    # head_dim 64 and 128 only; checked before the launch's early exit (no query rows here), so a
+    # count kept runs to it on the CPU and returns.
+    from fa_kernel.interface import backward_into
+
+    q, k = torch.zeros(1, 0, heads, head_dim), torch.zeros(1, 5, 2, head_dim)
+    grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k))
+    call = lambda: backward_into(*grads, q, None, q, k, k, q, q, 0.125, False, head_splits=splits)  # noqa: E731
+    if refused:
+        with pytest.raises(ValueError, match=rf"head_splits: expected 1 to the GQA group's {heads // 2} heads"):
+            call()
+    else:
+        assert call() is None

@@ -435,6 +435,14 @@ def backward_into(
     128; for the tests and perf/gradient_splits.py), None: configs.gradient_head_splits'.
     Returns dsinks (fp32 [nheads]) where sinks are given, else None."""
     batch, seqlen_q, nheads, head_dim = q.shape
+    _, seqlen_k, nheads_kv, _ = k.shape
+    if head_splits is not None and not (
+        1 <= head_splits <= nheads // nheads_kv and (head_splits == 1 or head_dim in HEAD_SPLIT_DIMS)
+    ):
+        raise ValueError(
+            f"head_splits: expected 1 to the GQA group's {nheads // nheads_kv} heads (more than 1 at "
+            f"head_dim {' or '.join(map(str, HEAD_SPLIT_DIMS))}), got {head_splits} at head_dim {head_dim}"
+        )
     if dq.numel() == 0 or dk.numel() == 0:
         # No query rows, or no keys: no score exists, and every gradient is 0 but the sinks'.
         for grad in (dq, dk, dv):
@@ -451,16 +459,10 @@ def backward_into(
     delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
     variants = Variants.of(causal, window_size, softcap, sinks)
-    _, seqlen_k, nheads_kv, _ = k.shape
     splits = head_splits
     if splits is None:
         rule = Visibility.of_window(seqlen_q, seqlen_k, causal, window_size)
         splits = gradient_head_splits(batch, rule, nheads_kv, nheads // nheads_kv, head_dim, sm_count)
-    elif not 1 <= splits <= nheads // nheads_kv or (splits > 1 and head_dim not in HEAD_SPLIT_DIMS):
-        raise ValueError(
-            f"head_splits: expected 1 to the GQA group's {nheads // nheads_kv} heads (more than 1 at "
-            f"head_dim {' or '.join(map(str, HEAD_SPLIT_DIMS))}), got {splits} at head_dim {head_dim}"
-        )
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
         head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants,
         head_splits=splits > 1,
