@@ -331,11 +331,13 @@ def test_ptxas_reports_a_generated_kernels_registers_and_spills(tmp_path):
     assert re.search(r"Used \d+ registers", report) and "spill stores" in report, report
 
 
+@pytest.mark.parametrize("head_splits", [False, True], ids=["whole", "split"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_ds_and_dq_pass_through_shared_memory_in_order_where_the_kernel_places_its_barriers(head_dim):
+def test_ds_and_dq_pass_through_shared_memory_in_order_where_the_kernel_places_its_barriers(head_dim, head_splits):
     # Where the dK/dV kernel places its consumers' syncs (backward.syncs_by_hand: TileLang's sync
     # planner off), dS's and dQ's shared buffers are ordered by its two named barriers a step
-    # alone, and racecheck sees neither the wgmma's read of dS nor the bulk add's of dQ. Lowered alone.
+    # alone, and racecheck sees neither the wgmma's read of dS nor the bulk add's of dQ; a build
+    # that splits a GQA group as well. Lowered alone.
     import tvm
     from tilelang.engine.lower import lower
     from tools.codegen_rules import dq_staging_gaps
@@ -343,7 +345,7 @@ def test_ds_and_dq_pass_through_shared_memory_in_order_where_the_kernel_places_i
     from fa_kernel.backward import BACKWARD_TILES, backward_pass_configs, backward_program
 
     block_m, block_n, stages = BACKWARD_TILES[head_dim]
-    build = dict(block_m=block_m, block_n=block_n, num_stages=stages)
+    build = dict(block_m=block_m, block_n=block_n, num_stages=stages, head_splits=head_splits)
     program = backward_program(head_dim=head_dim, causal=True, dtype="bfloat16", **build)
     with tvm.transform.PassContext(opt_level=3, config=backward_pass_configs(**build)), tvm.target.Target(CUDA_SM90A):
         source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
@@ -372,4 +374,25 @@ def test_the_dk_dv_kernel_places_its_own_syncs_only_with_operands_in_registers_a
     for head_dim, (block_m, block_n, stages) in BACKWARD_TILES.items():
         build = dict(block_m=block_m, block_n=block_n, num_stages=stages)
         assert backward_pass_configs(**build) == (FAST_MATH if head_dim == 256 else OWN_SYNCS), head_dim
+        if head_dim != 256:  # a split build's syncs are placed by hand too
+            assert backward_pass_configs(**build, head_splits=True) == OWN_SYNCS, head_dim
         assert backward_pass_configs(**build, with_dq=False) == FAST_MATH
+
+
+def test_the_heavy_first_map_is_worked_out_once_a_block():
+    # backward_program(heavy_first=True): block index -> (K/V tile, K/V slot, batch) divides by a
+    # launch value; left as expressions, those divisions were inlined at every address and mask,
+    # the kernel several times slower (docs/perf-log.md). In registers: blockIdx is read by the
+    # map's three assignments alone. Lowered alone.
+    import tvm
+    from tilelang.engine.lower import lower
+
+    from fa_kernel.backward import BACKWARD_TILES, backward_pass_configs, backward_program
+
+    block_m, block_n, stages = BACKWARD_TILES[128]
+    build = dict(block_m=block_m, block_n=block_n, num_stages=stages)
+    program = backward_program(head_dim=128, causal=True, dtype="bfloat16", heavy_first=True, **build)
+    with tvm.transform.PassContext(opt_level=3, config=backward_pass_configs(**build)), tvm.target.Target(CUDA_SM90A):
+        source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
+    readers = [line.split("=")[0].strip() for line in source.splitlines() if "blockIdx" in line]
+    assert readers == ["block_tile", "block_slot", "block_batch"], readers

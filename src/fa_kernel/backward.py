@@ -44,23 +44,25 @@ def operands_in_registers(block_n: int, threads: int = 256) -> bool:
     return block_n >= WGMMA_ROWS * (threads // 128)
 
 
-def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True, head_splits: bool = False) -> bool:
+def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True) -> bool:
     """Whether the dK/dV kernel places its consumers' syncs itself, compiled without TileLang's
     planner: with the operands in registers where it adds dQ (a build that splits a GQA group
-    keeps the planner's: the two not yet measured together)."""
-    return with_dq and not head_splits and operands_in_registers(block_n, threads)
+    too: it differs in its heads and its fp32 epilogue only, after the walk)."""
+    return with_dq and operands_in_registers(block_n, threads)
 
 
 def heavy_first_block(index, key_tiles, kv_slots, batch, group):
     """(K/V tile, K/V slot, batch) of block `index` in backward_program's heavy-first order: the
     (batch, K/V slot) pairs in groups of `group` (the last may hold fewer), each group's blocks by
     K/V tile slowest."""
+    # Truncating divisions: every value is at least 0, and `//` by a launch value of unknown sign
+    # lowers to a floor division's sign tests.
     group_blocks = group * key_tiles
-    first_pair = index // group_blocks * group
+    first_pair = T.truncdiv(index, group_blocks) * group
     pairs = T.min(group, kv_slots * batch - first_pair)
-    within = index % group_blocks
-    pair = first_pair + within % pairs
-    return within // pairs, pair % kv_slots, pair // kv_slots
+    within = T.truncmod(index, group_blocks)
+    pair = first_pair + T.truncmod(within, pairs)
+    return T.truncdiv(within, pairs), T.truncmod(pair, kv_slots), T.truncdiv(pair, kv_slots)
 
 
 def backward_program(
@@ -140,7 +142,7 @@ def backward_program(
         # Without causal, TileLang 0.1.15's ThreadSync leaves such a build a guarded range of 95
         # threads ("cannot lower a required shared-memory sync inside a divergent region").
         raise ValueError(f"head_splits: expected a tile of 64 keys a warpgroup, got block_n={block_n}")
-    own_syncs = syncs_by_hand(block_n, threads, with_dq, head_splits)
+    own_syncs = syncs_by_hand(block_n, threads, with_dq)
     # Where the syncs are placed by hand, dQᵀ = Kᵀ·dSᵀ (FlashAttention-3's dQ_swapAB): its M is
     # head_dim, 64 rows a warpgroup, and the fragment is written to dQ's shared tile transposed.
     dq_fragment = [head_dim, block_m] if own_syncs else [block_m, head_dim]
@@ -310,7 +312,16 @@ def backward_program(
         grid = (key_tiles * kv_slots * batch, 1, 1) if heavy_first else (key_tiles, kv_slots, batch)
         with T.Kernel(*((ragged_tiles, heads_kv, 1) if varlen else grid), threads=threads) as (kv_block, kv_slot, b):
             if heavy_first:
-                kv_block, kv_slot, b = heavy_first_block(kv_block, key_tiles, kv_slots, batch, PairsPerGroup)
+                # In registers, set once: left as expressions, the map's divisions (floor
+                # divisions by a launch value of unknown sign) recur inline at every use.
+                block_tile = T.alloc_var(T.int32)
+                block_slot = T.alloc_var(T.int32)
+                block_batch = T.alloc_var(T.int32)
+                tile_of, slot_of, batch_of = heavy_first_block(kv_block, key_tiles, kv_slots, batch, PairsPerGroup)
+                block_tile = tile_of
+                block_slot = slot_of
+                block_batch = batch_of
+                kv_block, kv_slot, b = block_tile, block_slot, block_batch
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
@@ -438,10 +449,10 @@ def backward_program(
     return flash_attention_backward
 
 
-def backward_pass_configs(*, block_n, threads=256, with_dq=True, head_splits=False, **_build) -> dict:
+def backward_pass_configs(*, block_n, threads=256, with_dq=True, **_build) -> dict:
     """TileLang's pass configs for a dK/dV build: without its sync planner where the kernel
     places its own syncs."""
-    return OWN_SYNCS if syncs_by_hand(block_n, threads, with_dq, head_splits) else FAST_MATH
+    return OWN_SYNCS if syncs_by_hand(block_n, threads, with_dq) else FAST_MATH
 
 
 # The dK/dV kernel, with dQ by bulk adds unless with_dq=False (the fixed-order dQ's: backward_dq).

@@ -254,9 +254,6 @@ DQ_TILES = {
 SPLIT_STEP_US = 3.0
 # A block's own cost past its walk: K/V's load, the pipeline's fill, dK's and dV's store.
 SPLIT_BLOCK_STEPS = 3
-# A split build's step costs more: its syncs are the planner's and its dQ untransposed
-# (backward.syncs_by_hand; docs/perf-log.md has the two measured).
-SPLIT_STEP_COST = 1.08
 # Splitting adds four launches (two sums, two casts), about 20 µs, and each split writes its fp32
 # partial dK and dV and the sums read them back.
 SPLIT_SUM_STEPS = 7
@@ -322,7 +319,7 @@ def least_time_splits(batch: int, rule, heads_kv: int, group_size: int, head_dim
         blocks = [walked * h + SPLIT_BLOCK_STEPS for _ in range(batch * heads_kv) for h in heads for walked in walks]
         if splits == 1:
             return list_schedule(blocks, sm_count)
-        return list_schedule(blocks, sm_count) * SPLIT_STEP_COST + SPLIT_SUM_STEPS + splits * split_steps
+        return list_schedule(blocks, sm_count) + SPLIT_SUM_STEPS + splits * split_steps
 
     most = min(group_size, SPLIT_MAX_WAVES * sm_count // max(1, batch * heads_kv * len(walks)))
     if most < 2:
