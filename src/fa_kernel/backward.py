@@ -194,6 +194,21 @@ def backward_program(
                 ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
 
     @T.macro
+    def start_sums(acc_dk, acc_dv, dQ_shared):
+        """dK's and dV's sums zeroed, and dQ_shared's pad columns, which no step writes and which are
+        added as zeros (one thread: 4 elements a row, once a block); where the syncs are placed by
+        hand, the block's threads meet before the walk."""
+        T.clear(acc_dk)
+        T.clear(acc_dv)
+        if with_dq and T.get_thread_binding() == 0:
+            for i, j in T.grid(block_m, DQ_ROW - head_dim):
+                dQ_shared[i, head_dim + j] = 0
+            if own_syncs:
+                T.fence_proxy_async()
+        if own_syncs:
+            T.sync_threads()
+
+    @T.macro
     def issue_dq_add(dQ_shared, dQ_accum, b, head, q_row):
         """The elected thread's bulk reduce-add of dQ_shared's image into dQ_accum's rows from q_row."""
         T.call_extern(
@@ -333,22 +348,15 @@ def backward_program(
         kv_slots = heads_kv * splits if head_splits else heads_kv
         key_tiles = T.ceildiv(seqlen_k, block_n)
         grid = (key_tiles * kv_slots * batch, 1, 1) if heavy_first else (key_tiles, kv_slots, batch)
+        grid = (ragged_tiles, heads_kv, 1) if varlen else grid
         prelude = BULK_ADD_S64 if dq_fixed_point else None
-        with T.Kernel(*((ragged_tiles, heads_kv, 1) if varlen else grid), threads=threads, prelude=prelude) as (
-            kv_block,
-            kv_slot,
-            b,
-        ):
+        with T.Kernel(*grid, threads=threads, prelude=prelude) as (kv_block, kv_slot, b):
             if heavy_first:
-                # In registers, set once: left as expressions, the map's divisions (floor
-                # divisions by a launch value of unknown sign) recur inline at every use.
-                block_tile = T.alloc_var(T.int32)
-                block_slot = T.alloc_var(T.int32)
-                block_batch = T.alloc_var(T.int32)
-                tile_of, slot_of, batch_of = heavy_first_block(kv_block, key_tiles, kv_slots, batch, PairsPerGroup)
-                block_tile = tile_of
-                block_slot = slot_of
-                block_batch = batch_of
+                # In registers, set once: left as expressions, the map's divisions recur inline at every use.
+                block_tile, block_slot, block_batch = T.alloc_var(T.int32), T.alloc_var(T.int32), T.alloc_var(T.int32)
+                block_tile, block_slot, block_batch = heavy_first_block(
+                    kv_block, key_tiles, kv_slots, batch, PairsPerGroup
+                )
                 kv_block, kv_slot, b = block_tile, block_slot, block_batch
             K_shared = T.alloc_shared([block_n, head_dim], dtype)
             V_shared = T.alloc_shared([block_n, head_dim], dtype)
@@ -395,26 +403,13 @@ def backward_program(
             q_blocks = T.ceildiv(rows_end(kv_start, rule), block_m) - first_q_block
             T.copy(K[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], K_shared)
             T.copy(V[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], V_shared)
-            T.clear(acc_dk)
-            T.clear(acc_dv)
-            # dQ_shared's pad columns, which no step writes, are added as zeros. One thread: 4
-            # floats a row, once a block.
-            if with_dq and T.get_thread_binding() == 0:
-                for i, j in T.grid(block_m, DQ_ROW - head_dim):
-                    dQ_shared[i, head_dim + j] = 0
-                if own_syncs:
-                    T.fence_proxy_async()
-            if own_syncs:
-                T.sync_threads()
+            start_sums(acc_dk, acc_dv, dQ_shared)
             # The step's query head and first row as the consumers use them, in registers set once
             # a step: left as expressions (the producer's), their integer divisions recur at every
             # use, in 64 bits in dQ's address, on the path of the thread that issues dQ's add.
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
-            dq_unit = None
-            if dq_fixed_point:
-                dq_unit = T.alloc_var(accum)
-                dq_unit = DqUnit[0]
+            dq_unit = DqUnit[0] if dq_fixed_point else None
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             for step in T.Pipelined(walk_heads * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks
