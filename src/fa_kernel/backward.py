@@ -293,9 +293,7 @@ def backward_program(
             else:
                 T.gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(ds_cast, Q_shared, acc_dk, policy=T.GemmWarpPolicy.FullRow)
-            if with_dq:
-                if not operands_in_shared:
-                    T.copy(ds_cast, dS_shared)
+            if with_dq:  # dS is in shared memory already: with P and dS in registers, own_syncs holds
                 add_dq_tile(dS_shared, K_shared, acc_dq, dQ_shared, dQ_accum, b, head, q_row)
 
     @T.macro
