@@ -21,6 +21,8 @@ BACKWARD_TILES entry:
   heavy_first      the blocks in groups of about a wave's (batch, K/V head) pairs, each group's
                    by K/V tile slowest (`heavy_first=True`, configs.pairs_per_group): under causal
                    the group's longest walks dispatched first (the GQA rows below).
+  three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 210 KB of shared memory at
+                   head_dim 128): the next query tiles' loads further ahead of the walk.
   dq_fixed_point   dQ summed in int64 fixed point (`dq_fixed_point=True`), bitwise the same in any
                    order of the blocks' adds: a deterministic gradient in one kernel, if it keeps
                    the shipped kernel's speed (issue 53's 0.9x line). The unit: fixed_point_unit.
@@ -62,6 +64,7 @@ VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
     "heavy_first": {"heavy_first": True},
+    "three_stages": {"num_stages": 3},
     "dq_fixed_point": {"dq_fixed_point": True},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})
