@@ -21,7 +21,7 @@ BACKWARD_TILES entry:
   heavy_first      the blocks in groups of about a wave's (batch, K/V head) pairs, each group's
                    by K/V tile slowest (`heavy_first=True`, configs.pairs_per_group): under causal
                    the group's longest walks dispatched first (the GQA rows below).
-  three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 210 KB of shared memory at
+  three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
                    head_dim 128): the next query tiles' loads further ahead of the walk.
   dq_fixed_point   dQ summed in int64 fixed point (`dq_fixed_point=True`), bitwise the same in any
                    order of the blocks' adds: a deterministic gradient in one kernel, if it keeps
