@@ -126,10 +126,11 @@ def backward_program(
     which they share in L2. Batched launches only.
 
     `dq_fixed_point`: dQ summed in fixed point, bitwise the same whatever the order of the blocks'
-    adds: each block's dQ tile, times a unit (a power of two, fp32 [1] after PairsPerGroup's place:
-    DqUnit), rounded to int64 and bulk-added into an int64 dQ_accum; dQ = dQ_accum / unit ·
-    softmax_scale. The caller picks the unit from a bound on |dQ|'s sums so that none passes 2^62
-    (an A/B variant, not yet the deterministic gradient's). Batched, syncs placed by hand.
+    adds: each block's dQ tile, times a unit (a power of two: DqUnit, fp32 [1], the last launch
+    argument), rounded to int64 and bulk-added into an int64 dQ_accum; dQ = dQ_accum / unit ·
+    softmax_scale. The caller picks the unit from a bound on every partial sum so that none
+    passes 2^60 (perf/backward_ab.fixed_point_unit; an A/B variant, not yet the deterministic
+    gradient's). Batched, syncs placed by hand.
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
@@ -159,7 +160,9 @@ def backward_program(
         raise ValueError(f"head_splits: expected a tile of 64 keys a warpgroup, got block_n={block_n}")
     own_syncs = syncs_by_hand(block_n, threads, with_dq)
     if dq_fixed_point and (varlen or not own_syncs):
-        raise ValueError(f"dq_fixed_point: expected a batched build that adds dQ from registers, got {block_n=}")
+        raise ValueError(
+            f"dq_fixed_point: expected a batched build that adds dQ from registers, got {varlen=}, {block_n=}"
+        )
     dq_accum_dtype = T.int64 if dq_fixed_point else accum
     dq_bytes = 8 if dq_fixed_point else 4
     # Where the syncs are placed by hand, dQᵀ = Kᵀ·dSᵀ (FlashAttention-3's dQ_swapAB): its M is
