@@ -18,9 +18,9 @@ BACKWARD_TILES entry:
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
                    cost (a leave-one-out diagnostic: timed, not judged); the fixed-order
                    gradient's dK/dV kernel.
-  heavy_first      the blocks in groups of about a wave's (batch, K/V head) pairs, each group's
-                   by K/V tile slowest (`heavy_first=True`, configs.pairs_per_group): under causal
-                   the group's longest walks dispatched first (the GQA rows below).
+  tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
+                   where the shipped kernel goes heavy first (backward.heavy_first_order: under
+                   causal, groups of about a wave's pairs, each by K/V tile slowest).
   three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
                    head_dim 128): the next query tiles' loads further ahead of the walk.
   dq_fixed_point   dQ summed in int64 fixed point (`dq_fixed_point=True`), bitwise the same in any
@@ -46,7 +46,7 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import compiled_backward
+from fa_kernel.backward import compiled_backward, heavy_first_order
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, padded_rows
 from fa_kernel.configs import pairs_per_group
@@ -55,6 +55,7 @@ from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
 from fa_kernel.reference import random_qkv
 from fa_kernel.reference_backward import judge_backward
+from fa_kernel.variants import PLAIN
 from fa_kernel.workbench.bench import BACKWARD_FLOPS, Shape, cuda_median_ms
 from fa_kernel.workbench.builds import quiet_tilelang
 from perf import ab
@@ -63,7 +64,7 @@ from perf import ab
 VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
-    "heavy_first": {"heavy_first": True},
+    "tile_fastest": {"heavy_first": False},
     "three_stages": {"num_stages": 3},
     "dq_fixed_point": {"dq_fixed_point": True},
 }
@@ -98,7 +99,12 @@ CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1), (3, 100, 
 
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
     """The variant's main backward kernel (dK, dV and dQ's accumulator), as the package caches it."""
-    return compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **VARIANTS[name])
+    return compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **build_options(name, causal))
+
+
+def build_options(name: str, causal: bool) -> dict:
+    """backward_program's options of the variant: the shipped order, then the variant's own."""
+    return {"heavy_first": heavy_first_order(causal, PLAIN, varlen=False, head_splits=False), **VARIANTS[name]}
 
 
 def compiled_dq_variant(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
@@ -149,7 +155,7 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
 
     # A heavy-first build takes its groups' size after the scales.
     order = ()
-    if VARIANTS[variant].get("heavy_first"):
+    if build_options(variant, causal)["heavy_first"]:
         order = (pairs_per_group(k.shape[1], head_dim, device_target(q.device)[0]),)
     # A fixed-point build takes its unit last; the timed call includes working it out.
     unit = () if not fixed_point else (fixed_point_unit(k, v, dout),)

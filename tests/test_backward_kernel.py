@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from suite.strategies import cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
+from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, pairs_per_group
+from fa_kernel.device import device_target
 from fa_kernel.interface import backward_into
 from fa_kernel.reference import random_qkv
 from fa_kernel.reference_backward import judge_backward
@@ -144,6 +145,23 @@ def test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients(head_dim,
                 dout = random_dout(q, 5)
                 first, again = (kernel_gradients(q, k, v, dout, causal, None, True, splits) for _ in range(2))
                 assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), label
+
+
+@pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
+def test_heavy_first_groups_end_on_a_short_one(head_dim):
+    # Under causal the dK/dV blocks go heavy first: the (batch, K/V slot) pairs in groups of
+    # configs.pairs_per_group, each group's blocks by K/V tile slowest (backward.heavy_first_block).
+    # Every other test's launch fits in one group. Keys over a third of the SMs' count of K/V
+    # tiles make groups of 3; 5 pairs (five batches) and 4 (two batches of two K/V heads) end on
+    # a group of 2 and of 1.
+    sm_count, _ = device_target(torch.device("cuda"))
+    block_n = BACKWARD_TILES[head_dim][1]
+    seqlen_k = sm_count // 3 * block_n - 3
+    assert pairs_per_group(seqlen_k, head_dim, sm_count) == 3
+    for batch, heads, heads_kv in ((5, 2, 1), (2, 4, 2)):
+        q, k, v = random_qkv(batch, seqlen_k + 5, seqlen_k, heads, heads_kv, head_dim, torch.bfloat16, seed=batch)
+        label = f"{batch}x{heads}/{heads_kv}x{seqlen_k}"
+        assert_gradients_within_the_bound(q, k, v, True, label, seed=heads, head_splits=1)
 
 
 def test_flash_attn_func_takes_deterministic_through_autograd():

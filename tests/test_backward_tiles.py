@@ -77,3 +77,15 @@ def test_the_heavy_first_order_runs_every_block_once_each_group_by_tile(key_tile
         assert tiles == sorted(tiles), f"group from block {start}: tiles {tiles}"
     if group == 1:
         assert blocks == [(t, s, b) for b in range(batch) for s in range(kv_slots) for t in range(key_tiles)]
+
+
+def test_the_blocks_go_heavy_first_where_a_right_edge_makes_the_walks_uneven():
+    # Both sides of each term: causal or a right edge, in a batched launch of unsplit GQA groups.
+    from fa_kernel.backward import heavy_first_order
+    from fa_kernel.variants import PLAIN, Variants
+
+    assert heavy_first_order(True, PLAIN, varlen=False, head_splits=False)
+    assert heavy_first_order(False, Variants(window_right=True), varlen=False, head_splits=False)
+    assert not heavy_first_order(False, Variants(window_left=True, softcap=True, sinks=True), False, False)
+    assert not heavy_first_order(True, PLAIN, varlen=True, head_splits=False)
+    assert not heavy_first_order(True, PLAIN, varlen=False, head_splits=True)

@@ -125,10 +125,11 @@ def test_the_rewrite_rule_sees_the_backwards_deferred_wait_dropped(head_dim):
 def test_the_gradient_operands_pass_through_shared_memory_where_a_warpgroup_holds_part_of_a_row(head_dim):
     # Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     # them (128 keys on two warpgroups); on head_dim 256's 64 keys, from shared memory.
-    from fa_kernel.backward import BACKWARD_TILES, compiled_backward
+    from fa_kernel.backward import BACKWARD_TILES, compiled_gradient_kernels
     from fa_kernel.gradient_parts import WGMMA_ROWS
 
-    source = compiled_backward(head_dim=head_dim, causal=True, dtype="bfloat16", arch="sm_90a").get_kernel_source()
+    kernels = compiled_gradient_kernels(head_dim=head_dim, causal=True, dtype="bfloat16", arch="sm_90a")
+    source = kernels[1].get_kernel_source()
     in_shared = BACKWARD_TILES[head_dim][1] < 2 * WGMMA_ROWS
     assert ("P_shared" in source) == in_shared and "dS_shared" in source
     assert in_shared == (head_dim == 256), "each side of the condition at one shipped head_dim"

@@ -487,6 +487,14 @@ def backward_pass_configs(*, block_n, threads=256, with_dq=True, **_build) -> di
 compiled_backward = compiled_at_tiles(backward_program, BACKWARD_TILES, backward_pass_configs)
 
 
+def heavy_first_order(causal: bool, variants: Variants, varlen: bool, head_splits: bool) -> bool:
+    """Whether the dK/dV kernel dispatches its blocks heavy first (backward_program's
+    `heavy_first`): in a batched launch whose right edge (causal's included) makes the K/V
+    tiles' walks uneven, unless a GQA group is split (configs.gradient_head_splits' model
+    schedules the tile-fastest order, and picks fewer splits than win if told otherwise)."""
+    return not varlen and not head_splits and (causal or variants.window_right)
+
+
 def compiled_gradient_kernels(
     *,
     head_dim: int,
@@ -501,10 +509,13 @@ def compiled_gradient_kernels(
     """(preprocess, backward, dq): the kernels a gradient launches (a module-level builder, for
     `builds.build_all`); dq is None where the backward kernel sums dQ by atomic adds, and the
     fixed-order dQ kernel where `deterministic` (the backward kernel then without its dQ);
-    `varlen` and `head_splits` as backward_program takes them."""
+    `varlen` and `head_splits` as backward_program takes them; the backward kernel heavy first
+    where heavy_first_order says (it then takes configs.pairs_per_group after the variants)."""
     preprocess = compiled_preprocess(head_dim=head_dim, dtype=dtype, arch=arch, varlen=varlen)
     arguments = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=varlen)
-    splits = dict(head_splits=True) if head_splits else {}
+    options = dict(head_splits=True) if head_splits else {}
+    if heavy_first_order(causal, variants, varlen, head_splits):
+        options["heavy_first"] = True
     if not deterministic:
-        return preprocess, compiled_backward(**arguments, **splits), None
-    return preprocess, compiled_backward(**arguments, **splits, with_dq=False), compiled_dq(**arguments)
+        return preprocess, compiled_backward(**arguments, **options), None
+    return preprocess, compiled_backward(**arguments, **options, with_dq=False), compiled_dq(**arguments)

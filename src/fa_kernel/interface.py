@@ -21,9 +21,17 @@ from typing import Any
 
 import torch
 
-from fa_kernel.backward import compiled_gradient_kernels
+from fa_kernel.backward import compiled_gradient_kernels, heavy_first_order
 from fa_kernel.backward_preprocess import dq_row, padded_rows
-from fa_kernel.configs import HEAD_SPLIT_DIMS, TileConfig, arch_of, gradient_head_splits, select_config, tiles_per_sm
+from fa_kernel.configs import (
+    HEAD_SPLIT_DIMS,
+    TileConfig,
+    arch_of,
+    gradient_head_splits,
+    pairs_per_group,
+    select_config,
+    tiles_per_sm,
+)
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
 from fa_kernel.device import device_facts, device_target
 from fa_kernel.kernel import compiled_forward
@@ -467,6 +475,8 @@ def backward_into(
         head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants,
         head_splits=splits > 1,
     )  # fmt: skip
+    heavy_first = heavy_first_order(causal, variants, varlen=False, head_splits=splits > 1)
+    launch_order = (pairs_per_group(seqlen_k, head_dim, sm_count),) if heavy_first else ()
     # A GQA group split between blocks: each block's dK and dV are fp32 partial sums, summed here
     # over the splits in a fixed order (backward_program's head_splits).
     dk_part, dv_part = dk, dv
@@ -486,7 +496,7 @@ def backward_into(
         if grad_lse is not None:
             # d LSE_i / d S_ij = P_ij: an upstream gradient of the LSE joins dS = P∘(dP − D) as −D.
             delta[:, :, :seqlen_q] -= grad_lse
-        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk_part, dv_part, *scales)
+        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk_part, dv_part, *scales, *launch_order)
         if splits > 1:
             dk.copy_(dk_part.sum(dim=0))
             dv.copy_(dv_part.sum(dim=0))

@@ -69,6 +69,7 @@ WARPGROUP_TILES = ("tests/test_kernel.py::test_warpgroups_visit_only_the_key_til
 BACKWARD_SWEEP = ("tests/test_backward_kernel.py::test_backward_boundary_sweep",)
 DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backward_boundary_sweep",)
 HEAD_SPLITS = ("tests/test_backward_kernel.py::test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients",)
+HEAVY_FIRST = ("tests/test_backward_kernel.py::test_heavy_first_groups_end_on_a_short_one",)
 DETERMINISTIC_RUNS = ("tests/test_backward_kernel.py::test_deterministic_gradients_are_the_same_bits_in_every_run",)
 DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
 ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels",)
@@ -713,6 +714,16 @@ KERNEL_MUTANTS = [
         "head = kv_head * group_size + split + step // q_blocks",
         within="backward_program",
         first=HEAD_SPLITS,
+    ),
+    Mutant(
+        # Every heavy-first group taken as long as the first: the last, shorter group's blocks
+        # walk pairs past the launch's and leave some of its K/V tiles without gradients.
+        "heavy_first_last_group_full",
+        "backward.py",
+        "pairs = T.min(group, kv_slots * batch - first_pair)",
+        "pairs = T.min(group, kv_slots * batch)",
+        within="heavy_first_block",
+        first=HEAVY_FIRST,
     ),
     Mutant(
         # The caller sums only the first split's partial dK and dV.
