@@ -23,9 +23,6 @@ BACKWARD_TILES entry:
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
   three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
                    head_dim 128): the next query tiles' loads further ahead of the walk.
-  dq_fixed_point   dQ summed in int64 fixed point (`dq_fixed_point=True`), bitwise the same in any
-                   order of the blocks' adds: a deterministic gradient in one kernel, if it keeps
-                   the shipped kernel's speed (issue 53's 0.9x line). The unit: fixed_point_unit.
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -66,7 +63,6 @@ VARIANTS: dict[str, dict] = {
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
     "three_stages": {"num_stages": 3},
-    "dq_fixed_point": {"dq_fixed_point": True},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
@@ -127,16 +123,11 @@ def prepared(case, head_dim: int, causal: bool, dtype: torch.dtype, seed: int = 
     return q, k, v, dout, delta, lse_log2
 
 
-def fixed_point_unit(k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
-    """dq_fixed_point's unit, fp32 [1] on the device (no host sync): the power of two that takes
-    a bound B on every partial sum of dQ's accumulator, Σ dS·K, to at most 2^60 (a margin of 8
-    under int64's 2^63 for the roundings of P and dS). |dS_ij| = P_ij·|dP_ij − D_i| with
-    Σ_j P_ij ≤ 1, and |dP_ij| and |D_i| (O_i a convex sum of V's rows) are at most
-    d·max|dO|·max|V|, so B = 2·d·max|dO|·max|V|·max|K|. A bound of 0 takes 2^126."""
-    head_dim = k.shape[-1]
-    maxima = [torch.linalg.vector_norm(t, ord=math.inf, dtype=torch.float32) for t in (dout, v, k)]
-    bound = 2 * head_dim * maxima[0] * maxima[1] * maxima[2]
-    return torch.exp2(torch.floor(60 - torch.log2(bound)).clamp(-126, 126)).reshape(1)
+def launch_order(variant: str, causal: bool, k: torch.Tensor, head_dim: int) -> tuple:
+    """The launch arguments after the scales: a heavy-first build's group size, else none."""
+    if not build_options(variant, causal)["heavy_first"]:
+        return ()
+    return (pairs_per_group(k.shape[1], head_dim, device_target(k.device)[0]),)
 
 
 def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
@@ -148,29 +139,19 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     kernel = compiled(variant, head_dim, causal, str(dtype).removeprefix("torch."), compile_arch(q.device))
     # A kernel without dQ (`with_dq=False`) takes a one-element placeholder.
     with_dq = VARIANTS[variant].get("with_dq", True)
-    fixed_point = VARIANTS[variant].get("dq_fixed_point", False)
     dq_shape = (batch, heads, padded_rows(seqlen_q), dq_row(head_dim)) if with_dq else (1,)
-    dq_accum = torch.zeros(dq_shape, dtype=torch.int64 if fixed_point else torch.float32, device=q.device)
+    dq_accum = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
-
-    # A heavy-first build takes its groups' size after the scales.
-    order = ()
-    if build_options(variant, causal)["heavy_first"]:
-        order = (pairs_per_group(k.shape[1], head_dim, device_target(q.device)[0]),)
-    # A fixed-point build takes its unit last; the timed call includes working it out.
-    unit = () if not fixed_point else (fixed_point_unit(k, v, dout),)
+    order = launch_order(variant, causal, k, head_dim)
 
     def call():
         dq_accum.zero_()
-        units = (fixed_point_unit(k, v, dout),) if fixed_point else ()
-        kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale, *order, *units)
+        kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale, *order)
 
     def grads():
         if not with_dq:
             return torch.zeros_like(q), dk, dv
         rows = dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2)
-        if fixed_point:
-            rows = rows.double() / unit[0].double()
         return (rows * scale).to(dtype), dk, dv
 
     return call, grads, (q, k, v, dout)
@@ -184,8 +165,9 @@ def dq_launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: 
     name, arch = str(dtype).removeprefix("torch."), compile_arch(q.device)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
     placeholder = torch.zeros(1, dtype=torch.float32, device=q.device)
+    order = launch_order("no_dq", causal, k, head_dim)
     compiled("no_dq", head_dim, causal, name, arch)(
-        q, k, v, dout, delta, lse_log2, placeholder, dk, dv, scale * LOG2E, scale
+        q, k, v, dout, delta, lse_log2, placeholder, dk, dv, scale * LOG2E, scale, *order
     )
     kernel = compiled_dq_variant(variant, head_dim, causal, name, arch)
     dq = torch.full_like(q, math.nan)

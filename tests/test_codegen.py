@@ -397,29 +397,3 @@ def test_the_heavy_first_map_is_worked_out_once_a_block():
         source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
     readers = [line.split("=")[0].strip() for line in source.splitlines() if "blockIdx" in line]
     assert readers == ["block_tile", "block_slot", "block_batch"], readers
-
-
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_fixed_point_dq_build_stages_and_adds_int64_in_the_shipped_order(head_dim):
-    # backward_program(dq_fixed_point=True): dQ's tile rounded to int64 (times the unit) into its
-    # shared image and added by the u64 bulk reduce-add, under the same syncs and fences as the
-    # fp32 build's (dq_staging_gaps, read with the fp32 build's names). Lowered alone.
-    import tvm
-    from tilelang.engine.lower import lower
-    from tools.codegen_rules import dq_staging_gaps
-
-    from fa_kernel.backward import BACKWARD_TILES, backward_pass_configs, backward_program
-
-    block_m, block_n, stages = BACKWARD_TILES[head_dim]
-    build = dict(block_m=block_m, block_n=block_n, num_stages=stages)
-    program = backward_program(head_dim=head_dim, causal=True, dtype="bfloat16", dq_fixed_point=True, **build)
-    with tvm.transform.PassContext(opt_level=3, config=backward_pass_configs(**build)), tvm.target.Target(CUDA_SM90A):
-        source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
-    kernel = source[source.index('extern "C"') :]  # past the prelude's bulk_add_s64
-    assert "tl::tma_store_add(" not in kernel and kernel.count("bulk_add_s64(") == 1
-    assert re.search(r"\(\(int64_t\*\)dQ_shared\)\[[^\n]*= __float2ll_rn\(\(acc_dq\[\w+\] \* dq_unit", kernel)
-    as_fp32 = kernel.replace("bulk_add_s64(", "tl::tma_store_add(")
-    as_fp32 = as_fp32.replace("((int64_t*)dQ_shared)", "((float*)dQ_shared)")
-    assert dq_staging_gaps(as_fp32) == []
-    with pytest.raises(ValueError, match="dq_fixed_point: expected a batched build"):
-        backward_program(head_dim=256, causal=True, dtype="bfloat16", dq_fixed_point=True, block_m=64, block_n=64)

@@ -146,22 +146,3 @@ def test_the_gradient_splits_script_reads_its_shapes_as_the_bench_labels_them():
     assert len({parse_shape(text).label() for text in SHAPES}) == len(SHAPES)
     with pytest.raises(argparse.ArgumentTypeError, match="expected BxH/HKVxSxD"):
         parse_shape("8x71x2048x64")
-
-
-def test_the_fixed_point_unit_takes_the_bound_on_dq_to_2_to_the_60():
-    # perf/backward_ab.fixed_point_unit: a power of two u with B·u in (2^59, 2^60], B =
-    # 2·d·max|dO|·max|V|·max|K|, so that no partial sum of dQ's int64 accumulator passes 2^60;
-    # a bound of 0 takes 2^126 (every sum is then 0).
-    code = (
-        "import math, torch\n"
-        "from perf.backward_ab import fixed_point_unit\n"
-        "k, v, dout = (torch.randn(2, 33, 3, 64, dtype=torch.bfloat16) * s for s in (3.0, 0.5, 1e-3))\n"
-        "bound = 2 * 64 * max(t.float().abs().max().item() for t in (dout,)) * v.float().abs().max().item()"
-        " * k.float().abs().max().item()\n"
-        "unit = fixed_point_unit(k, v, dout)\n"
-        "assert unit.shape == (1,) and unit.dtype == torch.float32\n"
-        "exponent = math.log2(unit.item())\n"
-        "assert exponent == int(exponent) and 2**59 < bound * unit.item() <= 2**60, (exponent, bound)\n"
-        "assert fixed_point_unit(k, v, torch.zeros_like(dout)).item() == 2.0**126\n"
-    )
-    assert_runs_from_the_root(code)

@@ -36,14 +36,6 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 # The consumer warpgroups' named barrier where the dK/dV kernel places its own (syncs_by_hand);
 # TileLang's planner numbers its own from 3, and places none in such a build.
 CONSUMERS_BARRIER = 6
-# dQ's bulk reduce-add in 64-bit integers (`dq_fixed_point`): tl::tma_store_add adds fp32 only.
-# Integer adds commute exactly, so the sum is the same in any order of the blocks' adds.
-BULK_ADD_S64 = r"""
-__device__ __forceinline__ void bulk_add_s64(void const* smem, void* gmem, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;"
-               :: "l"(gmem), "r"((unsigned)__cvta_generic_to_shared(smem)), "r"(bytes) : "memory");
-}
-"""
 
 
 def operands_in_registers(block_n: int, threads: int = 256) -> bool:
@@ -87,7 +79,6 @@ def backward_program(
     varlen: bool = False,
     head_splits: bool = False,
     heavy_first: bool = False,
-    dq_fixed_point: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -125,13 +116,6 @@ def backward_program(
     at the end. A group of about a wave keeps the blocks that run together on few query heads,
     which they share in L2. Batched launches only.
 
-    `dq_fixed_point`: dQ summed in fixed point, bitwise the same whatever the order of the blocks'
-    adds: each block's dQ tile, times a unit (a power of two: DqUnit, fp32 [1], the last launch
-    argument), rounded to int64 and bulk-added into an int64 dQ_accum; dQ = dQ_accum / unit ·
-    softmax_scale. The caller picks the unit from a bound on every partial sum so that none
-    passes 2^60 (perf/backward_ab.fixed_point_unit; an A/B variant, not yet the deterministic
-    gradient's). Batched, syncs placed by hand.
-
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's. In
@@ -159,12 +143,6 @@ def backward_program(
         # threads ("cannot lower a required shared-memory sync inside a divergent region").
         raise ValueError(f"head_splits: expected a tile of 64 keys a warpgroup, got block_n={block_n}")
     own_syncs = syncs_by_hand(block_n, threads, with_dq)
-    if dq_fixed_point and (varlen or not own_syncs):
-        raise ValueError(
-            f"dq_fixed_point: expected a batched build that adds dQ from registers, got {varlen=}, {block_n=}"
-        )
-    dq_accum_dtype = T.int64 if dq_fixed_point else accum
-    dq_bytes = 8 if dq_fixed_point else 4
     # Where the syncs are placed by hand, dQᵀ = Kᵀ·dSᵀ (FlashAttention-3's dQ_swapAB): its M is
     # head_dim, 64 rows a warpgroup, and the fragment is written to dQ's shared tile transposed.
     dq_fragment = [head_dim, block_m] if own_syncs else [block_m, head_dim]
@@ -215,8 +193,8 @@ def backward_program(
     def issue_dq_add(dQ_shared, dQ_accum, b, head, q_row):
         """The elected thread's bulk reduce-add of dQ_shared's image into dQ_accum's rows from q_row."""
         T.call_extern(
-            "handle", "bulk_add_s64" if dq_fixed_point else "tl::tma_store_add", T.address_of(dQ_shared[0, 0]),
-            T.address_of(dQ_accum[b, head, q_row, 0]), block_m * DQ_ROW * dq_bytes,
+            "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]),
+            T.address_of(dQ_accum[b, head, q_row, 0]), block_m * DQ_ROW * 4,
         )  # fmt: skip
         T.tma_store_arrive()
 
@@ -239,7 +217,7 @@ def backward_program(
     @T.macro
     def gemms_dq_first(
         p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared, dQ_accum,
-        b, head, q_row, dq_unit,
+        b, head, q_row,
     ):  # fmt: skip
         """dV and dK from registers, dQ_tile = dS·K (as dQᵀ) through shared memory and its bulk add, two
         consumer barriers a step: dQ's GEMM first, and dK's left in flight under dQ's staging, its
@@ -264,10 +242,7 @@ def backward_program(
         # A thread's pair (i, j), (i, j + 1) lands on rows j, j + 1, dq_row = head_dim + 4 floats
         # apart: 2·(head_dim + 4) ≡ 8 (mod 32) at 64 and 128, so a warp's 32 stores take 32 banks.
         for i, j in T.Parallel(head_dim, block_m):
-            if dq_fixed_point:
-                dQ_shared[j, i] = T.call_extern("int64", "__float2ll_rn", acc_dq[i, j] * dq_unit)
-            else:
-                dQ_shared[j, i] = acc_dq[i, j]
+            dQ_shared[j, i] = acc_dq[i, j]
         T.fence_proxy_async()  # every writer's stores, seen by the bulk copy
         T.sync_threads(CONSUMERS_BARRIER, threads)
         if T.shuffle_elect(threads):
@@ -279,13 +254,13 @@ def backward_program(
     @T.macro
     def step_gradients(
         p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
-        dQ_accum, b, head, q_row, dq_unit,
+        dQ_accum, b, head, q_row,
     ):  # fmt: skip
         """A step's GEMMs after P and dS: dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ's tile added."""
         if own_syncs:
             gemms_dq_first(
                 p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
-                dQ_accum, b, head, q_row, dq_unit,
+                dQ_accum, b, head, q_row,
             )  # fmt: skip
         else:
             if operands_in_shared:
@@ -332,7 +307,7 @@ def backward_program(
         dO: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
         Delta: T.Tensor([batch, heads, seqlen_q_padded], accum),
         LSE_log2: T.Tensor([batch, heads, seqlen_q_padded], accum),
-        dQ_accum: T.Tensor(dq_accum_shape, dq_accum_dtype),
+        dQ_accum: T.Tensor(dq_accum_shape, accum),
         dK: T.Tensor(dk_shape, dk_dtype),
         dV: T.Tensor(dk_shape, dk_dtype),
         scale_log2: T.float32,
@@ -344,14 +319,12 @@ def backward_program(
         CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
         TileOrder: kernel_parameter(tile_order, varlen),
         PairsPerGroup: kernel_parameter(pairs_per_group, heavy_first),
-        DqUnit: kernel_parameter(T.Tensor([1], accum), dq_fixed_point),
     ):
         kv_slots = heads_kv * splits if head_splits else heads_kv
         key_tiles = T.ceildiv(seqlen_k, block_n)
         grid = (key_tiles * kv_slots * batch, 1, 1) if heavy_first else (key_tiles, kv_slots, batch)
         grid = (ragged_tiles, heads_kv, 1) if varlen else grid
-        prelude = BULK_ADD_S64 if dq_fixed_point else None
-        with T.Kernel(*grid, threads=threads, prelude=prelude) as (kv_block, kv_slot, b):
+        with T.Kernel(*grid, threads=threads) as (kv_block, kv_slot, b):
             if heavy_first:
                 # In registers, set once: left as expressions, the map's divisions recur inline at every use.
                 block_tile, block_slot, block_batch = T.alloc_var(T.int32), T.alloc_var(T.int32), T.alloc_var(T.int32)
@@ -365,7 +338,7 @@ def backward_program(
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq or operands_in_shared else None
             P_shared = T.alloc_shared([block_n, block_m], dtype) if operands_in_shared else None
-            dQ_shared = T.alloc_shared([block_m, DQ_ROW], dq_accum_dtype) if with_dq else None
+            dQ_shared = T.alloc_shared([block_m, DQ_ROW], accum) if with_dq else None
             lse = T.alloc_shared([block_m], accum)
             delta = T.alloc_shared([block_m], accum)
             acc_s = T.alloc_fragment([block_n, block_m], accum)  # Sᵀ, then Pᵀ
@@ -410,7 +383,6 @@ def backward_program(
             # use, in 64 bits in dQ's address, on the path of the thread that issues dQ's add.
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
-            dq_unit = DqUnit[0] if dq_fixed_point else None
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             for step in T.Pipelined(walk_heads * T.max(q_blocks, 0), num_stages=num_stages):
                 head = kv_head * group_size + step // q_blocks
@@ -467,7 +439,7 @@ def backward_program(
                         ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
                 step_gradients(
                     p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq,
-                    dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start), dq_unit,
+                    dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start),
                 )  # fmt: skip
             if with_dq:
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
