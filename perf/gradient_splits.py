@@ -5,10 +5,14 @@ configs.gradient_head_splits' model picks. What the model's constants stand on.
 From the repository root, on a Hopper GPU:
 
     python -m perf.gradient_splits [--shapes 8x71/1x2048x64c ...] [--splits 1 2 4 8] [--rounds 3]
+                                   [--paths atomic fixed_order]
 
-A shape is BxH/HKVxSxD, `c` at its end for causal (bf16). Printed: the backward's TFLOP/s by
-splits (the whole gradient: preprocess, the kernels and the partial sums), the model's pick
-marked with *, and the best measured over the model's.
+A shape is BxH/HKVxSxD, `c` at its end for causal (bf16). `--paths`: the gradient's dQ by the
+dK/dV kernel's atomic adds (the default gradient), by the fixed-order dQ kernel
+(`deterministic=True`), or both, every count of each alternated in one process. Printed, a row a
+shape and path: the backward's TFLOP/s by splits (the whole gradient: preprocess, the kernels and
+the partial sums), the model's pick marked with *, the best measured over the model's, and the
+best over the atomic path at the model's pick (what the default gradient runs).
 """
 
 from __future__ import annotations
@@ -43,8 +47,11 @@ def parse_shape(text: str) -> Shape:
     return Shape(batch, heads, seqlen, head_dim, bool(match[6]), torch.bfloat16, nheads_kv=heads_kv)
 
 
-def split_timers(shape: Shape, splits: list[int], repeats: int) -> dict[int, object]:
-    """splits -> a timer of the backward's TFLOP/s with that many splits."""
+PATHS = {"atomic": False, "fixed_order": True}  # backward_into's `deterministic`
+
+
+def split_timers(shape: Shape, runs: list[tuple[str, int]], repeats: int) -> dict[tuple[str, int], object]:
+    """(path, splits) -> a timer of the backward's TFLOP/s on that path with that many splits."""
     q, k, v = shape.inputs(0)
     scale = 1.0 / math.sqrt(shape.head_dim)
     with torch.no_grad():
@@ -53,13 +60,30 @@ def split_timers(shape: Shape, splits: list[int], repeats: int) -> dict[int, obj
     gradients = [torch.empty_like(t) for t in (q, k, v)]
     flops = shape.flops * BACKWARD_FLOPS
 
-    def timer(count: int):
+    def timer(path: str, count: int):
         def launch():
-            interface.backward_into(*gradients, dout, None, q, k, v, out, lse, scale, shape.causal, head_splits=count)
+            interface.backward_into(
+                *gradients, dout, None, q, k, v, out, lse, scale, shape.causal, PATHS[path], head_splits=count
+            )
 
         return lambda: flops / cuda_median_ms(launch, warmup=3, repeats=repeats) / 1e9
 
-    return {count: timer(count) for count in splits}
+    return {run: timer(*run) for run in runs}
+
+
+def table_rows(label: str, pick: int, medians: dict[tuple[str, int], float]) -> list[str]:
+    """A table row a path of `medians` ({(path, splits): TFLOP/s}): its figures by splits (the
+    model's `pick` starred), its best count, the best over its own figure at the pick and over
+    the atomic path's at the pick (the default gradient), where that was timed."""
+    default = medians.get(("atomic", pick))
+    rows = []
+    for path in dict.fromkeys(path for path, _ in medians):
+        mine = {count: figure for (other, count), figure in medians.items() if other == path}
+        best = max(mine, key=mine.__getitem__)
+        cells = ", ".join(f"{c}{'*' if c == pick else ''}: {t:.0f}" for c, t in mine.items())
+        against = f"{mine[best] / default:.3f}x" if default else "-"
+        rows.append(f"| {label} | {path} | {cells} | {pick} | {best} | {mine[best] / mine[pick]:.3f}x | {against} |")
+    return rows
 
 
 def main() -> int:
@@ -68,22 +92,23 @@ def main() -> int:
     parser.add_argument("--splits", nargs="+", type=int, default=list(SPLITS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--paths", nargs="+", choices=list(PATHS), default=["atomic"])
     args = parser.parse_args()
     sm_count = device_target(torch.device("cuda"))[0]
     print(f"Backward TFLOP/s by GQA splits on {torch.cuda.get_device_name()}, medians of {args.rounds} rounds")
     print("alternated; * the model's pick (configs.gradient_head_splits)\n")
-    print("| shape | TFLOP/s by splits | model's pick | best | best / pick |\n|---|---|---|---|---|")
+    print("| shape | path | TFLOP/s by splits | model's pick | best | best / pick | best / atomic pick |")
+    print("|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         group = shape.nheads // shape.heads_kv
         rule = Visibility(shape.seqlen_q, shape.keys, shape.causal)
         pick = gradient_head_splits(shape.batch, rule, shape.heads_kv, group, shape.head_dim, sm_count)
         dims_split = shape.head_dim in HEAD_SPLIT_DIMS
         counts = sorted({c for c in (*args.splits, pick) if c <= group and (c == 1 or dims_split)})
-        samples = alternated(split_timers(shape, counts, args.repeats), args.rounds)
-        medians = {count: statistics.median(figures) for count, figures in samples.items()}
-        best = max(medians, key=medians.__getitem__)
-        cells = ", ".join(f"{c}{'*' if c == pick else ''}: {t:.0f}" for c, t in medians.items())
-        print(f"| {shape.label()} | {cells} | {pick} | {best} | {medians[best] / medians[pick]:.3f}x |", flush=True)
+        runs = [(path, count) for path in args.paths for count in counts]
+        samples = alternated(split_timers(shape, runs, args.repeats), args.rounds)
+        medians = {run: statistics.median(figures) for run, figures in samples.items()}
+        print("\n".join(table_rows(shape.label(), pick, medians)), flush=True)
     return 0
 
 

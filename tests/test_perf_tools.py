@@ -146,3 +146,16 @@ def test_the_gradient_splits_script_reads_its_shapes_as_the_bench_labels_them():
     assert len({parse_shape(text).label() for text in SHAPES}) == len(SHAPES)
     with pytest.raises(argparse.ArgumentTypeError, match="expected BxH/HKVxSxD"):
         parse_shape("8x71x2048x64")
+
+
+def test_the_gradient_splits_table_sets_each_path_against_the_default_gradient():
+    # perf/gradient_splits.table_rows: each path's best over its own figure at the model's pick,
+    # and over the atomic path's there (what the default gradient runs); "-" without it.
+    from perf.gradient_splits import table_rows
+
+    medians = {("atomic", 1): 300.0, ("atomic", 3): 330.0, ("fixed_order", 1): 370.0, ("fixed_order", 3): 320.0}
+    atomic, fixed = table_rows("s", 3, medians)
+    assert atomic == "| s | atomic | 1: 300, 3*: 330 | 3 | 3 | 1.000x | 1.000x |"
+    assert fixed == "| s | fixed_order | 1: 370, 3*: 320 | 3 | 1 | 1.156x | 1.121x |"
+    (alone,) = table_rows("s", 1, {("fixed_order", 1): 370.0})
+    assert alone.endswith("| 1.000x | - |")
