@@ -114,6 +114,9 @@ def training_layers(shape: Shape) -> dict:
     """name -> a call of that layer of a training call (forward and backward) on the shape:
 
     training call     flash_attn_func with requires_grad, then backward: what a trainer pays
+    ... one thread    the same with autograd's engine on the calling thread
+                      (set_multithreading_enabled(False)): what the hop to its device thread costs,
+                      and the call --profile reads (cProfile sees the calling thread only)
     forward, grad     flash_attn_func with requires_grad alone (its graph dropped): the forward's share
     backward op       torch.ops.fa_kernel.backward on saved outputs: the gradient's custom op
     backward_into     the gradient's launches into gradients made beforehand
@@ -141,8 +144,13 @@ def training_layers(shape: Shape) -> dict:
             out_t = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, enable_gqa=gqa)
         torch.autograd.grad(out_t, (qt, kt, vt), dout_t)
 
+    def training_call_one_thread():
+        with torch.autograd.set_multithreading_enabled(False):
+            training_call()
+
     return {
         "training call": training_call,
+        "... one thread": training_call_one_thread,
         "forward, grad": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
         "backward op": lambda: torch.ops.fa_kernel.backward(dout, None, *detached, out, lse, scale, causal, False),
         "backward_into": lambda: interface.backward_into(*gradients, dout, None, *detached, out, lse, scale, causal),
@@ -220,7 +228,7 @@ def print_profile(call, calls: int) -> None:
 def training(args) -> int:
     """--training: each layer's host µs a call and its wall µs (a call, then a synchronise: what a
     training step waits for), and with --profile cProfile's top functions of the first shape's
-    training call."""
+    training call, its backward on the calling thread."""
     print("| shape | layer | host µs a call | wall µs a call | GPU µs a call (CUDA graph) |\n|---|---|---|---|---|")
     for shape in TRAINING_SHAPES:
         for name, call in training_layers(shape).items():
@@ -230,7 +238,7 @@ def training(args) -> int:
             gpu_text = "-" if gpu is None else f"{gpu:.1f}"
             print(f"| {shape.label()} | {name} | {host:.1f} | {wall:.1f} | {gpu_text} |", flush=True)
     if args.profile:
-        print_profile(training_layers(TRAINING_SHAPES[0])["training call"], args.calls)
+        print_profile(training_layers(TRAINING_SHAPES[0])["... one thread"], args.calls)
     return 0
 
 
