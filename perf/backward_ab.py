@@ -21,6 +21,8 @@ BACKWARD_TILES entry:
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
+  lockstep         the walk by query tile slowest (from the last) and the group's heads fastest
+                   (`lockstep=True`): a GQA group's blocks add into the same dQ tiles together.
   three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
                    head_dim 128): the next query tiles' loads further ahead of the walk.
 
@@ -62,6 +64,7 @@ VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
+    "lockstep": {"lockstep": True},
     "three_stages": {"num_stages": 3},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})
