@@ -88,6 +88,7 @@ SHAPES = [
     Shape(8, 16, 2048, 128, True, torch.bfloat16, nheads_kv=2),
     Shape(8, 48, 2048, 128, True, torch.bfloat16, nheads_kv=4),
     Shape(8, 128, 2048, 128, True, torch.bfloat16, nheads_kv=8),
+    Shape(2, 48, 8192, 128, True, torch.bfloat16, nheads_kv=4),
     Shape(8, 32, 2048, 128, True, torch.bfloat16),
 ]
 # The fixed-order dQ kernel's FLOPs against the forward's: S, dP and dS.K, three GEMMs to its two.
