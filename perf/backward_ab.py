@@ -23,6 +23,8 @@ BACKWARD_TILES entry:
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
   lockstep         the walk by query tile slowest (from the last) and the group's heads fastest
                    (`lockstep=True`): a GQA group's blocks add into the same dQ tiles together.
+  staggered        each K/V tile's walk of a head from its own query tile on, wrapping
+                   (`staggered=True`): without causal, a head's blocks add into different dQ tiles.
   three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
                    head_dim 128): the next query tiles' loads further ahead of the walk.
 
@@ -65,6 +67,7 @@ VARIANTS: dict[str, dict] = {
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
     "lockstep": {"lockstep": True},
+    "staggered": {"staggered": True},
     "three_stages": {"num_stages": 3},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})

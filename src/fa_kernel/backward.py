@@ -80,6 +80,7 @@ def backward_program(
     head_splits: bool = False,
     heavy_first: bool = False,
     lockstep: bool = False,
+    staggered: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -123,6 +124,10 @@ def backward_program(
     over the group's heads, and the dQ rows they add into together outgrow L2 (group × the
     rows of MHA); in lockstep they add into the same dQ tile at the same step, ending at
     different tiles.
+
+    `staggered`: each K/V tile's walk of a head starts at its own query tile, the K/V tile's index
+    on, and wraps (an A/B option). Without causal every block of a head walks the same tiles in
+    the same order, so its K/V tiles' blocks reduce-add into one dQ tile at each step.
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
@@ -402,6 +407,8 @@ def backward_program(
                     if head_splits:
                         head = kv_head * group_size + split + step % walk_heads * splits
                     q_tile = q_blocks - 1 - step // walk_heads
+                if staggered:
+                    q_tile = (step % q_blocks + kv_tile) % q_blocks
                 q_start = (first_q_block + q_tile) * block_m
                 q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
                 T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)
