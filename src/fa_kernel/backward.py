@@ -372,10 +372,9 @@ def backward_program(
                 walk_heads = T.max(T.ceildiv(group_size - split, splits), 1)
             kv_tile, rule, sequence, q_offset, k_offset = kv_block, visibility, None, None, None
             if varlen:
-                # The producer writes the sequence's registers, which TileLang's warp
-                # specialisation takes for a copy in registers and then gives neither side a
-                # register budget (1.4 KB of spills, every wgmma serialised): the batched build's
-                # budgets, which it gets by default, given by hand.
+                # The producer writes the sequence's registers, which TileLang's warp specialisation
+                # takes for a copy in registers, giving neither side a register budget (1.4 KB of
+                # spills, every wgmma serialised): the batched build's budgets, given by hand.
                 T.annotate_producer_reg_dealloc(PRODUCER_REGISTERS)
                 T.annotate_consumer_reg_alloc(CONSUMER_REGISTERS)
                 # The block's (sequence, K/V tile) from the key tile order; the sequence's
@@ -391,9 +390,8 @@ def backward_program(
             T.copy(K[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], K_shared)
             T.copy(V[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], V_shared)
             start_sums(acc_dk, acc_dv, dQ_shared)
-            # The step's query head and first row as the consumers use them, in registers set once
-            # a step: left as expressions (the producer's), their integer divisions recur at every
-            # use, in 64 bits in dQ's address, on the path of the thread that issues dQ's add.
+            # The step's head and first row, set once a step in registers: as expressions (the
+            # producer's) their divisions recur at every use, in 64 bits in dQ's add's address.
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
