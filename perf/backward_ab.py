@@ -23,6 +23,9 @@ BACKWARD_TILES entry:
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
   lockstep         the walk by query tile slowest (from the last) and the group's heads fastest
                    (`lockstep=True`): a GQA group's blocks add into the same dQ tiles together.
+  lockstep_tile_fastest  lockstep with the blocks by K/V tile fastest (a pair's blocks start
+                   together, so their walks stay aligned; perf/dq_l2_model.py: no re-misses, but
+                   the long blocks last).
   staggered        each K/V tile's walk of a head from its own query tile on, wrapping
                    (`staggered=True`): without causal, a head's blocks add into different dQ tiles.
   three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
@@ -67,6 +70,7 @@ VARIANTS: dict[str, dict] = {
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
     "lockstep": {"lockstep": True},
+    "lockstep_tile_fastest": {"lockstep": True, "heavy_first": False},
     "staggered": {"staggered": True},
     "three_stages": {"num_stages": 3},
 }
