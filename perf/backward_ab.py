@@ -163,8 +163,7 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     def grads():
         if not with_dq:
             return torch.zeros_like(q), dk, dv
-        rows = dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2)
-        return (rows * scale).to(dtype), dk, dv
+        return (dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2) * scale).to(dtype), dk, dv
 
     return call, grads, (q, k, v, dout)
 

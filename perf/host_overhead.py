@@ -114,7 +114,8 @@ def training_layers(shape: Shape) -> dict:
     """name -> a call of that layer of a training call (forward and backward) on the shape:
 
     training call     flash_attn_func with requires_grad, then backward: what a trainer pays
-    ... one thread    the same with autograd's engine on the calling thread
+    training call, one thread
+                      the same with autograd's engine on the calling thread
                       (set_multithreading_enabled(False)): what the hop to its device thread costs,
                       and the call --profile reads (cProfile sees the calling thread only)
     forward, grad     flash_attn_func with requires_grad alone (its graph dropped): the forward's share
@@ -150,7 +151,7 @@ def training_layers(shape: Shape) -> dict:
 
     return {
         "training call": training_call,
-        "... one thread": training_call_one_thread,
+        "training call, one thread": training_call_one_thread,
         "forward, grad": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
         "backward op": lambda: torch.ops.fa_kernel.backward(dout, None, *detached, out, lse, scale, causal, False),
         "backward_into": lambda: interface.backward_into(*gradients, dout, None, *detached, out, lse, scale, causal),
@@ -238,7 +239,7 @@ def training(args) -> int:
             gpu_text = "-" if gpu is None else f"{gpu:.1f}"
             print(f"| {shape.label()} | {name} | {host:.1f} | {wall:.1f} | {gpu_text} |", flush=True)
     if args.profile:
-        print_profile(training_layers(TRAINING_SHAPES[0])["... one thread"], args.calls)
+        print_profile(training_layers(TRAINING_SHAPES[0])["training call, one thread"], args.calls)
     return 0
 
 
