@@ -7,7 +7,8 @@ From the repository root, on a Hopper GPU:
     python -m perf.gradient_splits [--shapes 8x71/1x2048x64c ...] [--splits 1 2 4 8] [--rounds 3]
                                    [--paths atomic fixed_order]
 
-A shape is BxH/HKVxSxD, `c` at its end for causal (bf16). `--paths`: the gradient's dQ by the
+A shape is BxH/HKVxSxD (or BxH/HKVxSQxSKxD: a chunk of SQ queries against SK keys), `c` at its
+end for causal (bf16). `--paths`: the gradient's dQ by the
 dK/dV kernel's atomic adds (the default gradient), by the fixed-order dQ kernel
 (`deterministic=True`), or both, every count of each alternated in one process. Printed, a row a
 shape and path: the backward's TFLOP/s by splits (the whole gradient: preprocess, the kernels and
@@ -40,11 +41,14 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def parse_shape(text: str) -> Shape:
-    match = re.fullmatch(r"(\d+)x(\d+)/(\d+)x(\d+)x(\d+)(c?)", text)
+    match = re.fullmatch(r"(\d+)x(\d+)/(\d+)x(\d+)(?:x(\d+))?x(\d+)(c?)", text)
     if match is None:
-        raise argparse.ArgumentTypeError(f"shape: expected BxH/HKVxSxD with an optional c, got {text!r}")
-    batch, heads, heads_kv, seqlen, head_dim = map(int, match.groups()[:5])
-    return Shape(batch, heads, seqlen, head_dim, bool(match[6]), torch.bfloat16, nheads_kv=heads_kv)
+        raise argparse.ArgumentTypeError(
+            f"shape: expected BxH/HKVxSxD or BxH/HKVxSQxSKxD with an optional c, got {text!r}"
+        )
+    batch, heads, heads_kv, seqlen_q = map(int, match.groups()[:4])
+    seqlen_k, head_dim, causal = match[5] and int(match[5]), int(match[6]), bool(match[7])
+    return Shape(batch, heads, seqlen_q, head_dim, causal, torch.bfloat16, nheads_kv=heads_kv, seqlen_k=seqlen_k)
 
 
 PATHS = {"atomic": False, "fixed_order": True}  # backward_into's `deterministic`

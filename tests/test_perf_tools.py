@@ -143,6 +143,9 @@ def test_the_gradient_splits_script_reads_its_shapes_as_the_bench_labels_them():
     assert (shape.batch, shape.nheads, shape.heads_kv, shape.seqlen_q, shape.head_dim) == (8, 71, 1, 2048, 64)
     assert shape.causal and shape.label() == "8x71/1x2048x64 bfloat16 causal"
     assert not parse_shape("1x8/1x4096x128").causal
+    chunk = parse_shape("1x16/2x2048x32768x128c")
+    assert (chunk.seqlen_q, chunk.keys, chunk.head_dim) == (2048, 32768, 128)
+    assert chunk.label() == "1x16/2x2048x32768x128 bfloat16 causal"
     assert len({parse_shape(text).label() for text in SHAPES}) == len(SHAPES)
     with pytest.raises(argparse.ArgumentTypeError, match="expected BxH/HKVxSxD"):
         parse_shape("8x71x2048x64")
