@@ -21,21 +21,24 @@ import dataclasses
 import tilelang.language as T
 
 from fa_kernel.backward_dq import compiled_dq
+from fa_kernel.backward_persistent import DkDvParts, persistent_program
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, statistics_row
 from fa_kernel.configs import BACKWARD_TILES
-from fa_kernel.gradient_parts import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
+from fa_kernel.gradient_parts import (
+    CONSUMER_REGISTERS,
+    CONSUMERS_BARRIER,
+    PRODUCER_REGISTERS,
+    WGMMA_ROWS,
+    compiled_at_tiles,
+    gradient_sizes,
+    ragged_parameters,
+    tile_needs_mask,
+)
 from fa_kernel.mask import variant_visibility
 from fa_kernel.scheduler import KeyTile, at_offset, ragged_tile
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
-
-# setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
-# for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
-# The consumer warpgroups' named barrier where the dK/dV kernel places its own (syncs_by_hand);
-# TileLang's planner numbers its own from 3, and places none in such a build.
-CONSUMERS_BARRIER = 6
 
 
 def operands_in_registers(block_n: int, threads: int = 256) -> bool:
@@ -81,6 +84,7 @@ def backward_program(
     heavy_first: bool = False,
     lockstep: bool = False,
     staggered: bool = False,
+    persistent: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -230,7 +234,7 @@ def backward_program(
     @T.macro
     def gemms_dq_first(
         p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared, dQ_accum,
-        b, head, q_row,
+        b, head, q_row, stage_released_by_use=True,
     ):  # fmt: skip
         """dV and dK from registers, dQ_tile = dS·K (as dQᵀ) through shared memory and its bulk add, two
         consumer barriers a step: dQ's GEMM first, and dK's left in flight under dQ's staging, its
@@ -249,9 +253,10 @@ def backward_program(
         T.wait_wgmma(1)  # dV's and dQ's
         T.warpgroup_fence_operand(acc_dv, num_regs=block_n * head_dim // threads)
         T.warpgroup_fence_operand(acc_dq, num_regs=block_m * head_dim // threads)
-        # A use after the wait: T.Pipelined releases a stage after its buffers' last use, which
-        # would otherwise be the GEMM's issue.
-        T.evaluate(T.address_of(dO_shared[0, 0]))
+        if stage_released_by_use:
+            # A use after the wait: T.Pipelined releases a stage after its buffers' last use, which
+            # would otherwise be the GEMM's issue.
+            T.evaluate(T.address_of(dO_shared[0, 0]))
         # A thread's pair (i, j), (i, j + 1) lands on rows j, j + 1, dq_row = head_dim + 4 floats
         # apart: 2·(head_dim + 4) ≡ 8 (mod 32) at 64 and 128, so a warp's 32 stores take 32 banks.
         for i, j in T.Parallel(head_dim, block_m):
@@ -262,7 +267,8 @@ def backward_program(
             issue_dq_add(dQ_shared, dQ_accum, b, head, q_row)
         T.wait_wgmma(0)  # dK's
         T.warpgroup_fence_operand(acc_dk, num_regs=block_n * head_dim // threads)
-        T.evaluate(T.address_of(Q_shared[0, 0]))
+        if stage_released_by_use:
+            T.evaluate(T.address_of(Q_shared[0, 0]))
 
     @T.macro
     def step_gradients(
@@ -311,6 +317,14 @@ def backward_program(
         else:
             T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
             T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
+
+    if persistent:
+        if not own_syncs or varlen or head_splits or variants != PLAIN:
+            raise ValueError("persistent: expected dQ by adds on 64-key warpgroup tiles, batched, no variants")
+        signature = (dq_accum_shape, dk_shape, dk_dtype, window_left, window_right, softcap_log2)
+        tile = (head_dim, block_m, block_n, threads, num_stages, dtype, dq_fragment)
+        sizes = (batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv)
+        return persistent_program(DkDvParts(tile, sizes, signature, visibility, gemms_dq_first, store_key_tile))
 
     @T.prim_func
     def flash_attention_backward(

@@ -1,4 +1,3 @@
-# With docs/pending/backward-persistent.patch applied first (git apply): its A/B variant below.
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
