@@ -164,6 +164,11 @@ def backward_program(
     # head_dim, 64 rows a warpgroup, and the fragment is written to dQ's shared tile transposed.
     dq_fragment = [head_dim, block_m] if own_syncs else [block_m, head_dim]
 
+    def first_query_tile(kv_start, rule):
+        """The first query tile with a row that sees a key of the tile from kv_start: under a right
+        edge (causal), rows before the first that sees its first key add nothing."""
+        return T.max(rule.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
+
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
         if not visibility.limits_left:
@@ -324,7 +329,8 @@ def backward_program(
         signature = (dq_accum_shape, dk_shape, dk_dtype, window_left, window_right, softcap_log2)
         tile = (head_dim, block_m, block_n, threads, num_stages, dtype, dq_fragment)
         sizes = (batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv)
-        return persistent_program(DkDvParts(tile, sizes, signature, visibility, gemms_dq_first, store_key_tile))
+        walk = (first_query_tile, rows_end)
+        return persistent_program(DkDvParts(tile, sizes, signature, visibility, walk, gemms_dq_first, store_key_tile))
 
     @T.prim_func
     def flash_attention_backward(
@@ -397,9 +403,8 @@ def backward_program(
                 sequence, q_offset, k_offset, sequence_q, sequence_k, kv_tile = ragged
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
             kv_start = kv_tile * block_n
-            # Right edge (causal): rows before the first that sees this tile's first key add
-            # nothing; left edge: nor rows from the first whose window starts past its last key.
-            first_q_block = T.max(rule.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
+            # The query tiles whose rows see a key of the tile (first_query_tile, rows_end).
+            first_q_block = first_query_tile(kv_start, rule)
             q_blocks = T.ceildiv(rows_end(kv_start, rule), block_m) - first_q_block
             T.copy(K[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], K_shared)
             T.copy(V[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], V_shared)

@@ -33,13 +33,15 @@ class DkDvParts(NamedTuple):
     """What backward_program hands a walk of its own: the tile (head_dim, block_m, block_n,
     consumer threads, stages, dtype, dQ's fragment shape), its launch sizes (gradient_sizes'
     variables, which the visibility rule holds too), the kernel's signature (dQ_accum's
-    shape, dK's shape and dtype, the variants' annotations), the launch's visibility rule, and
-    the step's and the epilogue's macros."""
+    shape, dK's shape and dtype, the variants' annotations), the launch's visibility rule, the
+    K/V tile's walk of one head (its first query tile, and the end of the rows that see its keys,
+    as functions of its first key and the rule), and the step's and the epilogue's macros."""
 
     tile: tuple
     sizes: tuple
     signature: tuple
     visibility: Any
+    walk: tuple
     gemms_dq_first: Any
     store_key_tile: Any
 
@@ -62,10 +64,12 @@ def persistent_program(parts: DkDvParts):
         key_tiles = T.ceildiv(seqlen_k, block_n)
         return item % key_tiles, item // key_tiles % heads_kv, item // (key_tiles * heads_kv)
 
+    first_query_tile, rows_end = parts.walk
+
     def walk_of(kv_tile):
         """(first query tile, query tiles) of the K/V tile's walk of one head."""
-        first = T.max(visibility.first_row(kv_tile * block_n), 0) // block_m if visibility.limits_right else 0
-        return first, T.max(T.ceildiv(seqlen_q, block_m) - first, 0)
+        first = first_query_tile(kv_tile * block_n, visibility)
+        return first, T.max(T.ceildiv(rows_end(kv_tile * block_n, visibility), block_m) - first, 0)
 
     @T.macro
     def producer(rings, barriers, registers, Q, K, V, dO, LSE_log2, Delta, block, rounds, thread):
