@@ -30,10 +30,6 @@ BACKWARD_TILES entry:
                    (`staggered=True`): without causal, a head's blocks add into different dQ tiles.
   three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
                    head_dim 128): the next query tiles' loads further ahead of the walk.
-  persistent       a grid of 132 blocks walking the (K/V tile, K/V head, batch) items by K/V tile
-                   fastest, with a producer warpgroup of its own (`persistent=True`): the next
-                   item's K/V and first Q/dO stages load under this item's last steps and its dK/dV
-                   store (no variants; head_dim 64 and 128).
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -77,7 +73,6 @@ VARIANTS: dict[str, dict] = {
     "lockstep_tile_fastest": {"lockstep": True, "heavy_first": False},
     "staggered": {"staggered": True},
     "three_stages": {"num_stages": 3},
-    "persistent": {"persistent": True, "heavy_first": False},
 }
 KNOWN_INCORRECT = frozenset({"no_dq"})
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)

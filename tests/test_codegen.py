@@ -397,25 +397,3 @@ def test_the_heavy_first_map_is_worked_out_once_a_block():
         source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
     readers = [line.split("=")[0].strip() for line in source.splitlines() if "blockIdx" in line]
     assert readers == ["block_tile", "block_slot", "block_batch"], readers
-
-
-def test_the_persistent_dk_dv_walk_builds_only_where_its_step_is_the_shipped_one():
-    # backward_program(persistent=True), the A/B variant (fa_kernel/backward_persistent.py): plain
-    # and causal builds of 64 keys a warpgroup with dQ added; every other build is refused before
-    # a program exists, one term at a time.
-    from fa_kernel.backward import BACKWARD_TILES, backward_program
-    from fa_kernel.variants import Variants
-
-    def program(head_dim=128, causal=True, **options):
-        block_m, block_n, stages = BACKWARD_TILES[head_dim]
-        build = dict(block_m=block_m, block_n=block_n, num_stages=stages, persistent=True)
-        return backward_program(head_dim=head_dim, causal=causal, dtype="bfloat16", **(build | options))
-
-    for head_dim, causal in itertools.product((64, 128), (False, True)):
-        assert "flash_attention_backward_persistent" in program(head_dim, causal).script()
-    for refused in (
-        dict(head_dim=256), dict(with_dq=False), dict(varlen=True), dict(head_splits=True),
-        dict(variants=Variants(softcap=True)), dict(variants=Variants(window_left=True)),
-    ):  # fmt: skip
-        with pytest.raises(ValueError, match="persistent: expected"):
-            program(**refused)

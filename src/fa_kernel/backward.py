@@ -21,7 +21,6 @@ import dataclasses
 import tilelang.language as T
 
 from fa_kernel.backward_dq import compiled_dq
-from fa_kernel.backward_persistent import DkDvParts, persistent_program
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, statistics_row
 from fa_kernel.configs import BACKWARD_TILES
 from fa_kernel.gradient_parts import (
@@ -84,7 +83,6 @@ def backward_program(
     heavy_first: bool = False,
     lockstep: bool = False,
     staggered: bool = False,
-    persistent: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -322,15 +320,6 @@ def backward_program(
         else:
             T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
             T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
-
-    if persistent:
-        if not own_syncs or varlen or head_splits or variants != PLAIN:
-            raise ValueError("persistent: expected dQ by adds on 64-key warpgroup tiles, batched, no variants")
-        signature = (dq_accum_shape, dk_shape, dk_dtype, window_left, window_right, softcap_log2)
-        tile = (head_dim, block_m, block_n, threads, num_stages, dtype, dq_fragment)
-        sizes = (batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv)
-        walk = (first_query_tile, rows_end)
-        return persistent_program(DkDvParts(tile, sizes, signature, visibility, walk, gemms_dq_first, store_key_tile))
 
     @T.prim_func
     def flash_attention_backward(
