@@ -13,6 +13,8 @@ import pytest
 from fa_kernel.configs import (
     BACKWARD_TILES,
     FALLBACK,
+    FIXED_ORDER_MAX_KEYS,
+    FIXED_ORDER_MIN_GROUP,
     GRID_ROWS,
     HEAD_SPLIT_DIMS,
     SPLIT_MAX_WAVES,
@@ -21,6 +23,7 @@ from fa_kernel.configs import (
     TUNED_SHORT,
     TileConfig,
     gradient_head_splits,
+    gradient_plan,
     grid_bands,
     key_ranges,
     key_tile_walks,
@@ -214,3 +217,24 @@ def test_head_dim_256_keeps_its_group_whole():
     assert 256 not in HEAD_SPLIT_DIMS and set(HEAD_SPLIT_DIMS) < set(BACKWARD_TILES)
     assert splits_for(1, 8, 1, 1 << 14, 256, False, seqlen_k=64) == 1
     assert splits_for(1, 8, 1, 1 << 14, 128, False, seqlen_k=128) > 1
+
+
+def test_the_fixed_order_path_takes_causal_gqa_at_head_dim_128_and_keeps_its_group_whole():
+    # configs.gradient_plan, both sides of each term: a right edge (causal or a window's), head_dim
+    # 128, FIXED_ORDER_MAX_KEYS keys, a group of FIXED_ORDER_MIN_GROUP; `deterministic` takes the
+    # path anyway, its group whole under a right edge and split as the model says without one.
+    keys = FIXED_ORDER_MAX_KEYS
+    causal, window_right = Visibility(keys, keys, True), Visibility.of_window(keys, keys, False, (-1, 64))
+    full = Visibility(keys, keys, False)
+    group = FIXED_ORDER_MIN_GROUP
+    for rule in (causal, window_right):
+        assert gradient_plan(8, rule, 4, group, 128, 132, False) == (True, 1)
+        assert gradient_plan(8, Visibility(keys, keys + 1, True), 4, group, 128, 132, False)[0] is False
+        assert gradient_plan(1, Visibility(keys, 16 * keys, True), 4, 12, 128, 132, False)[0] is False
+        assert gradient_plan(8, rule, 4, group - 1, 128, 132, False)[0] is False
+        assert gradient_plan(8, rule, 4, group, 64, 132, False)[0] is False
+        assert gradient_plan(8, rule, 4, group - 1, 64, 132, True) == (True, 1)
+    assert gradient_plan(8, full, 4, group, 128, 132, False)[0] is False
+    model = gradient_head_splits(1, Visibility(4096, 4096, False), 1, 8, 128, 132)
+    assert model > 1 and gradient_plan(1, Visibility(4096, 4096, False), 1, 8, 128, 132, True) == (True, model)
+    assert gradient_plan(8, causal, 1, 71, 64, 132, False) == (False, gradient_head_splits(8, causal, 1, 71, 64, 132))

@@ -294,6 +294,31 @@ def list_schedule(block_steps: Sequence[float], sm_count: int) -> float:
     return max(ends)
 
 
+# A causal GQA gradient at head_dim 128 over at most FIXED_ORDER_MAX_KEYS keys whose group has at
+# least FIXED_ORDER_MIN_GROUP query heads takes the fixed-order path (the dK/dV kernel without dQ,
+# then the dQ kernel), its group whole: the atomic dQ adds of one kernel ran 0.78-0.94x it at 2k
+# from groups of 5, where walks are short; at 8k and on 32k keys the two kernels' extra GEMMs
+# cost more (0.84-0.95x; docs/perf-log.md).
+FIXED_ORDER_MIN_GROUP = 5
+FIXED_ORDER_MAX_KEYS = 2048
+
+
+def gradient_plan(
+    batch: int, rule, heads_kv: int, group_size: int, head_dim: int, sm_count: int, deterministic: bool
+) -> tuple[bool, int]:
+    """(fixed_order, splits) of a gradient launch: dQ from the fixed-order kernel where asked
+    (`deterministic`) or where it is the faster (a right edge, head_dim 128, at most
+    FIXED_ORDER_MAX_KEYS keys, a group of FIXED_ORDER_MIN_GROUP or more); that path under a right
+    edge keeps each group whole (its blocks heavy first, backward.heavy_first_order), else
+    gradient_head_splits' count."""
+    limits_right = rule.limits_right
+    faster = head_dim == 128 and rule.seqlen_k <= FIXED_ORDER_MAX_KEYS and group_size >= FIXED_ORDER_MIN_GROUP
+    fixed_order = deterministic or (limits_right and faster)
+    if fixed_order and limits_right:
+        return True, 1
+    return fixed_order, gradient_head_splits(batch, rule, heads_kv, group_size, head_dim, sm_count)
+
+
 def gradient_head_splits(batch: int, rule, heads_kv: int, group_size: int, head_dim: int, sm_count: int) -> int:
     """Into how many blocks the dK/dV kernel splits each K/V tile's GQA group of query heads
     (backward_program's `head_splits`; 1: none): the count whose modelled time is least, each

@@ -27,7 +27,7 @@ from fa_kernel.configs import (
     HEAD_SPLIT_DIMS,
     TileConfig,
     arch_of,
-    gradient_head_splits,
+    gradient_plan,
     pairs_per_group,
     select_config,
     tiles_per_sm,
@@ -438,9 +438,9 @@ def backward_into(
     """The gradients of flash_attn_func's (out, lse) against (dout, grad_lse; None: 0), written
     into the caller's contiguous dq, dk, dv: the `fa_kernel::backward` op's launch (the tests
     hand it outputs filled with NaN, so that an element no thread block writes fails).
-    `deterministic`: dq from the fixed-order kernel, not by atomic adds. `head_splits`: the
-    blocks each K/V tile's GQA group is split between (1 to the group's size, head_dim 64 and
-    128; for the tests and perf/gradient_splits.py), None: configs.gradient_head_splits'.
+    `deterministic`: dq from the fixed-order kernel (configs.gradient_plan also takes it where it
+    is the faster). `head_splits`: the blocks each K/V tile's GQA group is split between (1 to the
+    group's size, head_dim 64 and 128; tests and perf: dq then as `deterministic` says), None: gradient_plan's.
     Returns dsinks (fp32 [nheads]) where sinks are given, else None."""
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_kv, _ = k.shape
@@ -467,12 +467,13 @@ def backward_into(
     delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty_like(delta)
     variants = Variants.of(causal, window_size, softcap, sinks)
-    splits = head_splits
+    fixed_order, splits = deterministic, head_splits  # as the caller forces them, or as planned
     if splits is None:
         rule = Visibility.of_window(seqlen_q, seqlen_k, causal, window_size)
-        splits = gradient_head_splits(batch, rule, nheads_kv, nheads // nheads_kv, head_dim, sm_count)
+        plan = gradient_plan(batch, rule, nheads_kv, nheads // nheads_kv, head_dim, sm_count, deterministic)
+        fixed_order, splits = plan
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
-        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=deterministic, variants=variants,
+        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=fixed_order, variants=variants,
         head_splits=splits > 1,
     )  # fmt: skip
     heavy_first = heavy_first_order(causal, variants, varlen=False, head_splits=splits > 1)

@@ -780,7 +780,7 @@ KERNEL_MUTANTS = [
         "deterministic_served_by_atomics",
         "interface.py",
         "compiled_gradient_kernels(\n        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch,"
-        " deterministic=deterministic, variants=variants,\n        head_splits=splits > 1,\n    )",
+        " deterministic=fixed_order, variants=variants,\n        head_splits=splits > 1,\n    )",
         "compiled_gradient_kernels(\n        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch,"
         " deterministic=False, variants=variants,\n        head_splits=splits > 1,\n    )",
         first=DETERMINISTIC_RUNS,

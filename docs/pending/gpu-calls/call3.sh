@@ -1,7 +1,8 @@
-# The whole GPU suite on the tree as it travels; then head_dim 256's backward against cuDNN.
+# The generated mutants on the GPU: the backward's (triage made on the CPU into .gpu/, 273 to run)
+# within the call's time, recorded; a later call goes on from the record.
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
-timeout 430 python3 -m nox --no-venv -s gpu > $OUT/nox_gpu.log 2>&1; echo "nox gpu rc=$? $((SECONDS-t0)) s"; grep -E "passed|failed" $OUT/nox_gpu.log | tail -3
-timeout $((560-SECONDS+t0)) python3 -u -m fa_kernel bench --grid models --backward --dtype bf16 --head-dim 256 --rounds 2 --repeats 5 --markdown > $OUT/bench_d256.md 2>&1
-echo "bench d256 rc=$? $((SECONDS-t0)) s"; grep "^|" $OUT/bench_d256.md | head -40
+timeout 560 python3 -u -m tools.mutants --target backward --generated --triage-cache .gpu/triage_backward.json \
+  --record tools/records/generated_backward.jsonl --deadline 540 > $OUT/mutants_backward.log 2>&1
+echo "mutants rc=$? $((SECONDS-t0)) s"; tail -15 $OUT/mutants_backward.log; cp tools/records/generated_backward.jsonl $OUT/ 2>/dev/null

@@ -1,8 +1,6 @@
 # Sourced first by each call of this folder, run from the repository root on the GPU machine
 # (`bash docs/pending/gpu-calls/call1.sh`, carrying .gpu/). .gpu/ is made here (git-ignored):
 #   mkdir -p .gpu && cp ../shared/gpu/site.tar.xz ../shared/gpu/env.sh .gpu/
-#   the fixed-order patch's src for call1's tests:
-#   mkdir -p .gpu/patched && cp -r src .gpu/patched/ && git apply --include='src/*' --directory=.gpu/patched docs/pending/gradient-fixed-order-path.patch
 #   optional, to spare the GPU's compiles (docs/ci.md): .gpu/kernels.tar.xz (the suite's builds,
 #   `TILELANG_CACHE_DIR=/tmp/k/cache python -m tools.precompile --arch sm_90a --sm-count 132`, then
 #   `tar -C /tmp/k -cf - cache | xz > .gpu/kernels.tar.xz`) and .gpu/abcache.tar.xz (the A/B's,
