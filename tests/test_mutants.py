@@ -8,6 +8,7 @@ on the GPU machine; an edit of kernel.py that changes such a fragment must fail 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 import time
 
@@ -15,6 +16,25 @@ import pytest
 from tools import mutants  # noqa: E402
 from tools.ast_mutants import apply_patch  # noqa: E402
 from tools.mutants import catalogue, records, runner, tiers, triage  # noqa: E402
+
+
+@functools.cache
+def _smoke_nodes() -> dict[str, tuple[str, ...]]:
+    return {build: tuple(nodes) for build, nodes in tiers.smoke_nodes_by_build().items()}
+
+
+def smoke_nodes() -> dict[str, list[str]]:
+    """tiers.smoke_nodes_by_build, collected once a process (a pytest collection in a subprocess,
+    some 6 s), a fresh copy each call."""
+    return {build: list(nodes) for build, nodes in _smoke_nodes().items()}
+
+
+@functools.cache
+def generated_mutants() -> tuple:
+    """tools.ast_mutants.generate() once a process (its mutants are frozen)."""
+    from tools.ast_mutants import generate
+
+    return tuple(generate())
 
 
 @pytest.mark.parametrize("mutant", catalogue.KERNEL_MUTANTS + catalogue.EMULATOR_MUTANTS, ids=lambda m: m.name)
@@ -60,7 +80,7 @@ def test_a_fragment_found_twice_or_never_is_an_error():
 
 
 def test_a_triaged_mutant_runs_the_smoke_tests_of_the_builds_it_changes_first():
-    nodes = tiers.smoke_nodes_by_build()
+    nodes = smoke_nodes()
     first, second = list(nodes)[:2]
     assert all(f"[{first}-" in node or node.endswith(f"[{first}]") for node in nodes[first])
     assert any(node.endswith(f"[{first}]") for node in nodes[first])  # a test of the build alone
@@ -88,8 +108,10 @@ def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
     assert {family for family, _ in compared} == set(same_kernels.ENTRIES)
     builds = [next(build for build in compared if build[0] == family) for family in same_kernels.ENTRIES]
     package = mutants.ROOT / "src"
-    renamed = shutil.copytree(package, tmp_path / "renamed")
-    decode = renamed / "fa_kernel" / "decode.py"
+    # One copy, two edits: decode's loop variable renamed (the same program but for a name) and a
+    # bug in the gradient; the forward, untouched, digests the same in another process.
+    edited = shutil.copytree(package, tmp_path / "edited")
+    decode = edited / "fa_kernel" / "decode.py"
     text = decode.read_text()
     for name in (
         "for r, j in T.Parallel(block_m, block_n):\n",
@@ -97,23 +119,14 @@ def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
         "acc_s[r, j] = T.if_then_else(visible, kept(acc_s[r, j])",
     ):
         text = text.replace(name, name.replace("r,", "x,").replace("[r", "[x"), 1)
-    decode.write_text(text)  # a loop variable renamed: the same program but for a name
-    changed = shutil.copytree(package, tmp_path / "changed")
-    backward = changed / "fa_kernel" / "backward.py"
+    decode.write_text(text)
+    backward = edited / "fa_kernel" / "backward.py"
     bug = ("(acc_dp[i, j] - delta[j])", "(acc_dp[i, j] + delta[j])")
-    backward.write_text(backward.read_text().replace(*bug))  # a bug
+    backward.write_text(backward.read_text().replace(*bug))
     before = same_kernels.program_digests(package, builds)
-    assert same_kernels.verdicts(before, same_kernels.program_digests(package, builds)) == ["identical"] * 3
-    assert same_kernels.verdicts(before, same_kernels.program_digests(renamed, builds)) == [
-        "identical",
-        "identical",
-        "names",
-    ]
-    assert same_kernels.verdicts(before, same_kernels.program_digests(changed, builds)) == [
-        "identical",
-        "differs",
-        "identical",
-    ]
+    after = same_kernels.program_digests(edited, builds)
+    assert list(same_kernels.ENTRIES) == ["forward", "gradient", "decode"]
+    assert same_kernels.verdicts(before, after) == ["identical", "differs", "names"]
 
 
 def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):
@@ -132,10 +145,9 @@ def test_a_recorded_kill_by_the_smoke_tier_holds_for_the_whole_run(tmp_path):
 
 
 def test_an_equivalence_settled_by_its_check_outlives_a_change_of_the_tests_after_it(tmp_path):
-    from tools.ast_mutants import generate
     from tools.equivalent_mutants import BITWISE, EQUIVALENT
 
-    checked = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
+    checked = next(m for m in generated_mutants() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
     check = ("bitwise", [BITWISE, "some-build"])
     record = tmp_path / "record.jsonl"
     records.append_record(record, checked, [check, ("smoke on some-build", ["-x", "node"])], ("equivalent", "r", 9.0))
@@ -163,12 +175,11 @@ def test_a_record_depends_on_the_files_its_tiers_run_only():
 
 
 def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():
-    from tools.ast_mutants import generate
     from tools.equivalent_mutants import BITWISE, EQUIVALENT
 
-    generated = generate()
+    generated = generated_mutants()
     schedule = next(m for m in generated if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
-    nodes = tiers.smoke_nodes_by_build()
+    nodes = smoke_nodes()
     build = next(iter(nodes))
     planned = tiers.mutant_tiers(schedule, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
     # The same bits settle it; other bits send it on to the smoke tier and the suite.
@@ -180,11 +191,10 @@ def test_a_mutant_recorded_as_schedule_only_is_compared_bit_for_bit_first():
 
 
 def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
-    from tools.ast_mutants import generate
     from tools.equivalent_mutants import BITWISE, EQUIVALENT, ROUNDING
 
-    rounding = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == ROUNDING)
-    nodes = tiers.smoke_nodes_by_build()
+    rounding = next(m for m in generated_mutants() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == ROUNDING)
+    nodes = smoke_nodes()
     build = next(iter(nodes))
     planned = tiers.mutant_tiers(rounding, "kernel", [build], nodes, smoke_only=False, cpu_only=False)
     assert [name for name, _ in planned] == ["close", f"smoke on {build}", "suite"]
@@ -193,11 +203,10 @@ def test_a_mutant_recorded_as_rounding_only_is_compared_within_rounding_first():
 
 
 def test_a_mutant_recorded_as_storing_past_the_end_runs_the_guard_regions_then_bitwise():
-    from tools.ast_mutants import generate
     from tools.equivalent_mutants import BITWISE, EQUIVALENT, GUARDED
 
-    guarded = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == GUARDED)
-    nodes = tiers.smoke_nodes_by_build()
+    guarded = next(m for m in generated_mutants() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == GUARDED)
+    nodes = smoke_nodes()
     first, second = list(nodes)[:2]
     planned = tiers.mutant_tiers(guarded, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
     assert [name for name, _ in planned] == [
@@ -232,13 +241,12 @@ def test_a_recorded_kill_outlives_a_change_of_tests_and_a_survival_does_not(tmp_
 
 
 def test_first_build_only_keeps_one_compile_and_leaves_checked_equivalents_for_a_whole_run():
-    from tools.ast_mutants import generate
     from tools.equivalent_mutants import BITWISE, EQUIVALENT
 
-    nodes = tiers.smoke_nodes_by_build()
+    nodes = smoke_nodes()
     first, second = list(nodes)[:2]
     plain = catalogue.KERNEL_MUTANTS[0]
-    checked = next(m for m in generate() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
+    checked = next(m for m in generated_mutants() if m.key in EQUIVALENT and EQUIVALENT[m.key].check == BITWISE)
     whole = {
         plain.id: tiers.mutant_tiers(plain, "kernel", [first, second], nodes, False, False),
         checked.id: tiers.mutant_tiers(checked, "kernel", [first], nodes, False, False),
@@ -253,7 +261,7 @@ def test_first_build_only_keeps_one_compile_and_leaves_checked_equivalents_for_a
 
 
 def test_a_deadline_starts_only_what_can_end_by_it_and_stops_the_rest(tmp_path, monkeypatch):
-    nodes = tiers.smoke_nodes_by_build()
+    nodes = smoke_nodes()
     first, second = list(nodes)[:2]
     mutant = catalogue.KERNEL_MUTANTS[0]
     planned = tiers.mutant_tiers(mutant, "kernel", [first, second], nodes, smoke_only=True, cpu_only=False)
@@ -366,14 +374,13 @@ def test_generated_code_tells_a_change_the_simplifier_undoes_from_a_real_one():
 
 def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
     from suite.boundaries import build_id, sweep_builds
-    from tools.ast_mutants import generate
 
     source = (mutants.PACKAGE / "kernel.py").read_text()
     # The overlapped epilogue's build: its last wgmma wait ends the S_0 of a tile after the last.
     build = next(b for b in sweep_builds() if build_id(b).endswith("persistent/overlap-grid4"))
     original = triage.generated_code_digests(source, [build], [0])
     assert not original[0].startswith("breaks: ")
-    dropped = next(m for m in generate() if m.key.endswith("guard_never:overlap_epilogue->False#3"))
+    dropped = next(m for m in generated_mutants() if m.key.endswith("guard_never:overlap_epilogue->False#3"))
     mutated = triage.generated_code_digests(dropped.mutated_source(), [build], [0], original)
     assert mutated[0].startswith("breaks: a wgmma started at line")
     # Triage turns it into a kill, from its cache alone; not where the unmutated build breaks it too.
@@ -388,7 +395,7 @@ def test_generated_code_that_leaves_a_wait_out_is_a_kill_at_triage():
 def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     from tools.ast_mutants import generate
 
-    forward = generate()
+    forward = generated_mutants()
     others = {"backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py", "decode.py"}
     assert {m.file for m in forward}.isdisjoint(others)  # the forward's campaign as it was
     gradient = ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py")
