@@ -13,8 +13,7 @@ import pytest
 from fa_kernel.configs import (
     BACKWARD_TILES,
     FALLBACK,
-    FIXED_ORDER_MAX_KEYS,
-    FIXED_ORDER_MIN_GROUP,
+    FIXED_ORDER_FASTER,
     GRID_ROWS,
     HEAD_SPLIT_DIMS,
     SPLIT_MAX_WAVES,
@@ -219,22 +218,26 @@ def test_head_dim_256_keeps_its_group_whole():
     assert splits_for(1, 8, 1, 1 << 14, 128, False, seqlen_k=128) > 1
 
 
-def test_the_fixed_order_path_takes_causal_gqa_at_head_dim_128_and_keeps_its_group_whole():
-    # configs.gradient_plan, both sides of each term: a right edge (causal or a window's), head_dim
-    # 128, FIXED_ORDER_MAX_KEYS keys, a group of FIXED_ORDER_MIN_GROUP; `deterministic` takes the
-    # path anyway, its group whole under a right edge and split as the model says without one.
-    keys = FIXED_ORDER_MAX_KEYS
+@pytest.mark.parametrize("head_dim", sorted(FIXED_ORDER_FASTER))
+def test_the_fixed_order_path_takes_what_its_table_names_and_keeps_the_group_whole(head_dim):
+    # configs.gradient_plan, both sides of each term: a right edge (causal or a window's), the
+    # table's head_dim, its most keys, its least group; `deterministic` takes the path anyway,
+    # its group whole under a right edge and split as the model says without one.
+    keys, group = FIXED_ORDER_FASTER[head_dim]
     causal, window_right = Visibility(keys, keys, True), Visibility.of_window(keys, keys, False, (-1, 64))
-    full = Visibility(keys, keys, False)
-    group = FIXED_ORDER_MIN_GROUP
     for rule in (causal, window_right):
-        assert gradient_plan(8, rule, 4, group, 128, 132, False) == (True, 1)
-        assert gradient_plan(8, Visibility(keys, keys + 1, True), 4, group, 128, 132, False)[0] is False
-        assert gradient_plan(1, Visibility(keys, 16 * keys, True), 4, 12, 128, 132, False)[0] is False
-        assert gradient_plan(8, rule, 4, group - 1, 128, 132, False)[0] is False
-        assert gradient_plan(8, rule, 4, group, 64, 132, False)[0] is False
-        assert gradient_plan(8, rule, 4, group - 1, 64, 132, True) == (True, 1)
-    assert gradient_plan(8, full, 4, group, 128, 132, False)[0] is False
+        assert gradient_plan(8, rule, 4, group, head_dim, 132, False) == (True, 1)
+        assert gradient_plan(8, Visibility(keys, keys + 1, True), 4, group, head_dim, 132, False)[0] is False
+        if group > 1:
+            assert gradient_plan(8, rule, 4, group - 1, head_dim, 132, False)[0] is False
+        assert gradient_plan(8, rule, 4, group, 64, 132, False)[0] is False  # not in the table
+        assert gradient_plan(8, rule, 4, max(group - 1, 1), 64, 132, True) == (True, 1)
+    assert gradient_plan(8, Visibility(keys, keys, False), 4, group, head_dim, 132, False)[0] is False
+    assert 64 not in FIXED_ORDER_FASTER
+
+
+def test_deterministic_without_a_right_edge_splits_as_the_model_says():
     model = gradient_head_splits(1, Visibility(4096, 4096, False), 1, 8, 128, 132)
     assert model > 1 and gradient_plan(1, Visibility(4096, 4096, False), 1, 8, 128, 132, True) == (True, model)
+    causal = Visibility(2048, 2048, True)
     assert gradient_plan(8, causal, 1, 71, 64, 132, False) == (False, gradient_head_splits(8, causal, 1, 71, 64, 132))

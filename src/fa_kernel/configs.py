@@ -294,25 +294,26 @@ def list_schedule(block_steps: Sequence[float], sm_count: int) -> float:
     return max(ends)
 
 
-# A causal GQA gradient at head_dim 128 over at most FIXED_ORDER_MAX_KEYS keys whose group has at
-# least FIXED_ORDER_MIN_GROUP query heads takes the fixed-order path (the dK/dV kernel without dQ,
-# then the dQ kernel), its group whole: the atomic dQ adds of one kernel ran 0.78-0.94x it at 2k
-# from groups of 5, where walks are short; at 8k and on 32k keys the two kernels' extra GEMMs
-# cost more (0.84-0.95x; docs/perf-log.md).
-FIXED_ORDER_MIN_GROUP = 5
-FIXED_ORDER_MAX_KEYS = 2048
+# Where the fixed-order path (the dK/dV kernel without dQ, then the dQ kernel) is the faster
+# gradient under a right edge: head_dim -> (the most keys, the least GQA group). Its two kernels
+# do two GEMMs more than one kernel adding dQ atomically, which pays where walks are short and the
+# adds contend (docs/perf-log.md, 2026-12-07, H100); head_dim 64 loses everywhere measured.
+FIXED_ORDER_FASTER = {
+    128: (2048, 5),  # causal GQA at 2k: 1.06-1.31x from groups of 5, 0.84-0.95x at 8k and 32k keys
+    256: (512, 1),  # causal at 512: 1.05-1.11x, MHA and GQA alike; 0.83-0.85x at 2k
+}
 
 
 def gradient_plan(
     batch: int, rule, heads_kv: int, group_size: int, head_dim: int, sm_count: int, deterministic: bool
 ) -> tuple[bool, int]:
     """(fixed_order, splits) of a gradient launch: dQ from the fixed-order kernel where asked
-    (`deterministic`) or where it is the faster (a right edge, head_dim 128, at most
-    FIXED_ORDER_MAX_KEYS keys, a group of FIXED_ORDER_MIN_GROUP or more); that path under a right
-    edge keeps each group whole (its blocks heavy first, backward.heavy_first_order), else
-    gradient_head_splits' count."""
+    (`deterministic`) or where it is the faster (a right edge, FIXED_ORDER_FASTER's keys and
+    group); that path under a right edge keeps each group whole (its blocks heavy first,
+    backward.heavy_first_order), else gradient_head_splits' count."""
     limits_right = rule.limits_right
-    faster = head_dim == 128 and rule.seqlen_k <= FIXED_ORDER_MAX_KEYS and group_size >= FIXED_ORDER_MIN_GROUP
+    most_keys, least_group = FIXED_ORDER_FASTER.get(head_dim, (0, 0))
+    faster = rule.seqlen_k <= most_keys and group_size >= least_group
     fixed_order = deterministic or (limits_right and faster)
     if fixed_order and limits_right:
         return True, 1
