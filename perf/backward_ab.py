@@ -40,6 +40,11 @@ BACKWARD_TILES entry:
 the shipped no_dq kernel):
 
   shipped            dq_program as DQ_TILES ships it.
+  two_stages         a second stage of K and V (`num_stages=2`): at head_dim 256, whose shipped
+                     tile walks on one, two fit (about 193 KB; 240 registers, no spills).
+  rows_128           128 query rows on two warpgroups (`block_m=128`), as head_dim 64 and 128
+                     ship: at head_dim 256 one's GEMMs under the other's exponentials (192 KB,
+                     one stage; no spills).
 
 A lever measured and decided leaves this list (its figures: docs/performance.md; its code: git).
 A new one enters as an argument of `backward_program`, not as an edit of its text.
@@ -82,6 +87,8 @@ VARIANTS: dict[str, dict] = {
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
     "shipped": {},
+    "two_stages": {"num_stages": 2},
+    "rows_128": {"block_m": 128},
 }
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),

@@ -12,5 +12,7 @@ wait; for tool in memcheck racecheck synccheck; do echo "$tool: $(grep -c ': ok'
 echo "sanitize $((SECONDS-t0)) s"
 timeout 150 python -u -m perf.backward_ab --head-dims 256 --variants no_dq no_dq_two_stages --rounds 2 --repeats 5 > $OUT/ab_d256.md 2>&1
 echo "ab d256 rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED" $OUT/ab_d256.md
+timeout 120 python -u -m perf.backward_ab --dq --head-dims 256 --variants two_stages rows_128 --rounds 2 --repeats 5 > $OUT/ab_dq256.md 2>&1
+echo "ab dq d256 rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED" $OUT/ab_dq256.md
 timeout $((560-SECONDS+t0)) python -u -m perf.backward_ab --variants lockstep staggered three_stages --rounds 2 --repeats 5 > $OUT/ab.md 2>&1
 echo "ab rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED" $OUT/ab.md
