@@ -243,6 +243,37 @@ def test_autograd_through_flash_attn_func(compiled):
         assert verdict.passed, f"causal={causal}: {verdict}"
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "heads", "seqlen_k", "causal", "fixed_order"),
+    [
+        (128, 5, 2048, True, True),  # configs.FIXED_ORDER_FASTER's head_dim 128: at its keys and group
+        (128, 5, 2049, True, False),  # a key past them
+        (128, 4, 2048, True, False),  # a head short of the group
+        (128, 5, 2048, False, False),  # no right edge
+        (256, 2, 512, True, True),  # head_dim 256's entry
+        (256, 2, 513, True, False),
+    ],
+)
+def test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_it(
+    monkeypatch, head_dim, heads, seqlen_k, causal, fixed_order
+):
+    import fa_kernel.interface as interface
+
+    paths = []
+    kernels = interface.compiled_gradient_kernels
+    monkeypatch.setattr(
+        interface,
+        "compiled_gradient_kernels",
+        lambda **build: paths.append(build["deterministic"]) or kernels(**build),
+    )
+    q, k, v = random_qkv(1, 192, seqlen_k, heads, 1, head_dim, torch.bfloat16, seed=seqlen_k)
+    dout = random_dout(q, heads)
+    grads = autograd_gradients(flash_attn_func, q, k, v, dout, causal)
+    assert paths == [fixed_order]
+    verdict = judge_backward(q, k, v, dout, grads, causal)
+    assert verdict.passed, str(verdict)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_lse_gradient(causal):
     # A loss of out and lse: autograd hands the LSE's gradient to the backward, which folds it

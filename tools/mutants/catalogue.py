@@ -785,6 +785,18 @@ KERNEL_MUTANTS = [
         " deterministic=False, variants=variants,\n        head_splits=splits > 1,\n    )",
         first=DETERMINISTIC_RUNS,
     ),
+    Mutant(
+        # The default gradient's route to the fixed-order path ignored (configs.gradient_plan's
+        # table tested on the CPU, its use here only by the test that watches the kernels built).
+        "fixed_order_route_ignored",
+        "interface.py",
+        "fixed_order, splits = plan",
+        "fixed_order, splits = deterministic, plan[1]",
+        first=(
+            "tests/test_backward_kernel.py::"
+            "test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_it",
+        ),
+    ),
     # ---- flash_attn_func's route to the split-KV kernels (interface.py): the routing tests
     Mutant(
         # A step of several queries sent the other way from the rule: only a test that watches
