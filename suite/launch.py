@@ -8,10 +8,9 @@ import math
 
 import torch
 
-from fa_kernel.configs import TileConfig, gradient_head_splits
+from fa_kernel.configs import TileConfig
 from fa_kernel.interface import compile_arch, kernel_build
 from fa_kernel.kernel import compiled_forward
-from fa_kernel.mask import Visibility
 from fa_kernel.variants import PLAIN, Variants, exponent_scale, launch_arguments
 
 
@@ -47,13 +46,3 @@ def run_config(q, k, v, softmax_scale, causal, config, sm_count=None, kernel=Non
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), math.nan, device=q.device, dtype=torch.float32)
     kernel(q, k, v, out, lse, exponent_scale(softmax_scale, softcap), *extra)
     return out, lse
-
-
-def gradient_head_splits_of(q, k, causal: bool, window_size: tuple[int, int] = (-1, -1)) -> int:
-    """configs.gradient_head_splits' count for a launch of these tensors on this GPU: handed to
-    backward_into as `head_splits`, it names the path `deterministic` says (False: dQ by atomic
-    adds) where configs.gradient_plan would route the launch to the other, as the model splits."""
-    batch, seqlen_q, heads, head_dim = q.shape
-    _, seqlen_k, heads_kv, _ = k.shape
-    rule = Visibility.of_window(seqlen_q, seqlen_k, causal, window_size)
-    return gradient_head_splits(batch, rule, heads_kv, heads // heads_kv, head_dim, device_sm_count())

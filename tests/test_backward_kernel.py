@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 from hypothesis import given, settings
-from suite.launch import gradient_head_splits_of
 from suite.strategies import cases
 
 from fa_kernel import flash_attn_func
@@ -30,15 +29,12 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def kernel_gradients(q, k, v, dout, causal, softmax_scale=None, deterministic=False, head_splits=None):
     """(dq, dk, dv) of the backward kernels for flash_attn_func's forward, written into NaN: dQ by
-    atomic adds unless `deterministic` (head_splits None then: the model's count, which keeps that
-    path where configs.gradient_plan would route the launch; flash_attn_func's tests take the
-    routing)."""
+    atomic adds unless `deterministic`, unrouted (flash_attn_func's tests take the routing)."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if head_splits is None and not deterministic:
-        head_splits = gradient_head_splits_of(q, k, causal)
     out, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
     grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
-    backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic, head_splits=head_splits)
+    options = dict(head_splits=head_splits, route=False)
+    backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic, **options)
     return grads
 
 

@@ -221,12 +221,14 @@ def test_head_dim_256_keeps_its_group_whole():
 @pytest.mark.parametrize("head_dim", sorted(FIXED_ORDER_FASTER))
 def test_the_fixed_order_path_takes_what_its_table_names_and_keeps_the_group_whole(head_dim):
     # configs.gradient_plan, both sides of each term: a right edge (causal or a window's), the
-    # table's head_dim, its most keys, its least group; `deterministic` takes the path anyway,
+    # table's head_dim, its most keys, its least group (`route` False: none); `deterministic` takes the path anyway,
     # its group whole under a right edge and split as the model says without one.
     keys, group = FIXED_ORDER_FASTER[head_dim]
     causal, window_right = Visibility(keys, keys, True), Visibility.of_window(keys, keys, False, (-1, 64))
     for rule in (causal, window_right):
         assert gradient_plan(8, rule, 4, group, head_dim, 132, False) == (True, 1)
+        unrouted = (False, gradient_head_splits(8, rule, 4, group, head_dim, 132))  # the kernels' tests
+        assert gradient_plan(8, rule, 4, group, head_dim, 132, False, route=False) == unrouted
         assert gradient_plan(8, Visibility(keys, keys + 1, True), 4, group, head_dim, 132, False)[0] is False
         if group > 1:
             assert gradient_plan(8, rule, 4, group - 1, head_dim, 132, False)[0] is False

@@ -24,7 +24,7 @@ import pytest
 import torch
 from suite.boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, build_id, rows_per_warpgroup, sweep_builds
 from suite.builds import SOFTCAP_VARIANTS, WINDOW_VARIANTS
-from suite.launch import device_arch, gradient_head_splits_of, run_config
+from suite.launch import device_arch, run_config
 from suite.strategies import HARD_SCORES, hard_score_cases
 
 from fa_kernel import flash_attn_func
@@ -192,14 +192,11 @@ def backward_windows(head_dim: int, causal: bool) -> list[tuple[int, int]]:
 def kernel_gradients_with(q, k, v, dout, causal, deterministic, head_splits=None, **variants):
     """(dq, dk, dv, dsinks) of the backward kernels, written into NaN, for the forward kernel's
     (out, lse) with the same variants (dsinks None without sinks); `head_splits` as
-    backward_into takes it (None without `deterministic`: the model's count, which keeps dQ by
-    atomic adds where configs.gradient_plan would route the launch)."""
-    if head_splits is None and not deterministic:
-        head_splits = gradient_head_splits_of(q, k, causal, variants.get("window_size", (-1, -1)))
+    backward_into takes it; dQ by the path `deterministic` names, unrouted."""
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **variants)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     scale = q.shape[-1] ** -0.5
-    options = dict(variants, head_splits=head_splits)
+    options = dict(variants, head_splits=head_splits, route=False)
     dsinks = backward_into(*grads, dout, None, q, k, v, out, lse, scale, causal, deterministic, **options)
     return (*grads, dsinks) if dsinks is not None else grads
 

@@ -23,21 +23,19 @@ import tilelang.language as T
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, statistics_row
 from fa_kernel.configs import BACKWARD_TILES
-from fa_kernel.gradient_parts import (
-    CONSUMER_REGISTERS,
-    CONSUMERS_BARRIER,
-    PRODUCER_REGISTERS,
-    WGMMA_ROWS,
-    compiled_at_tiles,
-    gradient_sizes,
-    ragged_parameters,
-    tile_needs_mask,
-)
+from fa_kernel.gradient_parts import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
 from fa_kernel.mask import variant_visibility
 from fa_kernel.scheduler import KeyTile, at_offset, ragged_tile
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
+
+# setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
+# for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
+# The consumer warpgroups' named barrier where the dK/dV kernel places its own (syncs_by_hand);
+# TileLang's planner numbers its own from 3, and places none in such a build.
+CONSUMERS_BARRIER = 6
 
 
 def operands_in_registers(block_n: int, threads: int = 256) -> bool:
@@ -162,11 +160,6 @@ def backward_program(
     # head_dim, 64 rows a warpgroup, and the fragment is written to dQ's shared tile transposed.
     dq_fragment = [head_dim, block_m] if own_syncs else [block_m, head_dim]
 
-    def first_query_tile(kv_start, rule):
-        """The first query tile with a row that sees a key of the tile from kv_start: under a right
-        edge (causal), rows before the first that sees its first key add nothing."""
-        return T.max(rule.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
-
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
         if not visibility.limits_left:
@@ -237,7 +230,7 @@ def backward_program(
     @T.macro
     def gemms_dq_first(
         p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared, dQ_accum,
-        b, head, q_row, stage_released_by_use=True,
+        b, head, q_row,
     ):  # fmt: skip
         """dV and dK from registers, dQ_tile = dS·K (as dQᵀ) through shared memory and its bulk add, two
         consumer barriers a step: dQ's GEMM first, and dK's left in flight under dQ's staging, its
@@ -256,10 +249,9 @@ def backward_program(
         T.wait_wgmma(1)  # dV's and dQ's
         T.warpgroup_fence_operand(acc_dv, num_regs=block_n * head_dim // threads)
         T.warpgroup_fence_operand(acc_dq, num_regs=block_m * head_dim // threads)
-        if stage_released_by_use:
-            # A use after the wait: T.Pipelined releases a stage after its buffers' last use, which
-            # would otherwise be the GEMM's issue.
-            T.evaluate(T.address_of(dO_shared[0, 0]))
+        # A use after the wait: T.Pipelined releases a stage after its buffers' last use, which
+        # would otherwise be the GEMM's issue.
+        T.evaluate(T.address_of(dO_shared[0, 0]))
         # A thread's pair (i, j), (i, j + 1) lands on rows j, j + 1, dq_row = head_dim + 4 floats
         # apart: 2·(head_dim + 4) ≡ 8 (mod 32) at 64 and 128, so a warp's 32 stores take 32 banks.
         for i, j in T.Parallel(head_dim, block_m):
@@ -270,8 +262,7 @@ def backward_program(
             issue_dq_add(dQ_shared, dQ_accum, b, head, q_row)
         T.wait_wgmma(0)  # dK's
         T.warpgroup_fence_operand(acc_dk, num_regs=block_n * head_dim // threads)
-        if stage_released_by_use:
-            T.evaluate(T.address_of(Q_shared[0, 0]))
+        T.evaluate(T.address_of(Q_shared[0, 0]))
 
     @T.macro
     def step_gradients(
@@ -392,8 +383,9 @@ def backward_program(
                 sequence, q_offset, k_offset, sequence_q, sequence_k, kv_tile = ragged
                 rule = dataclasses.replace(visibility, seqlen_q=sequence_q, seqlen_k=sequence_k)
             kv_start = kv_tile * block_n
-            # The query tiles whose rows see a key of the tile (first_query_tile, rows_end).
-            first_q_block = first_query_tile(kv_start, rule)
+            # Right edge (causal): rows before the first that sees this tile's first key add
+            # nothing; left edge: nor rows from the first whose window starts past its last key.
+            first_q_block = T.max(rule.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
             q_blocks = T.ceildiv(rows_end(kv_start, rule), block_m) - first_q_block
             T.copy(K[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], K_shared)
             T.copy(V[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], V_shared)

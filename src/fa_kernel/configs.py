@@ -305,16 +305,23 @@ FIXED_ORDER_FASTER = {
 
 
 def gradient_plan(
-    batch: int, rule, heads_kv: int, group_size: int, head_dim: int, sm_count: int, deterministic: bool
+    batch: int,
+    rule,
+    heads_kv: int,
+    group_size: int,
+    head_dim: int,
+    sm_count: int,
+    deterministic: bool,
+    route: bool = True,
 ) -> tuple[bool, int]:
     """(fixed_order, splits) of a gradient launch: dQ from the fixed-order kernel where asked
-    (`deterministic`) or where it is the faster (a right edge, FIXED_ORDER_FASTER's keys and
-    group); that path under a right edge keeps each group whole (its blocks heavy first,
+    (`deterministic`) or, with `route`, where it is the faster (a right edge, FIXED_ORDER_FASTER's
+    keys and group); that path under a right edge keeps each group whole (its blocks heavy first,
     backward.heavy_first_order), else gradient_head_splits' count."""
     limits_right = rule.limits_right
     most_keys, least_group = FIXED_ORDER_FASTER.get(head_dim, (0, 0))
     faster = rule.seqlen_k <= most_keys and group_size >= least_group
-    fixed_order = deterministic or (limits_right and faster)
+    fixed_order = deterministic or (route and limits_right and faster)
     if fixed_order and limits_right:
         return True, 1
     return fixed_order, gradient_head_splits(batch, rule, heads_kv, group_size, head_dim, sm_count)

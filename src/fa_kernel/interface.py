@@ -434,21 +434,22 @@ def backward_into(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
     head_splits: int | None = None,
+    route: bool = True,
 ) -> torch.Tensor | None:
     """The gradients of flash_attn_func's (out, lse) against (dout, grad_lse; None: 0), written
     into the caller's contiguous dq, dk, dv: the `fa_kernel::backward` op's launch (the tests
     hand it outputs filled with NaN, so that an element no thread block writes fails).
-    `deterministic`: dq from the fixed-order kernel (configs.gradient_plan also takes it where it
-    is the faster). `head_splits`: the blocks each K/V tile's GQA group is split between (1 to the
-    group's size, head_dim 64 and 128; tests and perf: dq then as `deterministic` says), None: gradient_plan's.
-    Returns dsinks (fp32 [nheads]) where sinks are given, else None."""
+    `deterministic`: dq from the fixed-order kernel, as configs.gradient_plan also routes it unless
+    `route` is False (the kernels' tests). `head_splits`: the blocks each K/V tile's GQA group is
+    split between (1 to the group, more at HEAD_SPLIT_DIMS; tests and perf: dq then as
+    `deterministic` says), None: gradient_plan's. Returns dsinks (fp32 [nheads]) with sinks, else None."""
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_kv, _ = k.shape
-    if head_splits is not None and not (
-        1 <= head_splits <= nheads // nheads_kv and (head_splits == 1 or head_dim in HEAD_SPLIT_DIMS)
-    ):
+    group = nheads // nheads_kv
+    most_splits = group if head_dim in HEAD_SPLIT_DIMS else 1
+    if head_splits is not None and not 1 <= head_splits <= most_splits:
         raise ValueError(
-            f"head_splits: expected 1 to the GQA group's {nheads // nheads_kv} heads (more than 1 at "
+            f"head_splits: expected 1 to the GQA group's {group} heads (more than 1 at "
             f"head_dim {' or '.join(map(str, HEAD_SPLIT_DIMS))}), got {head_splits} at head_dim {head_dim}"
         )
     if dq.numel() == 0 or dk.numel() == 0:
@@ -470,8 +471,7 @@ def backward_into(
     fixed_order, splits = deterministic, head_splits  # as the caller forces them, or as planned
     if splits is None:
         rule = Visibility.of_window(seqlen_q, seqlen_k, causal, window_size)
-        plan = gradient_plan(batch, rule, nheads_kv, nheads // nheads_kv, head_dim, sm_count, deterministic)
-        fixed_order, splits = plan
+        fixed_order, splits = gradient_plan(batch, rule, nheads_kv, group, head_dim, sm_count, deterministic, route)
     preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
         head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=fixed_order, variants=variants,
         head_splits=splits > 1,

@@ -790,8 +790,8 @@ KERNEL_MUTANTS = [
         # table tested on the CPU, its use here only by the test that watches the kernels built).
         "fixed_order_route_ignored",
         "interface.py",
-        "fixed_order, splits = plan",
-        "fixed_order, splits = deterministic, plan[1]",
+        "gradient_plan(batch, rule, nheads_kv, group, head_dim, sm_count, deterministic, route)",
+        "gradient_plan(batch, rule, nheads_kv, group, head_dim, sm_count, deterministic, False)",
         first=(
             "tests/test_backward_kernel.py::"
             "test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_it",
