@@ -16,12 +16,9 @@ BACKWARD_TILES entry:
 
   shipped          backward.py as it is.
   no_dq            dK and dV alone (`with_dq=False`): what dQ's GEMM, staging and reduce-add
-                   cost (a leave-one-out diagnostic); the fixed-order gradient's dK/dV kernel.
-                   Judged with dQ from the shipped fixed-order dQ kernel, as every variant
-                   without dQ is.
-  no_dq_two_stages no_dq with a second stage of Q, dO, LSE₂ and D (`num_stages=2`): at head_dim
-                   256, whose shipped tile has one stage for want of room beside dQ's buffer,
-                   two fit without it (209 KB); the fixed-order path's kernel (`--head-dims 256`).
+                   cost (a leave-one-out diagnostic); the fixed-order gradient's dK/dV kernel,
+                   at its tile (DK_DV_TILES). Judged with dQ from the shipped fixed-order dQ
+                   kernel, as every variant without dQ is.
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
@@ -39,12 +36,7 @@ BACKWARD_TILES entry:
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
 the shipped no_dq kernel):
 
-  shipped            dq_program as DQ_TILES ships it.
-  two_stages         a second stage of K and V (`num_stages=2`): at head_dim 256, whose shipped
-                     tile walks on one, two fit (about 193 KB; 240 registers, no spills).
-  rows_128           128 query rows on two warpgroups (`block_m=128`), as head_dim 64 and 128
-                     ship: at head_dim 256 one's GEMMs under the other's exponentials (192 KB,
-                     one stage; no spills).
+  shipped            dq_program as DQ_TILES ships it (none beside it at present).
 
 A lever measured and decided leaves this list (its figures: docs/performance.md; its code: git).
 A new one enters as an argument of `backward_program`, not as an edit of its text.
@@ -59,7 +51,7 @@ import sys
 import torch
 
 from fa_kernel import flash_attn_func
-from fa_kernel.backward import compiled_backward, heavy_first_order
+from fa_kernel.backward import compiled_backward, compiled_dk_dv, heavy_first_order
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, padded_rows
 from fa_kernel.configs import pairs_per_group
@@ -77,7 +69,6 @@ from perf import ab
 VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
-    "no_dq_two_stages": {"with_dq": False, "num_stages": 2},
     "tile_fastest": {"heavy_first": False},
     "lockstep": {"lockstep": True},
     "lockstep_tile_fastest": {"lockstep": True, "heavy_first": False},
@@ -87,8 +78,6 @@ VARIANTS: dict[str, dict] = {
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
     "shipped": {},
-    "two_stages": {"num_stages": 2},
-    "rows_128": {"block_m": 128},
 }
 SHAPES = [
     Shape(8, 32, 4096, 128, False, torch.bfloat16),
@@ -123,8 +112,11 @@ CHECKS = [(1, 200, 333, 4, 2), (2, 333, 200, 4, 4), (1, 64, 64, 2, 1), (3, 100, 
 
 
 def compiled(name: str, head_dim: int, causal: bool, dtype: str, arch: str):
-    """The variant's main backward kernel (dK, dV and dQ's accumulator), as the package caches it."""
-    return compiled_backward(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **build_options(name, causal))
+    """The variant's main backward kernel (dK, dV and dQ's accumulator), as the package caches it;
+    one without dQ at the fixed-order path's tiles."""
+    options = build_options(name, causal)
+    kernels = compiled_backward if options.pop("with_dq", True) else compiled_dk_dv
+    return kernels(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, **options)
 
 
 def build_options(name: str, causal: bool) -> dict:

@@ -430,7 +430,7 @@ def test_a_mutant_of_the_gradient_parts_is_judged_by_both_gradient_kernels():
     # ... each kernel's compile cache the mutated parts' own, the package's modules left as they were.
     with triage._kernel_module((mutants.PACKAGE / "gradient_parts.py").read_text()) as parts:
         kernels = triage._gradient_kernels_on(parts)
-        for cache in (kernels.compiled_backward, kernels.compiled_dq):
+        for cache in (kernels.compiled_backward, kernels.compiled_dk_dv, kernels.compiled_dq):
             assert cache.__wrapped__.__globals__ is vars(parts)
     assert sys.modules["fa_kernel.gradient_parts"] is gradient_parts
     assert sys.modules["fa_kernel.backward_dq"] is backward_dq

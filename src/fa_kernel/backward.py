@@ -17,12 +17,13 @@ gradients. dK and dV are written once per K/V tile; dQ's reduce-adds arrive in a
 # No `from __future__ import annotations`: T.prim_func evaluates the T.Tensor annotations
 # against this module's closure, which string annotations would hide.
 import dataclasses
+import functools
 
 import tilelang.language as T
 
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, statistics_row
-from fa_kernel.configs import BACKWARD_TILES
+from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES
 from fa_kernel.gradient_parts import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
 from fa_kernel.mask import variant_visibility
 from fa_kernel.scheduler import KeyTile, at_offset, ragged_tile
@@ -475,6 +476,12 @@ def backward_pass_configs(*, block_n, threads=256, with_dq=True, **_build) -> di
 
 # The dK/dV kernel, with dQ by bulk adds unless with_dq=False (the fixed-order dQ's: backward_dq).
 compiled_backward = compiled_at_tiles(backward_program, BACKWARD_TILES, backward_pass_configs)
+# Without dQ, at its own tiles: the fixed-order path's dK/dV kernel.
+compiled_dk_dv = compiled_at_tiles(
+    functools.partial(backward_program, with_dq=False),
+    DK_DV_TILES,
+    functools.partial(backward_pass_configs, with_dq=False),
+)
 
 
 def heavy_first_order(causal: bool, variants: Variants, varlen: bool, head_splits: bool) -> bool:
@@ -508,4 +515,4 @@ def compiled_gradient_kernels(
         options["heavy_first"] = True
     if not deterministic:
         return preprocess, compiled_backward(**arguments, **options), None
-    return preprocess, compiled_backward(**arguments, **options, with_dq=False), compiled_dq(**arguments)
+    return preprocess, compiled_dk_dv(**arguments, **options), compiled_dq(**arguments)

@@ -238,14 +238,17 @@ BACKWARD_TILES = {
     # (64 KB each) would not fit beside K, V and dQ's buffer (FlashAttention-3's tile)
     256: (64, 64, 1),
 }
+# The same kernel without dQ (`with_dq=False`), beside the fixed-order dQ kernel: the room of dQ's
+# buffer buys head_dim 256 a second stage of Q and dO (209 KB, no spills).
+DK_DV_TILES = BACKWARD_TILES | {256: (64, 64, 2)}
 # The fixed-order dQ kernel (deterministic=True): one consumer warpgroup per 64 rows (dq_program).
 DQ_TILES = {
     # 128 rows on two warpgroups: one's GEMMs run through the other's exponentials (on 64 rows,
     # one warpgroup, the tensor cores idle through them)
     64: (128, 128, 2),
     128: (128, 128, 2),
-    # the dK/dV kernel's tile (64 keys, one stage); two warpgroups not yet measured here
-    256: (64, 64, 1),
+    # 64 keys and one stage: Q and dO of 128 rows fill the room (192 KB) that a second K/V stage wants
+    256: (128, 64, 1),
 }
 
 
