@@ -242,12 +242,17 @@ def test_autograd_through_flash_attn_func(compiled):
 @pytest.mark.parametrize(
     ("head_dim", "heads", "seqlen_k", "causal", "fixed_order"),
     [
-        (128, 5, 2048, True, True),  # configs.FIXED_ORDER_FASTER's head_dim 128: at its keys and group
+        # configs.FIXED_ORDER_FASTER's regions from both sides (tests/test_configs.py: every bound)
+        (128, 5, 2048, True, True),  # head_dim 128's causal GQA: at its keys and group
         (128, 5, 2049, True, False),  # a key past them
         (128, 4, 2048, True, False),  # a head short of the group
         (128, 5, 2048, False, False),  # no right edge
-        (256, 2, 512, True, True),  # head_dim 256's entry
-        (256, 2, 513, True, False),
+        (128, 1, 1024, True, True),  # its causal 1k
+        (128, 1, 1025, True, False),
+        (128, 1, 512, False, True),  # its short walks without causal
+        (128, 1, 513, False, False),
+        (256, 2, 1024, False, True),  # head_dim 256's
+        (256, 2, 1025, True, False),
     ],
 )
 def test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_it(

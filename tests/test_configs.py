@@ -218,23 +218,51 @@ def test_head_dim_256_keeps_its_group_whole():
     assert splits_for(1, 8, 1, 1 << 14, 128, False, seqlen_k=128) > 1
 
 
-@pytest.mark.parametrize("head_dim", sorted(FIXED_ORDER_FASTER))
-def test_the_fixed_order_path_takes_what_its_table_names_and_keeps_the_group_whole(head_dim):
-    # configs.gradient_plan, both sides of each term: a right edge (causal or a window's), the
-    # table's head_dim, its most keys, its least group (`route` False: none); `deterministic` takes the path anyway,
-    # its group whole under a right edge and split as the model says without one.
-    keys, group = FIXED_ORDER_FASTER[head_dim]
-    causal, window_right = Visibility(keys, keys, True), Visibility.of_window(keys, keys, False, (-1, 64))
-    for rule in (causal, window_right):
-        assert gradient_plan(8, rule, 4, group, head_dim, 132, False) == (True, 1)
-        unrouted = (False, gradient_head_splits(8, rule, 4, group, head_dim, 132))  # the kernels' tests
-        assert gradient_plan(8, rule, 4, group, head_dim, 132, False, route=False) == unrouted
-        assert gradient_plan(8, Visibility(keys, keys + 1, True), 4, group, head_dim, 132, False)[0] is False
-        if group > 1:
-            assert gradient_plan(8, rule, 4, group - 1, head_dim, 132, False)[0] is False
-        assert gradient_plan(8, rule, 4, group, 64, 132, False)[0] is False  # not in the table
-        assert gradient_plan(8, rule, 4, max(group - 1, 1), 64, 132, True) == (True, 1)
-    assert gradient_plan(8, Visibility(keys, keys, False), 4, group, head_dim, 132, False)[0] is False
+# Each region of configs.FIXED_ORDER_FASTER from both sides of each bound: (head_dim, GQA group,
+# keys, the edge, whether the default gradient takes the fixed-order path). The edge: "causal",
+# "window" (a right edge without causal) or "none".
+ROUTES = [
+    (128, 1, 512, "none", True),  # head_dim 128's short walks, any edge
+    (128, 1, 513, "none", False),
+    (128, 8, 513, "none", False),  # groups widen only the right edge's regions
+    (128, 1, 1024, "causal", True),  # its right edge's 1k
+    (128, 1, 1024, "window", True),
+    (128, 1, 1025, "causal", False),
+    (128, 4, 1025, "window", False),
+    (128, 5, 2048, "causal", True),  # its GQA region: at the keys and the group ...
+    (128, 5, 2049, "causal", False),  # ... a key past them ...
+    (128, 4, 2048, "causal", False),  # ... a head short
+    (128, 5, 2048, "window", True),
+    (256, 1, 1024, "none", True),  # head_dim 256's
+    (256, 1, 1025, "none", False),
+    (256, 1, 1024, "causal", True),
+    (256, 2, 1025, "causal", False),
+    (64, 8, 512, "causal", False),  # not in the table
+]
+
+
+@pytest.mark.parametrize(("head_dim", "group", "keys", "edge", "routed"), ROUTES)
+def test_the_fixed_order_path_takes_what_its_table_names_and_keeps_the_group_whole(head_dim, group, keys, edge, routed):
+    # configs.gradient_plan: under a right edge the path keeps the group whole, without one its
+    # splits are the model's; `route` False (the kernels' tests): never; `deterministic`: always.
+    rule = {
+        "causal": Visibility(keys, keys, True),
+        "window": Visibility.of_window(keys, keys, False, (-1, 64)),
+        "none": Visibility(keys, keys, False),
+    }[edge]
+    model = gradient_head_splits(8, rule, 4, group, head_dim, 132)
+    forced = (True, 1 if rule.limits_right else model)
+    assert gradient_plan(8, rule, 4, group, head_dim, 132, False) == (forced if routed else (False, model))
+    assert gradient_plan(8, rule, 4, group, head_dim, 132, False, route=False) == (False, model)
+    assert gradient_plan(8, rule, 4, group, head_dim, 132, True) == forced
+
+
+def test_every_region_of_the_table_is_among_the_routes():
+    # At each region's corner, by an edge it takes only there: a right edge where it wants one, none where not.
+    probed = {(head_dim, group, keys, edge != "none") for head_dim, group, keys, edge, routed in ROUTES if routed}
+    for head_dim, regions in FIXED_ORDER_FASTER.items():
+        for keys, group, right_edge_only in regions:
+            assert (head_dim, group, keys, right_edge_only) in probed, (head_dim, keys, group, right_edge_only)
     assert 64 not in FIXED_ORDER_FASTER
 
 

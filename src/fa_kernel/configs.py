@@ -298,12 +298,17 @@ def list_schedule(block_steps: Sequence[float], sm_count: int) -> float:
 
 
 # Where the fixed-order path (the dK/dV kernel without dQ, then the dQ kernel) is the faster
-# gradient under a right edge: head_dim -> (the most keys, the least GQA group). Its two kernels
-# do two GEMMs more than one kernel adding dQ atomically, which pays where walks are short and the
-# adds contend (docs/perf-log.md, 2026-12-07, H100); head_dim 64 loses everywhere measured.
+# gradient: head_dim -> its regions, each (the most keys, the least GQA group, whether only under
+# a right edge). Its two kernels do two GEMMs more than one kernel adding dQ atomically, which
+# pays where walks are short and the adds contend (the measurements: docs/performance.md, "The
+# fixed-order path"); head_dim 64 is level or behind everywhere measured.
 FIXED_ORDER_FASTER = {
-    128: (2048, 5),  # causal GQA at 2k: 1.06-1.31x from groups of 5, 0.84-0.95x at 8k and 32k keys
-    256: (512, 1),  # causal at 512: 1.05-1.11x, MHA and GQA alike; 0.83-0.85x at 2k
+    128: (
+        (512, 1, False),  # the shortest walks, with or without causal (without, behind from 1k)
+        (1024, 1, True),  # causal at 1k, MHA and GQA alike
+        (2048, 5, True),  # causal GQA at 2k from groups of 5 (behind at 8k and past)
+    ),
+    256: ((1024, 1, False),),  # to 1k with or without causal (level at 2k, behind at 8k)
 }
 
 
@@ -318,13 +323,15 @@ def gradient_plan(
     route: bool = True,
 ) -> tuple[bool, int]:
     """(fixed_order, splits) of a gradient launch: dQ from the fixed-order kernel where asked
-    (`deterministic`) or, with `route`, where it is the faster (a right edge, FIXED_ORDER_FASTER's
-    keys and group); that path under a right edge keeps each group whole (its blocks heavy first,
+    (`deterministic`) or, with `route`, where it is the faster (in a region of FIXED_ORDER_FASTER);
+    that path under a right edge keeps each group whole (its blocks heavy first,
     backward.heavy_first_order), else gradient_head_splits' count."""
     limits_right = rule.limits_right
-    most_keys, least_group = FIXED_ORDER_FASTER.get(head_dim, (0, 0))
-    faster = rule.seqlen_k <= most_keys and group_size >= least_group
-    fixed_order = deterministic or (route and limits_right and faster)
+    faster = any(
+        rule.seqlen_k <= most_keys and group_size >= least_group and (limits_right or not right_edge_only)
+        for most_keys, least_group, right_edge_only in FIXED_ORDER_FASTER.get(head_dim, ())
+    )
+    fixed_order = deterministic or (route and faster)
     if fixed_order and limits_right:
         return True, 1
     return fixed_order, gradient_head_splits(batch, rule, heads_kv, group_size, head_dim, sm_count)
