@@ -22,15 +22,6 @@ BACKWARD_TILES entry:
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
-  lockstep         the walk by query tile slowest (from the last) and the group's heads fastest
-                   (`lockstep=True`): a GQA group's blocks add into the same dQ tiles together.
-  lockstep_tile_fastest  lockstep with the blocks by K/V tile fastest (a pair's blocks start
-                   together, so their walks stay aligned; perf/dq_l2_model.py: no re-misses, but
-                   the long blocks last).
-  staggered        each K/V tile's walk of a head from its own query tile on, wrapping
-                   (`staggered=True`): without causal, a head's blocks add into different dQ tiles.
-  three_stages     a third stage of Q, dO, LSE₂ and D (`num_stages=3`; 216 KB of shared memory at
-                   head_dim 128): the next query tiles' loads further ahead of the walk.
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -70,10 +61,6 @@ VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
-    "lockstep": {"lockstep": True},
-    "lockstep_tile_fastest": {"lockstep": True, "heavy_first": False},
-    "staggered": {"staggered": True},
-    "three_stages": {"num_stages": 3},
 }
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {

@@ -162,15 +162,3 @@ def test_the_gradient_splits_table_sets_each_path_against_the_default_gradient()
     assert fixed == "| s | fixed_order | 1: 370, 3*: 320 | 3 | 1 | 1.156x | 1.121x |"
     (alone,) = table_rows("s", 1, {("fixed_order", 1): 370.0})
     assert alone.endswith("| 1.000x | - |")
-
-
-def test_the_dq_l2_model_walks_each_tile_once_and_tells_mha_from_causal_gqa():
-    # perf/dq_l2_model.py: every walk adds into the same dQ tiles, each once a block; its finding
-    # (docs/perf-log.md): one head's rows stay in L2, a causal GQA group's drifting walks do not.
-    from perf.dq_l2_model import WALKS, block_walk, re_misses
-
-    tiles = {walk: block_walk(3, 5, 4, 32, 10, walk) for walk in WALKS}
-    assert all(sorted(steps) == sorted(tiles["by head"]) for steps in tiles.values())
-    assert len(set(tiles["by head"])) == 4 * 22 and tiles["lockstep"][:4] == [(3, h, 31) for h in range(4)]
-    assert re_misses(8, 32, 32, 2048, True, "by head")[0] == 0
-    assert re_misses(8, 48, 4, 2048, True, "by head")[0] > 0.2

@@ -80,8 +80,6 @@ def backward_program(
     varlen: bool = False,
     head_splits: bool = False,
     heavy_first: bool = False,
-    lockstep: bool = False,
-    staggered: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -118,17 +116,6 @@ def backward_program(
     K/V-tile-fastest order (a group of one pair) leaves the last heads' long blocks to run alone
     at the end. A group of about a wave keeps the blocks that run together on few query heads,
     which they share in L2. Batched launches only.
-
-    `lockstep`: the walk by query tile slowest, from the last the block's keys reach down, and the
-    group's heads fastest (an A/B option). By head slowest, a causal GQA block turns to its next
-    head when its own walk of the last ends, so the blocks of one (batch, K/V head) drift apart
-    over the group's heads, and the dQ rows they add into together outgrow L2 (group × the
-    rows of MHA); in lockstep they add into the same dQ tile at the same step, ending at
-    different tiles.
-
-    `staggered`: each K/V tile's walk of a head starts at its own query tile, the K/V tile's index
-    on, and wraps (an A/B option). Without causal every block of a head walks the same tiles in
-    the same order, so its K/V tiles' blocks reduce-add into one dQ tile at each step.
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
@@ -401,13 +388,6 @@ def backward_program(
                 if head_splits:
                     head = kv_head * group_size + split + step // q_blocks * splits
                 q_tile = step % q_blocks
-                if lockstep:  # query tile slowest, from the last, and the group's heads fastest
-                    head = kv_head * group_size + step % walk_heads
-                    if head_splits:
-                        head = kv_head * group_size + split + step % walk_heads * splits
-                    q_tile = q_blocks - 1 - step // walk_heads
-                if staggered:
-                    q_tile = (step % q_blocks + kv_tile) % q_blocks
                 q_start = (first_q_block + q_tile) * block_m
                 q_row = at_offset(q_offset, q_start)  # in the packed rows, for a ragged batch
                 T.copy(Q[b, q_row : q_row + block_m, head, :], Q_shared)

@@ -1,4 +1,4 @@
-# The generated mutants on the GPU: the backward's (triage made on the CPU into .gpu/, 273 to run)
+# The generated mutants on the GPU: the backward's (triage made on the CPU into .gpu/; docs/pending/README.md gives its counts)
 # within the call's time, recorded; a later call goes on from the record.
 set -u
 source "$(dirname "$0")/prelude.sh"
