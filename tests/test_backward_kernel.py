@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from suite.strategies import cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, pairs_per_group
+from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES, pairs_per_group
 from fa_kernel.device import device_target
 from fa_kernel.interface import backward_into
 from fa_kernel.reference import random_qkv
@@ -65,11 +65,11 @@ def backward_offsets(head_dim: int, tiles: dict = BACKWARD_TILES) -> list[int]:
     return sorted({c + side for c in centres for side in range(-2, 3) if -limit <= c + side <= limit})
 
 
-# The tiles that divide both gradient tables' (the deterministic gradient runs both kernels).
+# The tiles that divide both of the deterministic gradient's kernels' (DK_DV_TILES, DQ_TILES).
 FINEST_GRADIENT_TILES = {
-    head_dim: tuple(math.gcd(a, b) for a, b in zip(BACKWARD_TILES[head_dim][:2], DQ_TILES[head_dim][:2], strict=True))
+    head_dim: tuple(math.gcd(a, b) for a, b in zip(DK_DV_TILES[head_dim][:2], DQ_TILES[head_dim][:2], strict=True))
     + (None,)
-    for head_dim in BACKWARD_TILES
+    for head_dim in DK_DV_TILES
 }
 
 
@@ -100,7 +100,7 @@ def test_deterministic_backward_boundary_sweep(head_dim, causal):
     # The fixed-order dQ kernel walks K/V tiles per query tile: its own boundaries are the
     # dK/dV kernel's seen from the other side (a query tile's last K/V tile, rows that see none),
     # on its own tiles. Swept on the tiles that divide both kernels' (DQ_TILES has 128 rows where
-    # BACKWARD_TILES has 64), so that each kernel's edges are among the lengths.
+    # DK_DV_TILES has 64), so that each kernel's edges are among the lengths.
     for seqlen_q, seqlen_k, offset in sweep_lengths(head_dim, FINEST_GRADIENT_TILES):
         inputs = random_qkv(1, seqlen_q, seqlen_k, 3, 1, head_dim, torch.bfloat16, seed=seqlen_k)
         label = f"deterministic {seqlen_q}x{seqlen_k}"

@@ -12,6 +12,7 @@ import pytest
 
 from fa_kernel.configs import (
     BACKWARD_TILES,
+    DK_DV_TILES,
     FALLBACK,
     FIXED_ORDER_FASTER,
     GRID_ROWS,
@@ -255,6 +256,12 @@ def test_the_fixed_order_path_takes_what_its_table_names_and_keeps_the_group_who
     assert gradient_plan(8, rule, 4, group, head_dim, 132, False) == (forced if routed else (False, model))
     assert gradient_plan(8, rule, 4, group, head_dim, 132, False, route=False) == (False, model)
     assert gradient_plan(8, rule, 4, group, head_dim, 132, True) == forced
+
+
+def test_the_fixed_order_dk_dv_kernel_walks_the_atomic_one_s_key_tiles():
+    # configs.pairs_per_group counts a launch's K/V tiles on BACKWARD_TILES for either kernel.
+    assert set(DK_DV_TILES) == set(BACKWARD_TILES)
+    assert all(DK_DV_TILES[head_dim][1] == BACKWARD_TILES[head_dim][1] for head_dim in BACKWARD_TILES)
 
 
 def test_every_region_of_the_table_is_among_the_routes():

@@ -28,7 +28,7 @@ from suite.launch import device_arch, run_config
 from suite.strategies import HARD_SCORES, hard_score_cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, HEAD_SPLIT_DIMS, SPLIT_TILES, TileConfig
+from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES, HEAD_SPLIT_DIMS, SPLIT_TILES, TileConfig
 from fa_kernel.decode import split_kv_into
 from fa_kernel.interface import backward_into
 from fa_kernel.kernel import compiled_forward
@@ -174,11 +174,11 @@ def test_no_keys_with_sinks_gives_the_sink_alone():
 
 
 def backward_windows(head_dim: int, causal: bool) -> list[tuple[int, int]]:
-    """Edges at 0, 1, each block size of the gradient kernels (BACKWARD_TILES, DQ_TILES) and a key
+    """Edges at 0, 1, each block size of the gradient kernels (BACKWARD_TILES, DK_DV_TILES, DQ_TILES) and a key
     either side, and wider than any sequence here; left alone under causal, else left, right and
     both."""
     values = {0, 1, 100_000}
-    for tiles in (BACKWARD_TILES, DQ_TILES):
+    for tiles in (BACKWARD_TILES, DK_DV_TILES, DQ_TILES):
         block_m, block_n, _ = tiles[head_dim]
         for boundary in (block_m, block_n):
             values |= {boundary - 1, boundary, boundary + 1}

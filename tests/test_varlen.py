@@ -173,9 +173,10 @@ def test_each_sequences_row_statistics_start_aligned_and_its_tiles_never_reach_t
     # sequence's statistics_start: 16-byte aligned (an unaligned box faults), and short of the
     # next sequence's rows and of the buffer's end, whatever the lengths.
     from fa_kernel.backward_preprocess import PREPROCESS_ROWS, statistics_index, statistics_rows, statistics_start
-    from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
+    from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES
 
-    assert all(PREPROCESS_ROWS % tiles[0] == 0 for tiles in (*BACKWARD_TILES.values(), *DQ_TILES.values()))
+    tables = (BACKWARD_TILES, DK_DV_TILES, DQ_TILES)
+    assert all(PREPROCESS_ROWS % tiles[0] == 0 for table in tables for tiles in table.values())
     offsets = [0, *itertools.accumulate(lengths)]
     starts = [statistics_start(offset, sequence) for sequence, offset in enumerate(offsets[:-1])]
     ends = [*starts[1:], statistics_rows(offsets[-1], len(lengths))]
@@ -275,11 +276,9 @@ def test_each_sequences_gradients_within_the_bound_with_the_variants(variants):
 def test_deterministic_gradients_are_within_the_bound_and_the_same_bits_every_run(head_dim, variants):
     # Both kernels' query tiles (the fixed-order dQ's, the dK/dV kernel's) end one row before,
     # at and after a sequence's end; a sequence with keys and no rows, one with more rows than keys.
-    from fa_kernel.configs import BACKWARD_TILES, DQ_TILES
+    from fa_kernel.configs import DK_DV_TILES, DQ_TILES
 
-    edges = [
-        rows + side for rows in sorted({DQ_TILES[head_dim][0], BACKWARD_TILES[head_dim][0]}) for side in (-1, 0, 1)
-    ]
+    edges = [rows + side for rows in sorted({DQ_TILES[head_dim][0], DK_DV_TILES[head_dim][0]}) for side in (-1, 0, 1)]
     lengths_q, lengths_k = [1, *edges, 0, 200], [1, *edges, 3, 130]
     q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda", dtype=torch.bfloat16)
     dout = torch.randn_like(q)

@@ -238,9 +238,14 @@ BACKWARD_TILES = {
     # (64 KB each) would not fit beside K, V and dQ's buffer (FlashAttention-3's tile)
     256: (64, 64, 1),
 }
-# The same kernel without dQ (`with_dq=False`), beside the fixed-order dQ kernel: the room of dQ's
-# buffer buys head_dim 256 a second stage of Q and dO (209 KB, no spills).
-DK_DV_TILES = BACKWARD_TILES | {256: (64, 64, 2)}
+# The same kernel without dQ (`with_dq=False`), beside the fixed-order dQ kernel; its K/V tiles are
+# BACKWARD_TILES' (pairs_per_group counts them there).
+DK_DV_TILES = BACKWARD_TILES | {
+    # 64 rows: on 128, without dQ's GEMM in the step, ptxas serialises every wgmma and spills
+    64: (64, 128, 2),
+    # the room of dQ's buffer buys a second stage of Q and dO (209 KB, no spills)
+    256: (64, 64, 2),
+}
 # The fixed-order dQ kernel (deterministic=True): one consumer warpgroup per 64 rows (dq_program).
 DQ_TILES = {
     # 128 rows on two warpgroups: one's GEMMs run through the other's exponentials (on 64 rows,
