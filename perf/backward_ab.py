@@ -31,6 +31,8 @@ BACKWARD_TILES entry:
 the shipped no_dq kernel):
 
   shipped            dq_program as DQ_TILES ships it.
+  keys_64            64 keys a step (`block_n=64`), two stages: each step's S and dP half as wide,
+                     twice the steps (keys_64_three_stages' control).
   keys_64_three_stages  64 keys a step and three stages of K and V (`block_n=64, num_stages=3`):
                      at head_dim 128, where 128 keys leave room for two, the next K/V tiles'
                      loads further ahead of the walk, each step's S and dP half as wide.
@@ -72,6 +74,7 @@ VARIANTS: dict[str, dict] = {
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
     "shipped": {},
+    "keys_64": {"block_n": 64},
     "keys_64_three_stages": {"block_n": 64, "num_stages": 3},
 }
 SHAPES = [

@@ -6,5 +6,5 @@ source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
 timeout 300 python -u -m perf.backward_ab --variants no_dq no_dq_three_stages --rounds 2 --repeats 5 > $OUT/ab_no_dq.md 2>&1
 echo "ab no_dq rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED" $OUT/ab_no_dq.md
-timeout $((540-SECONDS+t0)) python -u -m perf.backward_ab --dq --variants keys_64_three_stages --rounds 2 --repeats 5 > $OUT/ab_dq.md 2>&1
+timeout $((540-SECONDS+t0)) python -u -m perf.backward_ab --dq --variants keys_64 keys_64_three_stages --rounds 2 --repeats 5 > $OUT/ab_dq.md 2>&1
 echo "ab dq rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED" $OUT/ab_dq.md
