@@ -132,7 +132,7 @@ def test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients(head_dim,
     # partial dK and dV. A group of five over every count from 2 to 5, so the shares come even
     # and uneven (3+2, 2+2+1, 2+1+1+1, five of 1): on one K/V head over three K/V tiles (the last
     # partial), and on two over one partial tile; the fixed-order gradient the same bits twice.
-    block_m, block_n, _ = BACKWARD_TILES[head_dim]
+    block_m, block_n, _ = (DK_DV_TILES if deterministic else BACKWARD_TILES)[head_dim]
     for heads, heads_kv, seqlen_q, seqlen_k in (
         (5, 1, 3 * block_m + 1, 2 * block_n + 3),
         (10, 2, 5 * block_m - 1, block_n - 1),
