@@ -240,23 +240,25 @@ def test_autograd_through_flash_attn_func(compiled):
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "heads", "seqlen_k", "causal", "fixed_order"),
+    ("head_dim", "heads", "seqlen_k", "causal", "wave", "fixed_order"),
     [
-        # configs.FIXED_ORDER_FASTER's regions from both sides (tests/test_configs.py: every bound)
-        (128, 5, 2048, True, True),  # head_dim 128's causal GQA: at its keys and group
-        (128, 5, 2049, True, False),  # a key past them
-        (128, 4, 2048, True, False),  # a head short of the group
-        (128, 5, 2048, False, False),  # no right edge
-        (128, 1, 1024, True, True),  # its causal 1k
-        (128, 1, 1025, True, False),
-        (128, 1, 512, False, True),  # its short walks without causal
-        (128, 1, 513, False, False),
-        (256, 2, 1024, False, True),  # head_dim 256's
-        (256, 2, 1025, True, False),
+        # configs.FIXED_ORDER_FASTER's regions from both sides (tests/test_configs.py: every bound),
+        # on a batch whose unsplit blocks fill a wave of SMs (`wave`) or on one sequence
+        (128, 5, 2048, True, True, True),  # head_dim 128's causal GQA: at its keys and group
+        (128, 5, 2048, True, False, False),  # on fewer blocks than SMs
+        (128, 5, 2049, True, True, False),  # a key past them
+        (128, 4, 2048, True, True, False),  # a head short of the group
+        (128, 5, 2048, False, True, False),  # no right edge
+        (128, 1, 1024, True, True, True),  # its causal 1k
+        (128, 1, 1025, True, True, False),
+        (128, 1, 512, False, True, True),  # its short walks without causal
+        (128, 1, 513, False, True, False),
+        (256, 2, 1024, False, True, True),  # head_dim 256's
+        (256, 2, 1025, True, True, False),
     ],
 )
 def test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_it(
-    monkeypatch, head_dim, heads, seqlen_k, causal, fixed_order
+    monkeypatch, head_dim, heads, seqlen_k, causal, wave, fixed_order
 ):
     import fa_kernel.interface as interface
 
@@ -267,7 +269,9 @@ def test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_
         "compiled_gradient_kernels",
         lambda **build: paths.append(build["deterministic"]) or kernels(**build),
     )
-    q, k, v = random_qkv(1, 192, seqlen_k, heads, 1, head_dim, torch.bfloat16, seed=seqlen_k)
+    sm_count = device_target(torch.device("cuda"))[0]
+    batch = -(-sm_count // -(-seqlen_k // BACKWARD_TILES[head_dim][1])) if wave else 1
+    q, k, v = random_qkv(batch, 192, seqlen_k, heads, 1, head_dim, torch.bfloat16, seed=seqlen_k)
     dout = random_dout(q, heads)
     grads = autograd_gradients(flash_attn_func, q, k, v, dout, causal)
     assert paths == [fixed_order]

@@ -251,11 +251,23 @@ def test_the_fixed_order_path_takes_what_its_table_names_and_keeps_the_group_who
         "window": Visibility.of_window(keys, keys, False, (-1, 64)),
         "none": Visibility(keys, keys, False),
     }[edge]
-    model = gradient_head_splits(8, rule, 4, group, head_dim, 132)
+    model = gradient_head_splits(16, rule, 4, group, head_dim, 132)  # 16 x 4 pairs: a wave of blocks or more
     forced = (True, 1 if rule.limits_right else model)
-    assert gradient_plan(8, rule, 4, group, head_dim, 132, False) == (forced if routed else (False, model))
-    assert gradient_plan(8, rule, 4, group, head_dim, 132, False, route=False) == (False, model)
-    assert gradient_plan(8, rule, 4, group, head_dim, 132, True) == forced
+    assert gradient_plan(16, rule, 4, group, head_dim, 132, False) == (forced if routed else (False, model))
+    assert gradient_plan(16, rule, 4, group, head_dim, 132, False, route=False) == (False, model)
+    assert gradient_plan(16, rule, 4, group, head_dim, 132, True) == forced
+
+
+def test_the_fixed_order_path_takes_a_grid_of_a_wave_or_more():
+    # On fewer unsplit blocks than SMs the atomic path's group splits fill them: not routed there.
+    # head_dim 128's short walks: 1 K/V tile of 128 keys a (batch, K/V head) pair.
+    rule = Visibility(128, 128, True)
+    assert gradient_plan(132, rule, 1, 8, 128, 132, False) == (True, 1)
+    assert gradient_plan(131, rule, 1, 8, 128, 132, False) == (False, gradient_head_splits(131, rule, 1, 8, 128, 132))
+    assert gradient_plan(33, rule, 4, 8, 128, 132, False)[0] is True  # heads_kv counts
+    assert gradient_plan(66, Visibility(129, 129, True), 1, 8, 128, 132, False)[0] is True  # a partial tile counts
+    assert gradient_plan(1, Visibility(1024, 1024, True), 1, 8, 128, 8, False)[0] is True  # 8 tiles on 8 SMs
+    assert gradient_plan(1, Visibility(1024, 1024, True), 1, 8, 128, 9, False)[0] is False
 
 
 def test_the_fixed_order_dk_dv_kernel_walks_the_atomic_one_s_key_tiles():

@@ -306,7 +306,9 @@ def list_schedule(block_steps: Sequence[float], sm_count: int) -> float:
 # gradient: head_dim -> its regions, each (the most keys, the least GQA group, whether only under
 # a right edge). Its two kernels do two GEMMs more than one kernel adding dQ atomically, which
 # pays where walks are short and the adds contend (the measurements: docs/performance.md, "The
-# fixed-order path"); head_dim 64 is level or behind everywhere measured.
+# fixed-order path"); head_dim 64 is level or behind everywhere measured. Measured on grids of a
+# wave of unsplit dK/dV blocks or more: on fewer the atomic path's group splits fill the SMs, where
+# the fixed-order one under a right edge keeps each group whole.
 FIXED_ORDER_FASTER = {
     128: (
         (512, 1, False),  # the shortest walks, with or without causal (without, behind from 1k)
@@ -328,11 +330,12 @@ def gradient_plan(
     route: bool = True,
 ) -> tuple[bool, int]:
     """(fixed_order, splits) of a gradient launch: dQ from the fixed-order kernel where asked
-    (`deterministic`) or, with `route`, where it is the faster (in a region of FIXED_ORDER_FASTER);
-    that path under a right edge keeps each group whole (its blocks heavy first,
-    backward.heavy_first_order), else gradient_head_splits' count."""
+    (`deterministic`) or, with `route`, where it is the faster (in a region of FIXED_ORDER_FASTER,
+    on a wave of blocks or more); that path under a right edge keeps each group whole (its blocks
+    heavy first, backward.heavy_first_order), else gradient_head_splits' count."""
     limits_right = rule.limits_right
-    faster = any(
+    blocks = batch * heads_kv * -(-rule.seqlen_k // BACKWARD_TILES[head_dim][1])
+    faster = blocks >= sm_count and any(
         rule.seqlen_k <= most_keys and group_size >= least_group and (limits_right or not right_edge_only)
         for most_keys, least_group, right_edge_only in FIXED_ORDER_FASTER.get(head_dim, ())
     )
