@@ -38,8 +38,8 @@ SHAPES: list[Shape] = [
 # straddle K/V tile boundaries.
 LONG_ENTRY_SHAPES: list[Shape] = [(1, 200, 400, 2, 1, 64), (1, 200, 400, 2, 1, 128)]
 # The gradient kernels: a partial query tile and a partial K/V tile, GQA, rows without keys
-# (causal, seqlen_q > seqlen_k), head_dim 256's 64-key tiles; the fixed-order dQ kernel on the
-# last of them.
+# (causal, seqlen_q > seqlen_k), head_dim 256's 64-key tiles; the fixed-order path on each, its
+# tiles (DK_DV_TILES, DQ_TILES) every head_dim's own.
 GRADIENT_SHAPES: list[Shape] = [(1, 65, 130, 4, 2, 64), (1, 100, 150, 4, 2, 256), (1, 200, 77, 2, 1, 128)]
 # The split-KV kernels: one query and a GQA group's 16 rows in one row block, keys ending inside
 # a tile, several splits.
@@ -80,7 +80,7 @@ def cases() -> list[Case]:
         for shape, dtype, causal in itertools.product(shapes, dtypes, (False, True))
     ]
     last_tile_checks = [
-        Case("gradients deterministic", GRADIENT_SHAPES[-1], torch.bfloat16, True),
+        *(Case("gradients deterministic", shape, torch.bfloat16, True) for shape in GRADIENT_SHAPES),
         Case("varlen gradients deterministic", RAGGED_SHAPES[-1], torch.bfloat16, True),
     ]
     return found + last_tile_checks

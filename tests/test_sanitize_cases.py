@@ -28,6 +28,14 @@ def test_each_kernel_family_is_sanitized():
     }
 
 
+def test_the_fixed_order_path_is_sanitized_at_every_head_dim():
+    # Its tiles are each head_dim's own (configs.DK_DV_TILES, DQ_TILES).
+    from fa_kernel.configs import DK_DV_TILES
+
+    cases = sanitize_cases.cases()
+    assert {case.shape[-1] for case in cases if case.kernel == "gradients deterministic"} == set(DK_DV_TILES)
+
+
 @pytest.mark.parametrize("text", ["3/3", "-1/2", "1/0"])
 def test_a_shard_out_of_range_is_refused(text):
     with pytest.raises(ValueError, match="--shard"):
