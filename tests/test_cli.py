@@ -41,6 +41,8 @@ def test_info_lists_a_config_for_every_case(capsys):
     # and the gradient kernels' tiles, from their tables
     assert "(fa_kernel.backward; tiles by head_dim: d64 128 rows x 128 keys, 2 stage(s), d128 64 rows" in text
     assert "(one consumer warpgroup per 64 rows: d64 128 rows x 128 keys, 2 stage(s), d128 128 rows" in text
+    assert "runs it without dQ (d64 64 rows x 128 keys, 2 stage(s), d128 64 rows" in text  # DK_DV_TILES
+    assert "regions: d128 to 512 keys; d128 to 1024 keys, right edge; d128 to 2048 keys, groups of 5+" in text
 
 
 @no_gpu

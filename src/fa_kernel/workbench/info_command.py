@@ -8,7 +8,16 @@ import platform
 import torch
 
 from fa_kernel import __version__
-from fa_kernel.configs import BACKWARD_TILES, DQ_TILES, TUNED, arch_of, grid_bands, split_kv_serves
+from fa_kernel.configs import (
+    BACKWARD_TILES,
+    DK_DV_TILES,
+    DQ_TILES,
+    FIXED_ORDER_FASTER,
+    TUNED,
+    arch_of,
+    grid_bands,
+    split_kv_serves,
+)
 from fa_kernel.decode import MOST_ROWS as SPLIT_KV_ROWS
 from fa_kernel.decode import SPLIT_TILES
 from fa_kernel.device import device_target
@@ -90,9 +99,18 @@ def run(args) -> int:
             for head_dim, (block_m, block_n, stages) in sorted(tiles.items())
         )
 
+    regions = "; ".join(
+        f"d{head_dim} to {keys} keys"
+        + (f", groups of {group}+" if group > 1 else "")
+        + (", right edge" if edge else "")
+        for head_dim, entries in sorted(FIXED_ORDER_FASTER.items())
+        for keys, group, edge in entries
+    )
     console.print(
         f"gradients run the dK/dV kernel (fa_kernel.backward; tiles by head_dim: {gradient_tiles(BACKWARD_TILES)}), "
-        f"dQ by bulk reduce-adds; deterministic=True, its dQ by the fixed-order kernel "
-        f"(one consumer warpgroup per 64 rows: {gradient_tiles(DQ_TILES)})"
+        f"dQ by bulk reduce-adds; the fixed-order path (deterministic=True, and the default on a wave of "
+        f"blocks or more in configs.FIXED_ORDER_FASTER's regions: {regions}) runs it without dQ "
+        f"({gradient_tiles(DK_DV_TILES)}) and the fixed-order dQ kernel (one consumer warpgroup per 64 rows: "
+        f"{gradient_tiles(DQ_TILES)})"
     )
     return 0
