@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from suite.strategies import cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES, pairs_per_group
+from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES, dk_dv_tiles, key_tiles, pairs_per_group
 from fa_kernel.device import device_target
 from fa_kernel.interface import backward_into
 from fa_kernel.reference import random_qkv
@@ -132,7 +132,7 @@ def test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients(head_dim,
     # partial dK and dV. A group of five over every count from 2 to 5, so the shares come even
     # and uneven (3+2, 2+2+1, 2+1+1+1, five of 1): on one K/V head over three K/V tiles (the last
     # partial), and on two over one partial tile; the fixed-order gradient the same bits twice.
-    block_m, block_n, _ = (DK_DV_TILES if deterministic else BACKWARD_TILES)[head_dim]
+    block_m, block_n, _ = dk_dv_tiles(deterministic)[head_dim]
     for heads, heads_kv, seqlen_q, seqlen_k in (
         (5, 1, 3 * block_m + 1, 2 * block_n + 3),
         (10, 2, 5 * block_m - 1, block_n - 1),
@@ -270,7 +270,7 @@ def test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_
         lambda **build: paths.append(build["deterministic"]) or kernels(**build),
     )
     sm_count = device_target(torch.device("cuda"))[0]
-    batch = -(-sm_count // -(-seqlen_k // BACKWARD_TILES[head_dim][1])) if wave else 1
+    batch = -(-sm_count // key_tiles(seqlen_k, head_dim)) if wave else 1  # a wave of unsplit blocks
     q, k, v = random_qkv(batch, 192, seqlen_k, heads, 1, head_dim, torch.bfloat16, seed=seqlen_k)
     dout = random_dout(q, heads)
     grads = autograd_gradients(flash_attn_func, q, k, v, dout, causal)

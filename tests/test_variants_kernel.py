@@ -28,7 +28,15 @@ from suite.launch import device_arch, run_config
 from suite.strategies import HARD_SCORES, hard_score_cases
 
 from fa_kernel import flash_attn_func
-from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES, HEAD_SPLIT_DIMS, SPLIT_TILES, TileConfig
+from fa_kernel.configs import (
+    BACKWARD_TILES,
+    DK_DV_TILES,
+    DQ_TILES,
+    HEAD_SPLIT_DIMS,
+    SPLIT_TILES,
+    TileConfig,
+    dk_dv_tiles,
+)
 from fa_kernel.decode import split_kv_into
 from fa_kernel.interface import backward_into
 from fa_kernel.kernel import compiled_forward
@@ -189,11 +197,6 @@ def backward_windows(head_dim: int, causal: bool) -> list[tuple[int, int]]:
     return left_only + [(-1, right) for right in values] + list(zip(values, values[::-1], strict=True))
 
 
-def gradient_tiles(deterministic: bool) -> dict:
-    """The dK/dV kernel's tile table on the path `deterministic` names: its lengths sit at its edges."""
-    return DK_DV_TILES if deterministic else BACKWARD_TILES
-
-
 def kernel_gradients_with(q, k, v, dout, causal, deterministic, head_splits=None, **variants):
     """(dq, dk, dv, dsinks) of the backward kernels, written into NaN, for the forward kernel's
     (out, lse) with the same variants (dsinks None without sinks); `head_splits` as
@@ -211,7 +214,7 @@ def kernel_gradients_with(q, k, v, dout, causal, deterministic, head_splits=None
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
 def test_backward_window_sweep_with_sinks(head_dim, causal, deterministic):
-    block_m, block_n, _ = gradient_tiles(deterministic)[head_dim]
+    block_m, block_n, _ = dk_dv_tiles(deterministic)[head_dim]
     sinks = sinks_for(4, seed=head_dim)
     failures = []
     for seqlen_q, seqlen_k in ((2 * block_m + 3, 2 * block_n + 5), (3 * block_m - 1, block_n + 1)):
@@ -254,7 +257,7 @@ def test_a_split_gqa_group_keeps_the_window_the_cap_and_the_sinks(head_dim, caus
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
 def test_backward_softcap(head_dim, causal, deterministic):
-    block_m, block_n, _ = gradient_tiles(deterministic)[head_dim]
+    block_m, block_n, _ = dk_dv_tiles(deterministic)[head_dim]
     q, k, v = random_qkv(1, 2 * block_m + 3, 2 * block_n + 5, 4, 2, head_dim, torch.bfloat16)
     dout = torch.randn_like(q)
     failures = []

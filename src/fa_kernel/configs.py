@@ -274,11 +274,23 @@ SPLIT_MAX_WAVES = 16
 HEAD_SPLIT_DIMS = (64, 128)
 
 
+def key_tiles(seqlen_k: int, head_dim: int) -> int:
+    """The K/V tiles of a dK/dV launch over seqlen_k keys, one block each a (batch, K/V head) pair
+    (BACKWARD_TILES' block_n, which DK_DV_TILES shares)."""
+    return -(-seqlen_k // BACKWARD_TILES[head_dim][1])
+
+
+def dk_dv_tiles(fixed_order: bool) -> dict:
+    """The dK/dV kernel's tile table on a gradient's path: without dQ beside the fixed-order dQ
+    kernel, DK_DV_TILES; adding dQ atomically, BACKWARD_TILES."""
+    return DK_DV_TILES if fixed_order else BACKWARD_TILES
+
+
 def pairs_per_group(seqlen_k: int, head_dim: int, sm_count: int) -> int:
     """The (batch, K/V slot) pairs a heavy-first group of dK/dV blocks holds (backward_program's
     `heavy_first`, a launch argument): as many as one wave of SMs takes every K/V tile of, at
     least one."""
-    return max(1, sm_count // -(-seqlen_k // BACKWARD_TILES[head_dim][1]))
+    return max(1, sm_count // key_tiles(seqlen_k, head_dim))
 
 
 def key_tile_walks(rule, block_m: int, block_n: int) -> list[int]:
@@ -334,8 +346,7 @@ def gradient_plan(
     on a wave of blocks or more); that path under a right edge keeps each group whole (its blocks
     heavy first, backward.heavy_first_order), else gradient_head_splits' count."""
     limits_right = rule.limits_right
-    blocks = batch * heads_kv * -(-rule.seqlen_k // BACKWARD_TILES[head_dim][1])
-    faster = blocks >= sm_count and any(
+    faster = batch * heads_kv * key_tiles(rule.seqlen_k, head_dim) >= sm_count and any(
         rule.seqlen_k <= most_keys and group_size >= least_group and (limits_right or not right_edge_only)
         for most_keys, least_group, right_edge_only in FIXED_ORDER_FASTER.get(head_dim, ())
     )

@@ -24,7 +24,7 @@ import torch
 
 from fa_kernel.backward import compiled_gradient_kernels
 from fa_kernel.backward_preprocess import PREPROCESS_ROWS, dq_row, statistics_index, statistics_rows
-from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES
+from fa_kernel.configs import DQ_TILES, dk_dv_tiles
 from fa_kernel.interface import check_deterministic, check_inputs, compile_arch, kernel_build, sink_gradient
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -273,7 +273,7 @@ def _varlen_gradients(dout, grad_lse, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
         variants = Variants.of(causal, window_size, softcap, None)  # the sinks are in the LSE already
         build = dict(head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, variants=variants, varlen=True)
         preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(**build, deterministic=deterministic)
-        block_m, block_n, _ = (DK_DV_TILES if deterministic else BACKWARD_TILES)[head_dim]
+        block_m, block_n, _ = dk_dv_tiles(deterministic)[head_dim]
         order = layout.key_tile_order(block_m, block_n, causal, window_size, q.device)
         scales = (exponent_scale(scale, softcap), scale, *launch_arguments(variants, window_size, softcap, scale, None))
         # dQ's fp32 sums for the atomic kernel, as many rows as Delta's (the kernel takes both at
