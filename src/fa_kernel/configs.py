@@ -246,7 +246,8 @@ DK_DV_TILES = BACKWARD_TILES | {
     # the room of dQ's buffer buys a second stage of Q and dO (209 KB, no spills)
     256: (64, 64, 2),
 }
-# The fixed-order dQ kernel (deterministic=True): one consumer warpgroup per 64 rows (dq_program).
+# The fixed-order dQ kernel (the fixed-order path's: deterministic=True, and where gradient_plan
+# routes the default): one consumer warpgroup per 64 rows (dq_program).
 DQ_TILES = {
     # 128 rows on two warpgroups: one's GEMMs run through the other's exponentials (on 64 rows,
     # one warpgroup, the tensor cores idle through them)
