@@ -1,5 +1,5 @@
 """The gradient's GQA group splits, timed: each K/V tile's query heads split between 1, 2, ...
-blocks (interface.backward_into's `head_splits`), alternated in one process, beside the count
+blocks (gradient.backward_into's `head_splits`), alternated in one process, beside the count
 configs.gradient_head_splits' model picks. What the model's constants stand on.
 
 From the repository root, on a Hopper GPU:
@@ -25,7 +25,7 @@ import statistics
 
 import torch
 
-from fa_kernel import flash_attn_func, interface
+from fa_kernel import flash_attn_func, gradient
 from fa_kernel.configs import HEAD_SPLIT_DIMS, gradient_head_splits
 from fa_kernel.device import device_target
 from fa_kernel.mask import Visibility
@@ -66,7 +66,7 @@ def split_timers(shape: Shape, runs: list[tuple[str, int]], repeats: int) -> dic
 
     def timer(path: str, count: int):
         def launch():
-            interface.backward_into(
+            gradient.backward_into(
                 *gradients, dout, None, q, k, v, out, lse, scale, shape.causal, PATHS[path], head_splits=count
             )
 

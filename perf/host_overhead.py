@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fa_kernel import decode, flash_attn_func, interface
+from fa_kernel import decode, flash_attn_func, gradient, interface
 from fa_kernel.device import device_target
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
@@ -154,7 +154,7 @@ def training_layers(shape: Shape) -> dict:
         "training call, one thread": training_call_one_thread,
         "forward, grad": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
         "backward op": lambda: torch.ops.fa_kernel.backward(dout, None, *detached, out, lse, scale, causal, False),
-        "backward_into": lambda: interface.backward_into(*gradients, dout, None, *detached, out, lse, scale, causal),
+        "backward_into": lambda: gradient.backward_into(*gradients, dout, None, *detached, out, lse, scale, causal),
         "SDPA cuDNN": sdpa_training_call,
     }
 

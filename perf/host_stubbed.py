@@ -7,10 +7,11 @@ From the repository root, no GPU needed:
 
 perf/host_overhead.py measures these layers on the GPU host, launches included; this measures
 what of them is ours, where a change of the host path can be timed without a GPU. interface.py
-is loaded from its source as a module of its own (custom ops renamed, so that the package's stay
-registered), with its CUDA device check and device guard made the CPU's, the device an H100's
-(132 SMs, sm_90a), and every kernel a no-op: each layer runs all of the call's Python, its
-allocations and autograd's engine, on tensors of one row of one head, where no kernel works.
+and gradient.py (the gradient's launch) are loaded from their source as modules of their own
+(custom ops renamed, so that the package's stay registered), with the CUDA device check and
+device guards made the CPU's, the device an H100's (132 SMs, sm_90a), and every kernel a no-op:
+each layer runs all of the call's Python, its allocations and autograd's engine, on tensors of
+one row of one head, where no kernel works.
 The anchor, SDPA's training call on the same tensors (its math backend, compute included), is
 what torch's own attention costs the same CPU with its autograd in C++.
 
@@ -38,37 +39,49 @@ import torch.nn.functional as F
 
 from fa_kernel import device
 
-INTERFACE = Path(__file__).resolve().parents[1] / "src" / "fa_kernel" / "interface.py"
-# interface.py's text -> the stub's: each must occur (a renamed line fails here, not silently).
+SOURCES = Path(__file__).resolve().parents[1] / "src" / "fa_kernel"
+# Each module's text -> the stub's: each must occur (a renamed line fails here, not silently).
 REWRITES = {
-    't.device.type != "cuda"': 't.device.type != "cpu"',
-    "torch.cuda.device(q.device)": "contextlib.nullcontext()",
-    'device_types="cuda"': 'device_types="cpu"',
-    '"fa_kernel::': '"fa_kernel_stub::',
-    "torch.ops.fa_kernel.": "torch.ops.fa_kernel_stub.",
+    "interface.py": {
+        't.device.type != "cuda"': 't.device.type != "cpu"',
+        "torch.cuda.device(q.device)": "contextlib.nullcontext()",
+        'device_types="cuda"': 'device_types="cpu"',
+        '"fa_kernel::': '"fa_kernel_stub::',
+        "torch.ops.fa_kernel.": "torch.ops.fa_kernel_stub.",
+    },
+    "gradient.py": {"torch.cuda.device(q.device)": "contextlib.nullcontext()"},
 }
 
 
-def stubbed_interface() -> types.ModuleType:
-    """interface.py on the CPU with no-op kernels (the module docstring)."""
-    source = INTERFACE.read_text()
-    for old, new in REWRITES.items():
+def _stubbed_module(file: str) -> types.ModuleType:
+    """fa_kernel's `file` loaded from its source as a module of its own, REWRITES applied."""
+    source = (SOURCES / file).read_text()
+    for old, new in REWRITES[file].items():
         if old not in source:
-            raise SystemExit(f"interface.py: expected {old!r} to stub, found none")
+            raise SystemExit(f"{file}: expected {old!r} to stub, found none")
         source = source.replace(old, new)
-    module = types.ModuleType("fa_kernel_interface_stub")
-    exec(compile(source, str(INTERFACE), "exec"), module.__dict__)  # noqa: S102 (our own source)
+    module = types.ModuleType(f"fa_kernel_{file.removesuffix('.py')}_stub")
+    exec(compile(source, str(SOURCES / file), "exec"), module.__dict__)  # noqa: S102 (our own source)
     module.contextlib = contextlib
+    return module
+
+
+def stubbed_interface() -> types.ModuleType:
+    """interface.py on the CPU with no-op kernels, its gradient's launch gradient.py's likewise
+    (the module docstring)."""
 
     def no_op(*_arguments):
         return None
 
     device._device_facts = lambda _index: ((9, 0), 132)  # an H100: 132 SMs, sm_90a
     torch.cuda.current_device = lambda: 0
+    gradient = _stubbed_module("gradient.py")
+    gradient.compiled_gradient_kernels = lambda **_build: (no_op, no_op, None)
+    module = _stubbed_module("interface.py")
     module._require_hopper = lambda _device: None
     module.compile_arch = lambda _device: "sm_90a"
     module.compiled_forward = lambda **_build: no_op
-    module.compiled_gradient_kernels = lambda **_build: (no_op, no_op, None)
+    module.backward_into = gradient.backward_into
     return module
 
 

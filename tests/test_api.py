@@ -263,7 +263,7 @@ def test_head_splits_outside_the_group_or_the_split_dims_are_refused_first(heads
     # backward_into's head_splits: 1 to the GQA group's size (2 K/V heads here), more than 1 at
     # head_dim 64 and 128 only; checked before the launch's early exit (no query rows here), so a
     # count kept runs to it on the CPU and returns.
-    from fa_kernel.interface import backward_into
+    from fa_kernel.gradient import backward_into
 
     q, k = torch.zeros(1, 0, heads, head_dim), torch.zeros(1, 5, 2, head_dim)
     grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k))

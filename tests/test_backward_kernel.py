@@ -2,7 +2,7 @@
 (reference_backward.judge_backward), on the kernel's own boundaries, drawn cases, and through autograd,
 eager and under torch.compile.
 
-The kernels are launched into outputs filled with NaN (`interface.backward_into`), so that an
+The kernels are launched into outputs filled with NaN (`gradient.backward_into`), so that an
 element no thread block writes fails whatever memory held. The forward is flash_attn_func's.
 """
 
@@ -18,7 +18,7 @@ from suite.strategies import cases
 from fa_kernel import flash_attn_func
 from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES, DQ_TILES, dk_dv_tiles, key_tiles, pairs_per_group
 from fa_kernel.device import device_target
-from fa_kernel.interface import backward_into
+from fa_kernel.gradient import backward_into
 from fa_kernel.reference import random_qkv
 from fa_kernel.reference_backward import judge_backward
 
@@ -260,12 +260,12 @@ def test_autograd_through_flash_attn_func(compiled):
 def test_the_default_gradient_takes_the_fixed_order_path_where_the_table_routes_it(
     monkeypatch, head_dim, heads, seqlen_k, causal, wave, fixed_order
 ):
-    import fa_kernel.interface as interface
+    import fa_kernel.gradient as gradient
 
     paths = []
-    kernels = interface.compiled_gradient_kernels
+    kernels = gradient.compiled_gradient_kernels
     monkeypatch.setattr(
-        interface,
+        gradient,
         "compiled_gradient_kernels",
         lambda **build: paths.append(build["deterministic"]) or kernels(**build),
     )

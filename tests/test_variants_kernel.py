@@ -38,7 +38,7 @@ from fa_kernel.configs import (
     dk_dv_tiles,
 )
 from fa_kernel.decode import split_kv_into
-from fa_kernel.interface import backward_into
+from fa_kernel.gradient import backward_into
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.reference import judge, random_qkv
 from fa_kernel.reference_backward import judge_backward

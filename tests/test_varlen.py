@@ -322,7 +322,7 @@ def test_the_sinks_gradient_sums_each_sequences():
 
 @pytest.mark.gpu
 def test_the_lse_gradient_reaches_each_sequence():
-    # An upstream gradient of the LSE joins dS as -D (interface.backward_into's rule): each
+    # An upstream gradient of the LSE joins dS as -D (gradient.backward_into's rule): each
     # sequence's gradients of the LSE alone judged as flash_attn_func's are.
     from fa_kernel.reference_backward import judge_backward
 

@@ -7,6 +7,9 @@ import functools
 
 import torch
 
+# The dtypes the kernels are built for, by TileLang's names.
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
 
 def device_target(device=None) -> tuple[int, str]:
     """(SMs, nvcc arch) of a CUDA device (default: the current one): what its kernels are built

@@ -4,7 +4,7 @@ Everything a caller can get wrong is checked here, before anything is compiled o
 and each error names the argument, what was expected and what came. The kernel itself is
 registered as the torch custom op `fa_kernel::forward`, so `torch.compile` traces through
 `flash_attn_func` without a graph break; its gradient is the custom op `fa_kernel::backward`
-(the backward kernels of `fa_kernel.backward`), registered as its autograd formula. In eager
+(the gradient kernels' launch, `fa_kernel.gradient`), registered as its autograd formula. In eager
 mode the ops' bodies run without the ops' dispatch (`_EagerAttention`), which would cost the
 host more than a decode step's kernels take on the GPU. A decode
 step, a few queries against many keys, runs on the split-KV kernels of `fa_kernel.decode`
@@ -13,7 +13,6 @@ instead where they measured faster (`configs.split_kv_serves` says which calls).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 from collections.abc import Callable
@@ -21,28 +20,20 @@ from typing import Any
 
 import torch
 
-from fa_kernel.backward import compiled_gradient_kernels, heavy_first_order
-from fa_kernel.backward_preprocess import dq_row, padded_rows
 from fa_kernel.configs import (
-    HEAD_SPLIT_DIMS,
     TileConfig,
     arch_of,
-    gradient_plan,
-    pairs_per_group,
     select_config,
     tiles_per_sm,
 )
 from fa_kernel.decode import compiled_decode_kernels, row_block, serves_launch, split_kv_attention
-from fa_kernel.device import device_facts, device_target
+from fa_kernel.device import DTYPE_NAMES, device_facts, device_target
+from fa_kernel.gradient import backward_into
 from fa_kernel.kernel import compiled_forward
-from fa_kernel.mask import Visibility
-from fa_kernel.numerics import LOG2E
 from fa_kernel.variants import Variants, exponent_scale, keys_a_row_sees, launch_arguments
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = tuple(DTYPE_NAMES)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
-
-_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def flash_attn_func(
@@ -169,7 +160,7 @@ def kernel_build(
     return dict(
         head_dim=head_dim,
         causal=causal,
-        dtype=_DTYPE_NAMES[dtype],
+        dtype=DTYPE_NAMES[dtype],
         config=config or tile_config_for(device, head_dim, causal, keys, grid),
         arch=arch,
         sm_count=sm_count or device_sm_count,
@@ -199,7 +190,7 @@ def serving_build(
     if serves_launch(batch, seqlen_q, seqlen_k, heads, heads_kv, device_target(device)[0]):
         block_m = row_block(head_dim, heads // heads_kv * seqlen_q)
         return compiled_decode_kernels, split_kv_build(
-            head_dim, causal, _DTYPE_NAMES[dtype], compile_arch(device), block_m
+            head_dim, causal, DTYPE_NAMES[dtype], compile_arch(device), block_m
         )
     return None, kernel_build(device, head_dim, causal, dtype, seqlen_k, launch=(batch, heads, seqlen_q))
 
@@ -413,107 +404,6 @@ def _gradients(
     arguments = (dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
     dsinks = backward_into(dq, dk, dv, *arguments, **variants)
     return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dsinks is None else dsinks
-
-
-def backward_into(
-    dq,
-    dk,
-    dv,
-    dout,
-    grad_lse,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool = False,
-    *,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
-    head_splits: int | None = None,
-    route: bool = True,
-) -> torch.Tensor | None:
-    """The gradients of flash_attn_func's (out, lse) against (dout, grad_lse; None: 0), written
-    into the caller's contiguous dq, dk, dv: the `fa_kernel::backward` op's launch (the tests
-    hand it outputs filled with NaN, so that an element no thread block writes fails).
-    `deterministic`: dq from the fixed-order kernel, as configs.gradient_plan also routes it unless
-    `route` is False (the kernels' tests). `head_splits`: the blocks each K/V tile's GQA group is
-    split between (1 to the group, more at HEAD_SPLIT_DIMS; tests and perf: dq then as
-    `deterministic` says), None: gradient_plan's. Returns dsinks (fp32 [nheads]) with sinks, else None."""
-    batch, seqlen_q, nheads, head_dim = q.shape
-    _, seqlen_k, nheads_kv, _ = k.shape
-    group = nheads // nheads_kv
-    most_splits = group if head_dim in HEAD_SPLIT_DIMS else 1
-    if head_splits is not None and not 1 <= head_splits <= most_splits:
-        raise ValueError(
-            f"head_splits: expected 1 to the GQA group's {group} heads (more than 1 at "
-            f"head_dim {' or '.join(map(str, HEAD_SPLIT_DIMS))}), got {head_splits} at head_dim {head_dim}"
-        )
-    if dq.numel() == 0 or dk.numel() == 0:
-        # No query rows, or no keys: no score exists, and every gradient is 0 but the sinks'.
-        for grad in (dq, dk, dv):
-            grad.zero_()
-        if sinks is None:
-            return None
-        delta = (dout.float() * out.float()).sum(dim=-1).transpose(1, 2)  # [batch, nheads, seqlen_q]
-        return sink_gradient(sinks, lse * LOG2E, delta if grad_lse is None else delta - grad_lse)
-    dtype, (sm_count, arch) = _DTYPE_NAMES[q.dtype], device_target(q.device)
-    # The kernels assume dense BSHD strides: these are the backward's documented copies (an
-    # upstream gradient is often a broadcast view).
-    dout, q, k, v, out = (t if t.is_contiguous() else t.contiguous() for t in (dout, q, k, v, out))
-    rows = padded_rows(seqlen_q)
-    delta = torch.empty((batch, nheads, rows), dtype=torch.float32, device=q.device)
-    lse_log2 = torch.empty_like(delta)
-    variants = Variants.of(causal, window_size, softcap, sinks)
-    fixed_order, splits = deterministic, head_splits  # as the caller forces them, or as planned
-    if splits is None:
-        rule = Visibility.of_window(seqlen_q, seqlen_k, causal, window_size)
-        fixed_order, splits = gradient_plan(batch, rule, nheads_kv, group, head_dim, sm_count, deterministic, route)
-    preprocess, dk_dv, dq_kernel = compiled_gradient_kernels(
-        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch, deterministic=fixed_order, variants=variants,
-        head_splits=splits > 1,
-    )  # fmt: skip
-    heavy_first = heavy_first_order(causal, variants, varlen=False, head_splits=splits > 1)
-    launch_order = (pairs_per_group(seqlen_k, head_dim, sm_count),) if heavy_first else ()
-    # A GQA group split between blocks: each block's dK and dV are fp32 partial sums, summed here
-    # over the splits in a fixed order (backward_program's head_splits).
-    dk_part, dv_part = dk, dv
-    if splits > 1:
-        dk_part, dv_part = (torch.empty((splits, *k.shape), dtype=torch.float32, device=q.device) for _ in range(2))
-    # The sinks are in the LSE already (P is right as it is): the kernels take the window and the
-    # cap, and dsinks comes from Delta and the LSE here.
-    kernel_variants = dataclasses.replace(variants, sinks=False)
-    scales = (exponent_scale(softmax_scale, softcap), softmax_scale)
-    scales += tuple(launch_arguments(kernel_variants, window_size, softcap, softmax_scale, None))
-    # dQ's fp32 sums for the atomic kernel (rows and columns padded: backward_preprocess.dq_row); a
-    # one-element placeholder for the fixed-order dQ's.
-    accum_shape = (batch, nheads, rows, dq_row(head_dim)) if dq_kernel is None else (1,)
-    dq_accum = torch.zeros(accum_shape, dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
-        preprocess(out, dout, lse.contiguous(), delta, lse_log2)
-        if grad_lse is not None:
-            # d LSE_i / d S_ij = P_ij: an upstream gradient of the LSE joins dS = P∘(dP − D) as −D.
-            delta[:, :, :seqlen_q] -= grad_lse
-        dk_dv(q, k, v, dout, delta, lse_log2, dq_accum, dk_part, dv_part, *scales, *launch_order)
-        if splits > 1:
-            dk.copy_(dk_part.sum(dim=0))
-            dv.copy_(dv_part.sum(dim=0))
-        if dq_kernel is not None:
-            dq_kernel(q, k, v, dout, delta, lse_log2, dq, *scales)
-        else:
-            # dQ = softmax_scale · Σ dS·K, summed in fp32 by the kernel, cast once.
-            torch.mul(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2), softmax_scale, out=dq)
-    return None if sinks is None else sink_gradient(sinks, lse_log2[:, :, :seqlen_q], delta[:, :, :seqlen_q])
-
-
-def sink_gradient(sinks: torch.Tensor, lse_log2: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """dsinks[h] = −Σ over h's rows of P_sink·D, P_sink = exp(sink − LSE) the weight the sink took
-    and D = rowsum(dO∘O) (minus the LSE's upstream gradient): fp32 [nheads]."""
-    sink_weights = torch.exp2(sinks[None, :, None] * LOG2E - lse_log2)
-    return -(sink_weights * delta).sum(dim=(0, 2))
 
 
 @_backward.register_fake

@@ -25,7 +25,8 @@ import torch
 from fa_kernel.backward import compiled_gradient_kernels
 from fa_kernel.backward_preprocess import PREPROCESS_ROWS, dq_row, statistics_index, statistics_rows
 from fa_kernel.configs import DQ_TILES, dk_dv_tiles
-from fa_kernel.interface import check_deterministic, check_inputs, compile_arch, kernel_build, sink_gradient
+from fa_kernel.gradient import sink_gradient
+from fa_kernel.interface import check_deterministic, check_inputs, compile_arch, kernel_build
 from fa_kernel.kernel import compiled_forward
 from fa_kernel.numerics import LOG2E
 from fa_kernel.scheduler import ragged_key_tile_order, ragged_tile_order

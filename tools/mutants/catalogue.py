@@ -455,7 +455,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # dsinks = −Σ P_sink·D without D: the sink's weight alone.
         "dsinks_missing_the_delta_term",
-        "interface.py",
+        "gradient.py",
         "-(sink_weights * delta).sum(dim=(0, 2))",
         "-sink_weights.sum(dim=(0, 2))",
         first=BACKWARD_VARIANTS,
@@ -728,7 +728,7 @@ KERNEL_MUTANTS = [
     Mutant(
         # The caller sums only the first split's partial dK and dV.
         "head_split_partials_not_summed",
-        "interface.py",
+        "gradient.py",
         "dk.copy_(dk_part.sum(dim=0))",
         "dk.copy_(dk_part[0])",
         first=HEAD_SPLITS,
@@ -740,17 +740,17 @@ KERNEL_MUTANTS = [
         "acc_dk[i, j] = acc_dk[i, j]",
         first=BACKWARD_SWEEP,
     ),
-    # ---- the backward's front (interface.py)
+    # ---- the backward's launch (gradient.py) and autograd formula (interface.py)
     Mutant(
         "backward_lse_gradient_sign",
-        "interface.py",
+        "gradient.py",
         "delta[:, :, :seqlen_q] -= grad_lse",
         "delta[:, :, :seqlen_q] += grad_lse",
         first=("tests/test_backward_kernel.py::test_lse_gradient",),
     ),
     Mutant(
         "backward_dq_without_scale",
-        "interface.py",
+        "gradient.py",
         "torch.mul(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2), softmax_scale, out=dq)",
         "dq.copy_(dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2))",
         first=BACKWARD_SWEEP,
@@ -778,7 +778,7 @@ KERNEL_MUTANTS = [
         # deterministic=True quietly served by the atomic dQ (its bits vary with the order the
         # reduce-adds land in): only the repeated runs can tell.
         "deterministic_served_by_atomics",
-        "interface.py",
+        "gradient.py",
         "compiled_gradient_kernels(\n        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch,"
         " deterministic=fixed_order, variants=variants,\n        head_splits=splits > 1,\n    )",
         "compiled_gradient_kernels(\n        head_dim=head_dim, causal=causal, dtype=dtype, arch=arch,"
@@ -789,7 +789,7 @@ KERNEL_MUTANTS = [
         # The default gradient's route to the fixed-order path ignored (configs.gradient_plan's
         # table tested on the CPU, its use here only by the test that watches the kernels built).
         "fixed_order_route_ignored",
-        "interface.py",
+        "gradient.py",
         "gradient_plan(batch, rule, nheads_kv, group, head_dim, sm_count, deterministic, route)",
         "gradient_plan(batch, rule, nheads_kv, group, head_dim, sm_count, deterministic, False)",
         first=(
