@@ -454,7 +454,7 @@ def backward_pass_configs(*, block_n, threads=256, with_dq=True, **_build) -> di
     return OWN_SYNCS if syncs_by_hand(block_n, threads, with_dq) else FAST_MATH
 
 
-# The dK/dV kernel, with dQ by bulk adds unless with_dq=False (the fixed-order dQ's: backward_dq).
+# The dK/dV kernel with dQ by bulk adds: the atomic path's.
 compiled_backward = compiled_at_tiles(backward_program, BACKWARD_TILES, backward_pass_configs)
 # Without dQ, at its own tiles: the fixed-order path's dK/dV kernel.
 compiled_dk_dv = compiled_at_tiles(
