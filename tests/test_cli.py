@@ -329,9 +329,14 @@ def test_bench_backward_builds_the_gradient_kernels_and_times_the_backward(monke
     assert builders[0] is None and len(gradients) == 2 * len(command.BENCH_SHAPES)
     assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a") in gradients
     assert dict(head_dim=64, causal=True, dtype="bfloat16", arch="sm_90a", deterministic=True) in gradients
+    # Each shape's row is printed as soon as it is timed (a run cut short keeps the rows it made):
+    # what the second shape's timing finds printed already holds the first's row.
+    printed = []
+    monkeypatch.setattr(command, "measure", lambda *args, **kwargs: printed.append(capsys.readouterr().out) or measured)
     assert main(["bench", "--backward", "--markdown", "--dtype", "bf16"]) == 0
-    table = capsys.readouterr().out
+    table = "".join(printed) + capsys.readouterr().out
     assert "| fa_kernel | deterministic | cuDNN BHSD |" in table and "| 100 | 70 | 80 | 90 | - | 1.11x |" in table
+    assert "| 8x32x4096x128 bfloat16 | 100 | 70 |" in printed[1]
     # The plot, of the backward too: its shapes' gradient kernels built with the rest.
     plotted = []
     monkeypatch.setattr(command, "plot_seqlen_sweep", lambda *args: plotted.append(args[-1]) or [])

@@ -37,7 +37,15 @@ from fa_kernel.workbench.bench import (
     variant_build,
 )
 from fa_kernel.workbench.builds import kernels_build, quiet_tilelang, served_build
-from fa_kernel.workbench.console import DTYPES, EXIT_FAILED, EXIT_NO_GPU, build_with_progress, make_console, print_table
+from fa_kernel.workbench.console import (
+    DTYPES,
+    EXIT_FAILED,
+    EXIT_NO_GPU,
+    build_with_progress,
+    make_console,
+    print_markdown_row,
+    print_table,
+)
 
 BENCH_SHAPES = (
     [Shape(8, 32, 4096, 128, causal) for causal in (False, True)]
@@ -98,10 +106,22 @@ def run(args) -> int:
         builders += [compiled_gradient_kernels] * (2 * len(launched))
     if not build_with_progress(console, builds, args.jobs, verbose=False, quiet=args.json, builder=builders):
         return EXIT_FAILED
-    results: list[tuple[Shape, dict[str, Timing]]] = [
-        (shape, measure(shape, rounds=args.rounds, repeats=args.repeats, backward=args.backward))
-        for shape in track(shapes, description="benchmarking", console=console, transient=True)
-    ]
+    names = ("fa_kernel", *(["fa_kernel deterministic"] if args.backward else []), *CUDNN_LAYOUTS, "flash")
+    headers = ["shape BxHxSxD", *(COLUMNS[name] for name in names), "vs cuDNN best", "ratio range"]
+    title = (
+        f"{'Backward' if args.backward else 'Forward'} TFLOP/s on {torch.cuda.get_device_name()}:"
+        f" medians of {args.rounds} rounds alternated in this process,"
+        f" each the median of {args.repeats} timings; the ratio round by round against the faster cuDNN layout"
+    )
+    # Markdown rows are printed as each shape is timed: a run stopped early keeps its rows.
+    streamed = args.markdown and not args.json
+    if streamed:
+        print_table(console, headers, [], markdown=True, title=title)
+    results: list[tuple[Shape, dict[str, Timing]]] = []
+    for shape in track(shapes, description="benchmarking", console=console, transient=True):
+        results.append((shape, measure(shape, rounds=args.rounds, repeats=args.repeats, backward=args.backward)))
+        if streamed:
+            print_markdown_row(_rows(results[-1:], names)[0])
     # The numbers behind the plot are printed too: a figure alone cannot be quoted or compared.
     plotted = []
     if args.plot:
@@ -120,14 +140,8 @@ def run(args) -> int:
             record["plot"] = _records(plotted)
         print(json.dumps(record))
         return 0
-    names = ("fa_kernel", *(["fa_kernel deterministic"] if args.backward else []), *CUDNN_LAYOUTS, "flash")
-    headers = ["shape BxHxSxD", *(COLUMNS[name] for name in names), "vs cuDNN best", "ratio range"]
-    title = (
-        f"{'Backward' if args.backward else 'Forward'} TFLOP/s on {torch.cuda.get_device_name()}:"
-        f" medians of {args.rounds} rounds alternated in this process,"
-        f" each the median of {args.repeats} timings; the ratio round by round against the faster cuDNN layout"
-    )
-    print_table(console, headers, _rows(results, names), args.markdown, title=title)
+    if not streamed:
+        print_table(console, headers, _rows(results, names), args.markdown, title=title)
     summary_rows = [
         [str(found.head_dim), str(found.shapes), f"{found.median:.2f}x", f"{found.worst:.2f}x", found.worst_shape]
         for found in summarise(results)

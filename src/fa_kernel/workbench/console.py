@@ -26,15 +26,20 @@ def make_console(stderr: bool = False) -> Console:
 def print_table(console: Console, headers: list[str], rows: list[list[str]], markdown: bool, title: str) -> None:
     if markdown:
         print(f"**{title}**\n")
-        print("| " + " | ".join(headers) + " |")
-        print("|" + "---|" * len(headers))
+        print_markdown_row(headers)
+        print("|" + "---|" * len(headers), flush=True)
         for row in rows:
-            print("| " + " | ".join(row) + " |")
+            print_markdown_row(row)
         return
     table = Table(*headers, title=title)
     for row in rows:
         table.add_row(*row)
     console.print(table)
+
+
+def print_markdown_row(cells: list[str]) -> None:
+    """One row of a markdown table, flushed: a log read while the run goes on, or cut short, has it."""
+    print("| " + " | ".join(cells) + " |", flush=True)
 
 
 def build_with_progress(
