@@ -22,9 +22,6 @@ BACKWARD_TILES entry:
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
-  no_dq_three_stages  no_dq with a third stage of Q, dO, LSE₂ and D (`num_stages=3`): without dQ's
-                   buffer the room is there at head_dim 64 and 128 (the fixed-order path's kernel,
-                   now the default gradient's on short walks).
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -69,7 +66,6 @@ VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
-    "no_dq_three_stages": {"with_dq": False, "num_stages": 3},
 }
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {

@@ -1,10 +1,7 @@
-# The whole GPU suite, timed per test, and the kernels it compiled beyond tools.precompile's
-# (session 16: a first run on a fresh machine passed 952 of 956 by 430 s, the next 956 in 131 s),
-# packed into $OUT/suite_kernels.tar.xz: unpack it beside .gpu/kernels.tar.xz's cache next time.
+# The fixed-order dQ kernel on 64 keys a step, on two stages and on three (prepared on the CPU:
+# 168 registers, no spills, codegen rules clean; builds in .gpu/abcache.tar.xz).
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
-touch /tmp/before_suite
-timeout 540 python3 -m nox --no-venv -s gpu -- --durations 40 --timeout 300 > $OUT/nox_gpu.log 2>&1; echo "nox gpu rc=$? $((SECONDS-t0)) s"
-grep -E "passed|failed|FAILED" $OUT/nox_gpu.log | tail -5; grep -A42 "slowest 40" $OUT/nox_gpu.log | head -44
-cd ~/.tilelang && find cache -newer /tmp/before_suite -type f | tar -cf - -T - | xz -T16 -1 > $OUT/suite_kernels.tar.xz; ls -la $OUT/suite_kernels.tar.xz
+timeout 560 python -u -m perf.backward_ab --dq --variants keys_64 keys_64_three_stages --rounds 3 --repeats 5 > $OUT/ab_dq.md 2>&1
+echo "ab dq rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED" $OUT/ab_dq.md
