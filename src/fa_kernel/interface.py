@@ -382,23 +382,10 @@ def _backward(
     return _gradients(dout, grad_lse, q, k, v, out, lse, *arguments)
 
 
-def _gradients(
-    dout,
-    grad_lse,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dsinks), contiguous, dsinks empty without sinks: the backward op's body."""
+def _gradients(dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic, *variant_args) -> tuple:
+    """(dq, dk, dv, dsinks), contiguous, dsinks empty without sinks: the backward op's body, its
+    arguments the op's (`variant_args`: window_left, window_right, softcap, sinks)."""
+    window_left, window_right, softcap, sinks = variant_args
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     variants: dict[str, Any] = dict(window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
     arguments = (dout, grad_lse, q, k, v, out, lse, softmax_scale, causal, deterministic)
