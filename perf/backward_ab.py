@@ -19,6 +19,8 @@ BACKWARD_TILES entry:
                    cost (a leave-one-out diagnostic); the fixed-order gradient's dK/dV kernel,
                    at its tile (DK_DV_TILES). Judged with dQ from the shipped fixed-order dQ
                    kernel, as every variant without dQ is.
+  kv_pairs         no_dq with two K/V heads a block (`kv_pairs=True`), their walks one pipeline:
+                   a short walk's fixed costs (K/V load, pipeline fill) over twice the steps.
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
@@ -66,6 +68,7 @@ VARIANTS: dict[str, dict] = {
     "shipped": {},
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
+    "kv_pairs": {"with_dq": False, "kv_pairs": True},
 }
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
@@ -81,6 +84,10 @@ SHAPES = [
     Shape(8, 32, 4096, 64, False, torch.bfloat16),
     Shape(8, 32, 4096, 64, True, torch.bfloat16),
     Shape(8, 16, 2048, 64, False, torch.bfloat16),  # the model grid's d64 rows furthest behind (0.92x)
+    # The model grid's MHA rows at 512 keys (0.90-0.92x cuDNN, 2026-12-07): eight-step walks on
+    # the fixed-order path, where GQA's group walks read 1.11-1.35x (kv_pairs).
+    Shape(32, 32, 512, 128, False, torch.bfloat16),
+    Shape(32, 32, 512, 128, True, torch.bfloat16),
     # Issue 53's short walks: 1k keys, where a block's fixed cost weighs most.
     Shape(16, 16, 1024, 128, False, torch.bfloat16),
     Shape(16, 16, 1024, 128, True, torch.bfloat16),

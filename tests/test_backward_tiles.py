@@ -89,3 +89,16 @@ def test_the_blocks_go_heavy_first_where_a_right_edge_makes_the_walks_uneven():
     assert not heavy_first_order(False, Variants(window_left=True, softcap=True, sinks=True), False, False)
     assert not heavy_first_order(True, PLAIN, varlen=True, head_splits=False)
     assert not heavy_first_order(True, PLAIN, varlen=False, head_splits=True)
+
+
+@pytest.mark.parametrize("option", ["with_dq", "varlen", "head_splits"])
+def test_two_kv_heads_a_block_only_where_each_walk_stores_its_own_dk_and_dv(option):
+    # kv_pairs (an A/B build, perf/backward_ab.py): a block stores its first K/V head's dK and dV
+    # mid-walk; dQ's adds, a ragged batch's tiles and a group split between blocks are not
+    # written for it, and are refused before anything is built.
+    from fa_kernel.backward import backward_program
+
+    options = {"with_dq": False, option: True}
+    with pytest.raises(ValueError, match="kv_pairs"):
+        backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, kv_pairs=True, **options)
+    backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, kv_pairs=True, with_dq=False)

@@ -80,6 +80,7 @@ def backward_program(
     varlen: bool = False,
     head_splits: bool = False,
     heavy_first: bool = False,
+    kv_pairs: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -117,6 +118,11 @@ def backward_program(
     at the end. A group of about a wave keeps the blocks that run together on few query heads,
     which they share in L2. Batched launches only.
 
+    `kv_pairs` (an A/B build, perf/backward_ab.py; without dQ, batched, unsplit): two K/V heads a
+    block, both tiles loaded at its start, their walks one pipeline, the first head's dK and dV
+    stored where its walk ends: a short walk's fixed costs over twice the steps. An odd last K/V
+    head walks alone.
+
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's. In
@@ -126,6 +132,8 @@ def backward_program(
     runs on under dQ's staging and add, as FlashAttention-3's does; dQ comes transposed there,
     dQᵀ = Kᵀ·dSᵀ (its dQ_swapAB).
     """
+    if kv_pairs and (head_splits or varlen or with_dq):
+        raise ValueError("kv_pairs: expected a batched launch without dQ or head splits")
     if (head_splits or heavy_first) and varlen:
         raise ValueError("head_splits, heavy_first: expected a batched launch (varlen=False)")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
@@ -300,6 +308,34 @@ def backward_program(
             T.copy(acc_dk, dK[b, kv_start : kv_start + block_n, kv_head, :])
             T.copy(acc_dv, dV[b, kv_start : kv_start + block_n, kv_head, :])
 
+    @T.macro
+    def score_gemms(K_shared, V_shared, K_pair, V_pair, pair, Q_shared, dO_shared, acc_s, acc_dp):
+        """Sᵀ and dPᵀ issued together (wgmma is asynchronous): Pᵀ is computed while dPᵀ runs. The
+        GEMMs after them stay synchronous: T.Pipelined releases a stage's Q and dO after their last
+        GEMM, which must then have finished reading them. kv_pairs: K and V of the step's K/V head."""
+        T.wgmma_gemm(
+            K_pair[pair, :, :] if kv_pairs else K_shared, Q_shared, acc_s, transpose_B=True,
+            policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+        )  # fmt: skip
+        T.wgmma_gemm(
+            V_pair[pair, :, :] if kv_pairs else V_shared, dO_shared, acc_dp, transpose_B=True,
+            policy=T.GemmWarpPolicy.FullRow, clear_accum=True,
+        )  # fmt: skip
+
+    @T.macro
+    def load_second_of_pair(K, V, K_pair, V_pair, b, kv_head, kv_start, pair_heads):
+        """kv_pairs: the K/V tile of the block's second K/V head, where it has one."""
+        if pair_heads == 2:
+            T.copy(K[b, kv_start : kv_start + block_n, kv_head + 1, :], K_pair[1, :, :])
+            T.copy(V[b, kv_start : kv_start + block_n, kv_head + 1, :], V_pair[1, :, :])
+
+    @T.macro
+    def end_first_walk(acc_dk, acc_dv, dK, dV, tile, softmax_scale):
+        """kv_pairs: the first K/V head's walk ends: its dK and dV stored, the sums begun again."""
+        store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale)
+        T.clear(acc_dk)
+        T.clear(acc_dv)
+
     @T.prim_func
     def flash_attention_backward(
         Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
@@ -321,7 +357,7 @@ def backward_program(
         TileOrder: kernel_parameter(tile_order, varlen),
         PairsPerGroup: kernel_parameter(pairs_per_group, heavy_first),
     ):
-        kv_slots = heads_kv * splits if head_splits else heads_kv
+        kv_slots = heads_kv * splits if head_splits else (T.ceildiv(heads_kv, 2) if kv_pairs else heads_kv)
         key_tiles = T.ceildiv(seqlen_k, block_n)
         grid = (key_tiles * kv_slots * batch, 1, 1) if heavy_first else (key_tiles, kv_slots, batch)
         grid = (ragged_tiles, heads_kv, 1) if varlen else grid
@@ -333,8 +369,11 @@ def backward_program(
                     kv_block, key_tiles, kv_slots, batch, PairsPerGroup
                 )
                 kv_block, kv_slot, b = block_tile, block_slot, block_batch
-            K_shared = T.alloc_shared([block_n, head_dim], dtype)
-            V_shared = T.alloc_shared([block_n, head_dim], dtype)
+            # kv_pairs: both K/V heads' tiles in one buffer each (K_shared the first's).
+            K_pair = T.alloc_shared([2, block_n, head_dim], dtype) if kv_pairs else None
+            V_pair = T.alloc_shared([2, block_n, head_dim], dtype) if kv_pairs else None
+            K_shared = K_pair[0, :, :] if kv_pairs else T.alloc_shared([block_n, head_dim], dtype)
+            V_shared = V_pair[0, :, :] if kv_pairs else T.alloc_shared([block_n, head_dim], dtype)
             Q_shared = T.alloc_shared([block_m, head_dim], dtype)
             dO_shared = T.alloc_shared([block_m, head_dim], dtype)
             dS_shared = T.alloc_shared([block_n, block_m], dtype) if with_dq or operands_in_shared else None
@@ -351,7 +390,9 @@ def backward_program(
             acc_dq = T.alloc_fragment(dq_fragment, accum) if with_dq else None
 
             group_size = heads // heads_kv
-            kv_head, split, walk_heads = kv_slot, None, group_size
+            kv_head, split, walk_heads, pair_heads = kv_slot, None, group_size, 1
+            if kv_pairs:  # K/V heads 2·slot and, unless the last is alone, 2·slot + 1
+                kv_head, pair_heads = kv_slot * 2, T.min(heads_kv - kv_slot * 2, 2)
             if head_splits:
                 # Split s walks the group's heads s, s + splits, ...: any number of splits up to
                 # the group, their walks within one head of each other. At least one head (as
@@ -377,13 +418,18 @@ def backward_program(
             q_blocks = T.ceildiv(rows_end(kv_start, rule), block_m) - first_q_block
             T.copy(K[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], K_shared)
             T.copy(V[b, at_offset(k_offset, kv_start) : at_offset(k_offset, kv_start) + block_n, kv_head, :], V_shared)
+            if kv_pairs:
+                load_second_of_pair(K, V, K_pair, V_pair, b, kv_head, kv_start, pair_heads)
             start_sums(acc_dk, acc_dv, dQ_shared)
             # The step's head and first row, set once a step in registers: as expressions (the
             # producer's) their divisions recur at every use, in 64 bits in dQ's add's address.
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
-            for step in T.Pipelined(walk_heads * T.max(q_blocks, 0), num_stages=num_stages):
+            group_steps = walk_heads * T.max(q_blocks, 0) if kv_pairs else None  # (the pairs' variable alone)
+            for step in T.Pipelined(
+                pair_heads * group_steps if kv_pairs else walk_heads * T.max(q_blocks, 0), num_stages=num_stages
+            ):
                 head = kv_head * group_size + step // q_blocks
                 if head_splits:
                     head = kv_head * group_size + split + step // q_blocks * splits
@@ -395,15 +441,8 @@ def backward_program(
                 first = statistics_row(q_start, q_offset, sequence)
                 T.copy(LSE_log2[b, head, first : first + block_m], lse)
                 T.copy(Delta[b, head, first : first + block_m], delta)
-                # Sᵀ and dPᵀ issued together (wgmma is asynchronous): Pᵀ is computed while dPᵀ runs.
-                # The GEMMs after them stay synchronous: T.Pipelined releases a stage's Q and dO
-                # after their last GEMM, which must then have finished reading them.
-                T.wgmma_gemm(
-                    K_shared, Q_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True
-                )
-                T.wgmma_gemm(
-                    V_shared, dO_shared, acc_dp, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True
-                )
+                pair = step // group_steps if kv_pairs else None
+                score_gemms(K_shared, V_shared, K_pair, V_pair, pair, Q_shared, dO_shared, acc_s, acc_dp)
                 # Set after the GEMMs' issue: set before it, TileLang's warp specialisation parts a
                 # ragged batch's row names (q_row, first) from their uses ("used before definition").
                 step_head = head
@@ -440,9 +479,11 @@ def backward_program(
                     p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq,
                     dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start),
                 )  # fmt: skip
+                if kv_pairs and pair_heads == 2 and step == group_steps - 1:
+                    end_first_walk(acc_dk, acc_dv, dK, dV, KeyTile(b, kv_head, kv_start, None, rule), softmax_scale)
             if with_dq:
                 T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
-            tile = KeyTile(b, kv_head, kv_start, k_offset, rule, split)
+            tile = KeyTile(b, kv_head + (pair_heads - 1) if kv_pairs else kv_head, kv_start, k_offset, rule, split)
             store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale)
 
     return flash_attention_backward
