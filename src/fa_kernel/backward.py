@@ -426,7 +426,9 @@ def backward_program(
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
-            group_steps = walk_heads * T.max(q_blocks, 0) if kv_pairs else None  # (the pairs' variable alone)
+            # A PrimExpr bound to a name becomes a program variable: bound under kv_pairs alone,
+            # so the shipped programs keep their code.
+            group_steps = walk_heads * T.max(q_blocks, 0) if kv_pairs else None
             for step in T.Pipelined(
                 pair_heads * group_steps if kv_pairs else walk_heads * T.max(q_blocks, 0), num_stages=num_stages
             ):
