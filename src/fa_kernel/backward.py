@@ -166,11 +166,15 @@ def backward_program(
 
     @T.macro
     def capped_probabilities_and_ds(
-        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
+        rule, acc_s, acc_dp, p_cast, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
     ):
-        """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, Pᵀ left there),
-        dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one. q_start is the step's
+        """softcap: Pᵀ = 2^(t·scale_log2 − LSE₂) of the capped scores t (Sᵀ in acc_s, then p_cast),
+        dSᵀ = Pᵀ∘(dPᵀ − D)∘(1 − t²); the select where the tile needs one. dS takes the cap's slope
+        beside P: both GEMMs first, then P and dS in one pass over t. q_start is the step's
         expression: its register leaves d256 with a left edge alone a build that does not lower."""
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
+        T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
         if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
             for i, j in T.Parallel(block_n, block_m):
                 t = capped_score(acc_s[i, j], softcap_log2)
@@ -182,6 +186,7 @@ def backward_program(
                 t = capped_score(acc_s[i, j], softcap_log2)
                 acc_s[i, j] = T.exp2(t * scale_log2 - lse[j])
                 ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j]) * (1 - t * t)
+        T.copy(acc_s, p_cast)
 
     @T.macro
     def start_sums(acc_dk, acc_dv, dQ_shared):
@@ -450,15 +455,9 @@ def backward_program(
                 step_head = head
                 step_q_start = q_start
                 if variants.softcap:
-                    # dS takes the cap's slope 1 − t² beside P: both GEMMs first, then P and dS
-                    # in one pass over the capped scores t (capped_probabilities_and_ds).
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
-                    T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
                     capped_probabilities_and_ds(
-                        rule, acc_s, acc_dp, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
+                        rule, acc_s, acc_dp, p_cast, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
                     )
-                    T.copy(acc_s, p_cast)
                 else:
                     T.wait_wgmma(1)
                     T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
