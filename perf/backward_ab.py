@@ -25,6 +25,8 @@ BACKWARD_TILES entry:
                    mode; the blocks last K/V tile first, each add waiting for its turn): what a
                    deterministic gradient costs in one kernel, against the fixed-order path's two
                    (issue 53's 0.9x line). Judged within the bound, then bitwise equal over runs.
+  ordered_dq_late  ordered_dq with each turn passed a step after its add (`turn_passed_late`),
+                   where the write is most likely done: no wait for it in the step.
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
@@ -74,6 +76,7 @@ VARIANTS: dict[str, dict] = {
     "tile_fastest": {"heavy_first": False},
     "kv_pairs": {"with_dq": False, "kv_pairs": True},
     "ordered_dq": {"ordered_dq": True, "heavy_first": False},
+    "ordered_dq_late": {"ordered_dq": True, "turn_passed_late": True, "heavy_first": False},
 }
 # Runs of an ordered variant whose dQ sums must agree to the bit.
 ORDERED_RUNS = 5

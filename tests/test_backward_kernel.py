@@ -152,7 +152,7 @@ def test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients(head_dim,
 @pytest.mark.parametrize("head_dim", sorted(BACKWARD_TILES))
 def test_heavy_first_groups_end_on_a_short_one(head_dim):
     # Under causal the dK/dV blocks go heavy first: the (batch, K/V slot) pairs in groups of
-    # configs.pairs_per_group, each group's blocks by K/V tile slowest (backward.heavy_first_block).
+    # configs.pairs_per_group, each group's blocks by K/V tile slowest (scheduler.heavy_first_block).
     # Every other test's launch fits in one group. Keys over a third of the SMs' count of K/V
     # tiles make groups of 3; 5 pairs (five batches) and 4 (two batches of two K/V heads) end on
     # a group of 2 and of 1.

@@ -65,7 +65,7 @@ def test_the_heavy_first_order_runs_every_block_once_each_group_by_tile(key_tile
     # backward_program's heavy_first: block index -> (K/V tile, K/V slot, batch) is a bijection,
     # and within a group of `group` pairs (the last may hold fewer) the tiles never go back; a
     # group of one is the batched grid's own order (K/V tile fastest, then slot, then batch).
-    from fa_kernel.backward import heavy_first_block
+    from fa_kernel.scheduler import heavy_first_block
 
     def at(index):
         return tuple(int(ANALYZER.simplify(x)) for x in heavy_first_block(index, key_tiles, kv_slots, batch, group))
@@ -113,8 +113,9 @@ def test_two_kv_heads_a_block_only_where_each_walk_stores_its_own_dk_and_dv(opti
         {"heavy_first": True},
         {"variants": Variants(window_left=True)},
         {"block_n": 64},  # P and dS through shared memory: dQ's add not the consumers' own
+        {"ordered_dq": False, "turn_passed_late": True},
     ],
-    ids=["varlen", "head_splits", "heavy_first", "left_edge", "operands_in_shared"],
+    ids=["varlen", "head_splits", "heavy_first", "left_edge", "operands_in_shared", "late_turn_without_order"],
 )
 def test_ordered_dq_adds_only_where_each_tile_knows_its_turn(options):
     # ordered_dq (an A/B build, perf/backward_ab.py): a query tile's turn counts the K/V tiles
@@ -127,4 +128,5 @@ def test_ordered_dq_adds_only_where_each_tile_knows_its_turn(options):
     with pytest.raises(ValueError, match="ordered_dq"):
         backward_program(**(build | options))
     backward_program(**build)
+    backward_program(**(build | {"turn_passed_late": True}))
     backward_program(**(build | {"variants": Variants(window_right=True), "causal": False}))

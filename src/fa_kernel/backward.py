@@ -26,7 +26,7 @@ from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, statistic
 from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES
 from fa_kernel.gradient_parts import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
 from fa_kernel.mask import variant_visibility
-from fa_kernel.scheduler import KeyTile, at_offset, ragged_tile
+from fa_kernel.scheduler import KeyTile, at_offset, heavy_first_block, ragged_tile
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
@@ -37,8 +37,8 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 # The consumer warpgroups' named barrier where the dK/dV kernel places its own (syncs_by_hand);
 # TileLang's planner numbers its own from 3, and places none in such a build.
 CONSUMERS_BARRIER = 6
-# ordered_dq's wait for a turn: polls of its flag, far more than any wait takes (a bound only
-# because TileLang's warp specialisation takes no `while`).
+# ordered_dq's polls of a turn, far more than any wait takes: TileLang's warp specialisation
+# gives a `while` no role, so the wait is a bounded loop left by a break.
 SPIN_LIMIT = 1 << 30
 
 
@@ -53,20 +53,6 @@ def syncs_by_hand(block_n: int, threads: int = 256, with_dq: bool = True) -> boo
     planner: with the operands in registers where it adds dQ (a build that splits a GQA group
     too: it differs in its heads and its fp32 epilogue only, after the walk)."""
     return with_dq and operands_in_registers(block_n, threads)
-
-
-def heavy_first_block(index, key_tiles, kv_slots, batch, group):
-    """(K/V tile, K/V slot, batch) of block `index` in backward_program's heavy-first order: the
-    (batch, K/V slot) pairs in groups of `group` (the last may hold fewer), each group's blocks by
-    K/V tile slowest."""
-    # Truncating divisions: every value is at least 0, and `//` by a launch value of unknown sign
-    # lowers to a floor division's sign tests.
-    group_blocks = group * key_tiles
-    first_pair = T.truncdiv(index, group_blocks) * group
-    pairs = T.min(group, kv_slots * batch - first_pair)
-    within = T.truncmod(index, group_blocks)
-    pair = first_pair + T.truncmod(within, pairs)
-    return T.truncdiv(within, pairs), T.truncmod(pair, kv_slots), T.truncdiv(pair, kv_slots)
 
 
 def backward_program(
@@ -85,6 +71,7 @@ def backward_program(
     heavy_first: bool = False,
     kv_pairs: bool = False,
     ordered_dq: bool = False,
+    turn_passed_late: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -134,7 +121,10 @@ def backward_program(
     (a launch parameter after the variants', zeroed by the caller) that the one before passes
     once its add is written. The blocks go last K/V tile first, so a block waits only on blocks
     dispatched before it; under a right edge tile n adds a query tile at the step after tile
-    n + 1 did, so the order costs no step of waiting.
+    n + 1 did, so the order costs no step of waiting. `turn_passed_late`: each turn passed in the
+    step after its add, before dS is stored, where the add has most likely been written already:
+    the elected thread's wait for the write then holds its warpgroup for no time, and the next
+    tile gets the turn a step later (free under a right edge, a step each tile without one).
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
@@ -147,6 +137,8 @@ def backward_program(
     """
     if kv_pairs and (head_splits or varlen or with_dq):
         raise ValueError("kv_pairs: expected a batched launch without dQ or head splits")
+    if turn_passed_late and not ordered_dq:
+        raise ValueError("turn_passed_late: expected ordered_dq")
     if ordered_dq and (varlen or head_splits or heavy_first or variants.window_left):
         raise ValueError("ordered_dq: expected a batched launch, unsplit, tile-fastest (no heavy_first), no left edge")
     if (head_splits or heavy_first) and varlen:
@@ -225,11 +217,10 @@ def backward_program(
     def take_turn(dq_turn, b, head, q_row):
         """ordered_dq: the elected thread waits for its turn at q_row's query tile: every later K/V
         tile that sees the tile (to the last, under a right edge) has added its dQ."""
-        turns, kv_tile, rule = dq_turn
+        turns, kv_tile, rule = dq_turn[:3]
         tiles = T.ceildiv(rule.seqlen_k, block_n)
         last_row = (q_row // block_m + 1) * block_m - 1
         seen_by = T.min(tiles, T.ceildiv(rule.last_key(last_row) + 1, block_n)) if visibility.limits_right else tiles
-        # A bounded loop left by a break: TileLang's warp specialisation gives a `while` no role.
         for _ in T.serial(SPIN_LIMIT):
             if T.atomic_load(turns[b, head, q_row // block_m], memory_order="acquire") == seen_by - 1 - kv_tile:
                 T.loop_break()
@@ -241,6 +232,22 @@ def backward_program(
         T.tma_store_wait(0, read=False)
         T.call_extern("handle", "__threadfence")
         T.atomic_add(dq_turn[0][b, head, q_row // block_m], 1, memory_order="release")
+
+    @T.macro
+    def pass_pending_turn(dq_turn, b):
+        """turn_passed_late: the turn of the elected thread's last add, if any (row −1 before it)."""
+        head, q_row = dq_turn[3]  # (loads of the registers)
+        if T.shuffle_elect(threads) and q_row >= 0:
+            pass_turn(dq_turn, b, head, q_row)
+
+    @T.macro
+    def end_adds(dq_turn, b):
+        """After the walk: the last add has read dQ_shared before the block may exit, and with
+        turn_passed_late, its turn passed."""
+        if turn_passed_late:
+            pass_pending_turn(dq_turn, b)
+        if with_dq:
+            T.tma_store_wait(0)
 
     @T.macro
     def issue_dq_add(dQ_shared, dQ_accum, b, head, q_row):
@@ -279,6 +286,8 @@ def backward_program(
         thread's wait for the previous add precedes the first barrier."""
         T.wgmma_gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
         T.copy(ds_cast, dS_shared)
+        if turn_passed_late:
+            pass_pending_turn(dq_turn, b)
         T.tma_store_wait(0)
         T.fence_proxy_async()  # dS's stores, seen by the wgmma (the async proxy)
         T.sync_threads(CONSUMERS_BARRIER, threads)
@@ -302,7 +311,10 @@ def backward_program(
             if ordered_dq:
                 take_turn(dq_turn, b, head, q_row)
             issue_dq_add(dQ_shared, dQ_accum, b, head, q_row)
-            if ordered_dq:
+            if turn_passed_late:
+                dq_turn[3][0][0] = head
+                dq_turn[3][1][0] = q_row
+            elif ordered_dq:
                 pass_turn(dq_turn, b, head, q_row)
         T.wait_wgmma(0)  # dK's
         T.warpgroup_fence_operand(acc_dk, num_regs=block_n * head_dim // threads)
@@ -477,6 +489,7 @@ def backward_program(
             # producer's) their divisions recur at every use, in 64 bits in dQ's add's address.
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
+            pending = (T.alloc_var(T.int32, init=0), T.alloc_var(T.int32, init=-1)) if turn_passed_late else None
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             # A PrimExpr bound to a name becomes a program variable: bound under kv_pairs alone,
             # so the shipped programs keep their code.
@@ -526,12 +539,11 @@ def backward_program(
                 step_gradients(
                     p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq,
                     dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start),
-                    (DqTurns, kv_tile, rule) if ordered_dq else None,
+                    (DqTurns, kv_tile, rule, pending) if ordered_dq else None,
                 )  # fmt: skip
                 if kv_pairs and pair_heads == 2 and step == group_steps - 1:
                     end_first_walk(acc_dk, acc_dv, dK, dV, KeyTile(b, kv_head, kv_start, None, rule), softmax_scale)
-            if with_dq:
-                T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
+            end_adds((DqTurns, kv_tile, rule, pending) if ordered_dq else None, b)
             tile = KeyTile(b, kv_head + (pair_heads - 1) if kv_pairs else kv_head, kv_start, k_offset, rule, split)
             store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale)
 

@@ -1,5 +1,6 @@
-"""The forward's tile scheduler: which work tiles a thread block runs, in which order, and which
-K/V tiles each of them (and each consumer warpgroup's rows in it) visits.
+"""The tile schedulers: which work tiles a thread block runs, in which order, and which K/V
+tiles each of them (and each consumer warpgroup's rows in it) visits; the forward's, and the
+gradient's heavy-first order of its K/V tiles (`heavy_first_block`).
 
 A work tile is one block of `block_m` query rows of one (batch, head). The per-tile grid is
 (query block, head, batch); the persistent grid numbers the tiles in that order, query block
@@ -231,3 +232,17 @@ class KeyTile:
     k_offset: object
     rule: Visibility
     split: object = None  # the block's share of the group's query heads (head_splits), or None
+
+
+def heavy_first_block(index, key_tiles, kv_slots, batch, group):
+    """(K/V tile, K/V slot, batch) of block `index` in backward_program's heavy-first order: the
+    (batch, K/V slot) pairs in groups of `group` (the last may hold fewer), each group's blocks by
+    K/V tile slowest."""
+    # Truncating divisions: every value is at least 0, and `//` by a launch value of unknown sign
+    # lowers to a floor division's sign tests.
+    group_blocks = group * key_tiles
+    first_pair = T.truncdiv(index, group_blocks) * group
+    pairs = T.min(group, kv_slots * batch - first_pair)
+    within = T.truncmod(index, group_blocks)
+    pair = first_pair + T.truncmod(within, pairs)
+    return T.truncdiv(within, pairs), T.truncmod(pair, kv_slots), T.truncdiv(pair, kv_slots)

@@ -719,7 +719,7 @@ KERNEL_MUTANTS = [
         # Every heavy-first group taken as long as the first: the last, shorter group's blocks
         # walk pairs past the launch's and leave some of its K/V tiles without gradients.
         "heavy_first_last_group_full",
-        "backward.py",
+        "scheduler.py",
         "pairs = T.min(group, kv_slots * batch - first_pair)",
         "pairs = T.min(group, kv_slots * batch)",
         within="heavy_first_block",
