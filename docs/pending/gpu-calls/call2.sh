@@ -1,15 +1,16 @@
-# dQ's adds in a fixed order in the atomic kernel (backward_program(ordered_dq=True), FlashAttention-3's
-# deterministic mode): the deterministic gradient in one kernel, against the shipped kernel whose
-# adds arrive in any order; issue 53's 0.9x line (the fixed-order path, dK/dV then dQ recomputed,
-# reads 0.76-0.93x the default). Prepared on the CPU: 168 registers, no spills or serialised wgmma
-# at d64 and d128, codegen rules clean, shipped programs identical; builds in .gpu/abcache.tar.xz.
-# The A/B judges it within the bound and bitwise equal over 5 more runs on its check shapes before
-# timing (a wrong turn count would hang a block: the timeout ends the call). Then the standard
-# grid's bench, whose deterministic column is the fixed-order path on the same machine.
+# dQ's adds in a fixed order in the atomic kernel (backward_program(ordered_dq=True),
+# FlashAttention-3's deterministic mode; ordered_dq_late: each turn passed a step after its add):
+# the deterministic gradient in one kernel, against the shipped kernel whose adds arrive in any
+# order. Issue 53's 0.9x line: the fixed-order path (dK/dV, then dQ recomputed) reads 0.76-0.93x
+# the default. Prepared on the CPU: 168 registers, no spills or serialised wgmma at d64 and d128,
+# codegen rules clean, shipped programs identical; builds in .gpu/abcache.tar.xz. The A/B judges
+# each within the bound and bitwise equal over 5 more runs on its check shapes before timing (a
+# wrong turn count would hang a block: the timeout ends the call). Then the standard grid's bench,
+# whose deterministic column is the fixed-order path on the same machine.
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
-timeout 330 python -u -m perf.backward_ab --variants ordered_dq --rounds 2 --repeats 5 > $OUT/ab_ordered_dq.md 2>&1
+timeout 360 python -u -m perf.backward_ab --variants ordered_dq ordered_dq_late --rounds 2 --repeats 5 > $OUT/ab_ordered_dq.md 2>&1
 echo "ab ordered_dq rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED\|differs\|d64\|d128" $OUT/ab_ordered_dq.md | head -40
 timeout $((560-SECONDS+t0)) python3 -u -m fa_kernel bench --backward --dtype bf16 --rounds 2 --repeats 5 --markdown > $OUT/bench_standard.md 2>&1
 echo "bench standard rc=$? $((SECONDS-t0)) s"; grep "^|" $OUT/bench_standard.md
