@@ -590,3 +590,19 @@ def test_pruning_the_triage_cache_keeps_what_the_sources_use_and_drops_the_rest(
     cache.write_text(json.dumps({live: ["a"], triage.GENERATED + live: {"0": "b"}, "0123456789abcdef": ["c"]}))
     assert triage.prune_cache(cache, 132) == (2, 1)
     assert set(json.loads(cache.read_text())) == {live, triage.GENERATED + live}
+
+
+def _digest_unless_three(item: int, suffix: str) -> list[str]:
+    if item == 3:  # as a mutant that crashes TileLang's lowering takes its process down
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return [f"{item}{suffix}"]
+
+
+def test_a_build_that_kills_its_process_is_an_error_digest_and_the_others_still_come():
+    results = list(triage.crash_safe_map(_digest_unless_three, list(range(6)), 2, "x"))
+    assert [item for item, _ in results] == list(range(6))
+    assert [digests for item, digests in results if item != 3] == [[f"{i}x"] for i in (0, 1, 2, 4, 5)]
+    assert results[3][1][0].startswith("error: ")

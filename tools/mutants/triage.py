@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,11 +192,9 @@ def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> dict
         ours = [m for m in mutants if m.file == file]
         sources = {m.id: m.mutated_source() for m in ours}
         missing = [source for source in dict.fromkeys(sources.values()) if key(source) not in stored]
-        with ProcessPoolExecutor(max(1, jobs)) as pool:
-            computed = pool.map(program_digests, missing, itertools.repeat(file), itertools.repeat(builds))
-            for source, digests in zip(missing, computed, strict=True):
-                stored[key(source)] = digests
-                save_triage(cache, stored)  # as each comes: a triage cut short keeps what it did
+        for source, digests in crash_safe_map(program_digests, missing, jobs, file, builds):
+            stored[key(source)] = digests
+            save_triage(cache, stored)  # as each comes: a triage cut short keeps what it did
         for mutant in ours:
             mutated = stored[key(sources[mutant.id])]
             if mutated == original and mutant.function not in HOST_SIDE:
@@ -404,6 +403,30 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
 # mutant's. Triage cache entries name the rules' digest: a changed rule lowers the builds again.
 CODEGEN_TEST = "tests/test_codegen.py::test_nothing_asynchronous_outlives_the_block"
 GENERATED = f"generated {hashlib.sha256((ROOT / 'tools' / 'codegen_rules.py').read_bytes()).hexdigest()[:12]} "
+
+
+def crash_safe_map(function, items: list, jobs: int, *arguments):
+    """(item, function(item, *arguments)) for each item in order, `jobs` processes at a time. A
+    mutant can crash TileLang's lowering (a segfault in tvm::floordiv), which breaks the pool:
+    the first item it left unfinished is then computed in a process alone (one that dies there
+    gives an error digest: a build that cannot be made, killed), and the rest in a new pool."""
+    remaining = list(items)
+    while remaining:
+        done = 0
+        try:
+            with ProcessPoolExecutor(max(1, jobs)) as pool:
+                for result in pool.map(function, remaining, *(itertools.repeat(a) for a in arguments)):
+                    yield remaining[done], result
+                    done += 1
+            return
+        except BrokenProcessPool:
+            first, remaining = remaining[done], remaining[done + 1 :]
+            try:
+                with ProcessPoolExecutor(1) as alone:
+                    result = alone.submit(function, first, *arguments).result()
+            except BrokenProcessPool:
+                result = ["error: the build crashed its process (TileLang's lowering died)"]
+            yield first, result
 
 
 def save_triage(cache: Path | None, stored: dict) -> None:
