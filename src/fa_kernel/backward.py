@@ -1,5 +1,5 @@
-# mypy: disable-error-code="valid-type,index"
-# (T.Tensor annotations are TileLang's kernel signature; dQ's buffers are None only without dQ.)
+# mypy: disable-error-code="valid-type,index,operator"
+# (T.Tensor annotations are TileLang's signature; an option's buffers and values are None without it.)
 """The TileLang FlashAttention backward kernels for Hopper, and their compile cache.
 
 FlashAttention-2's backward (its Algorithm 2), as `emulator.attention_backward_tiled` specifies
@@ -326,7 +326,7 @@ def backward_program(
         dQ_accum, b, head, q_row, dq_turn,
     ):  # fmt: skip
         """A step's GEMMs after P and dS: dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ's tile added
-        (`dq_turn`: ordered_dq's (turns, K/V tile, rule), else None)."""
+        (`dq_turn`: ordered_dq's (turns, K/V tile, rule, turn_passed_late's registers), else None)."""
         if own_syncs:
             gemms_dq_first(
                 p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
