@@ -1,11 +1,16 @@
-# The whole GPU suite, timed per test, with the time to finish (session 18: 966 of 967 passed,
-# none failed, when its 300 s ran out on a warm H100), and the kernels it compiled beyond
-# tools.precompile's, packed into $OUT/suite_kernels.tar.xz: unpack it beside
-# .gpu/kernels.tar.xz's cache next time.
+# dQ's adds in a fixed order in the atomic kernel (backward_program(ordered_dq=True),
+# FlashAttention-3's deterministic mode; ordered_dq_late: each turn passed a step after its add):
+# the deterministic gradient in one kernel, against the shipped kernel whose adds arrive in any
+# order. Issue 53's 0.9x line: the fixed-order path (dK/dV, then dQ recomputed) reads 0.76-0.93x
+# the default. Prepared on the CPU: 168 registers, no spills or serialised wgmma at d64 and d128,
+# codegen rules clean, shipped programs identical; builds in .gpu/abcache.tar.xz. The A/B judges
+# each within the bound and bitwise equal over 5 more runs on its check shapes before timing (a
+# wrong turn count would hang a block: the timeout ends the call). Then the standard grid's bench,
+# whose deterministic column is the fixed-order path on the same machine.
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
-touch /tmp/before_suite
-timeout 540 python3 -m nox --no-venv -s gpu -- --durations 40 --timeout 300 > $OUT/nox_gpu.log 2>&1; echo "nox gpu rc=$? $((SECONDS-t0)) s"
-grep -E "passed|failed|FAILED" $OUT/nox_gpu.log | tail -5; grep -A42 "slowest 40" $OUT/nox_gpu.log | head -44
-cd ~/.tilelang && find cache -newer /tmp/before_suite -type f | tar -cf - -T - | xz -T16 -1 > $OUT/suite_kernels.tar.xz; ls -la $OUT/suite_kernels.tar.xz
+timeout 360 python -u -m perf.backward_ab --variants ordered_dq ordered_dq_late --rounds 2 --repeats 5 > $OUT/ab_ordered_dq.md 2>&1
+echo "ab ordered_dq rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED\|differs\|d64\|d128" $OUT/ab_ordered_dq.md | head -40
+timeout $((560-SECONDS+t0)) python3 -u -m fa_kernel bench --backward --dtype bf16 --rounds 2 --repeats 5 --markdown > $OUT/bench_standard.md 2>&1
+echo "bench standard rc=$? $((SECONDS-t0)) s"; grep "^|" $OUT/bench_standard.md
