@@ -355,17 +355,9 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
     stored[key(original_source)] = original
     sources = [m.mutated_source() for m in kernel_mutants]
     missing = [source for source in dict.fromkeys(sources) if key(source) not in stored] if compute else []
-    with ProcessPoolExecutor(max(1, jobs)) as pool:
-        computed = pool.map(
-            primfunc_digests,
-            missing,
-            itertools.repeat(builds),
-            itertools.repeat(original),
-            itertools.repeat(len(sweep)),
-        )
-        for source, digests in zip(missing, computed, strict=True):
-            stored[key(source)] = digests
-            save_triage(cache, stored)  # as each comes: a triage cut short keeps what it did
+    for source, digests in crash_safe_map(primfunc_digests, missing, jobs, builds, original, len(sweep)):
+        stored[key(source)] = digests
+        save_triage(cache, stored)  # as each comes: a triage cut short keeps what it did
     result = Triage({}, {})
     changed_at: dict[str, list[int]] = {}  # source: the builds whose PrimFunc differs or was not computed
     for mutant, source in zip(kernel_mutants, sources, strict=True):
@@ -406,8 +398,9 @@ GENERATED = f"generated {hashlib.sha256((ROOT / 'tools' / 'codegen_rules.py').re
 
 
 def crash_safe_map(function, items: list, jobs: int, *arguments):
-    """(item, function(item, *arguments)) for each item in order, `jobs` processes at a time. A
-    mutant can crash TileLang's lowering (a segfault in tvm::floordiv), which breaks the pool:
+    """(item, function(item, *arguments)) for each item in order, `jobs` processes at a time, for a
+    function that returns a list of digests. A mutant can crash TileLang's lowering (a segfault in
+    tvm::floordiv), which breaks the pool:
     the first item it left unfinished is then computed in a process alone (one that dies there
     gives an error digest: a build that cannot be made, killed), and the rest in a new pool."""
     remaining = list(items)
