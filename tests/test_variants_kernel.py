@@ -145,7 +145,9 @@ def test_softcap_on_hard_scores(build, distribution):
 
 
 # The A/B build option tanh="polynomial" (kernel.TANH_METHODS), on a build of each head_dim.
-POLYNOMIAL_BUILDS = [next(b for b in BUILDS if (b["head_dim"], b["causal"]) == key) for key in ((64, False), (128, True))]
+POLYNOMIAL_BUILDS = [
+    next(b for b in BUILDS if (b["head_dim"], b["causal"]) == key) for key in ((64, False), (128, True))
+]
 
 
 @pytest.mark.gpu
