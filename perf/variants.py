@@ -21,10 +21,8 @@ Done-when lines:
   config the tables ship, beside the one flash_attn_func picks (variants.keys_a_row_sees):
   the measurement a window's config entry would come from;
 - tanh (not run by default): softcap 30 with the shipped tanh (ex2 and a division) and with the
-  A/B build options of kernel.forward_program's `tanh`: tanh.approx (judged by its own bound,
-  numerics.TANH_APPROX_ERROR) and the odd polynomial for scores within the cap (numerics.
-  TANH_POLYNOMIAL, the shipped bound), each against the plain kernel; a last row per head_dim
-  with scores beyond the cap, where the polynomial build falls back to the division.
+  A/B build option tanh.approx (kernel.forward_program's tanh_approx, judged by its own bound,
+  numerics.TANH_APPROX_ERROR), each against the plain kernel.
 """
 
 from __future__ import annotations
@@ -223,61 +221,50 @@ def config_row(case: Case, args) -> None:
 
 
 def tanh_table(args) -> None:
-    print(
-        "\n## softcap's tanh: the shipped ex2 and division against the A/B build options tanh.approx"
-        " and the odd polynomial (scores within the cap; the last rows' scores, 8 times larger, are not)"
-    )
-    ab.print_header(UNIT, ["plain", "softcap 30", *(f"softcap 30, {method}" for method in TANH_OPTIONS)])
+    print("\n## softcap's tanh: the shipped ex2 and division against tanh.approx (an A/B build option)")
+    ab.print_header(UNIT, ["plain", "softcap 30", "softcap 30, tanh.approx"])
     for head_dim in (64, 128):
         for seqlen in (2048, 8192):
             for causal in (False, True):
                 tanh_row(Case(32768 // seqlen, seqlen, head_dim, causal, softcap=30.0), args)
-        tanh_row(Case(4, 8192, head_dim, False, softcap=30.0), args, score_scale=8.0)
 
 
-# The A/B build options of the softcap's tanh (kernel.TANH_METHODS) and the bound each is judged by.
-TANH_OPTIONS = {"approx": "TANH_APPROX_ERROR", "polynomial": "TANH_ERROR"}
-
-
-def tanh_row(case: Case, args, score_scale: float = 1.0) -> None:
+def tanh_row(case: Case, args) -> None:
     """The plain call, the softcap call, and the softcap under flash_attn_func's config built with
-    each of TANH_OPTIONS, each judged first, alternated. `score_scale` multiplies q."""
+    tanh.approx, each judged first, alternated."""
     from suite.launch import run_config
 
-    from fa_kernel import numerics
     from fa_kernel.interface import kernel_build
     from fa_kernel.kernel import compiled_forward
+    from fa_kernel.numerics import TANH_APPROX_ERROR
     from fa_kernel.variants import Variants
 
     q, k, v = random_qkv(case.batch, case.seqlen, case.seqlen, case.nheads, case.nheads, case.head_dim, case.dtype, 1)
-    q = q * score_scale
     plain = Case(case.batch, case.seqlen, case.head_dim, case.causal)
     for judged_case in (plain, case):
         judged(judged_case, q, k, v, None, backward=False)
     launch = (case.batch, case.nheads, case.seqlen)
     build = kernel_build(q.device, case.head_dim, case.causal, q.dtype, case.seqlen, launch=launch)
     variants = Variants(softcap=True)
+    kernel = compiled_forward(**build, variants=variants, tanh_approx=True)
+
+    def approx():
+        return run_config(
+            q, k, v, case.head_dim**-0.5, case.causal, build["config"], kernel=kernel, variants=variants,
+            softcap=case.softcap,
+        )  # fmt: skip
+
+    out, lse = approx()
+    verdict = judge(q, k, v, out, lse, case.causal, softcap=case.softcap, tanh_error=TANH_APPROX_ERROR)
+    if not verdict.passed:
+        raise AssertionError(f"{case.name()} tanh.approx: {verdict}")
     flops = case.flops(backward=False)
     timers = {
         "plain": rate(fa_call(plain, q, k, v, None, False), flops, args),
         "softcap 30": rate(fa_call(case, q, k, v, None, False), flops, args),
+        "softcap 30, tanh.approx": rate(approx, flops, args),
     }
-    for method, bound in TANH_OPTIONS.items():
-        kernel = compiled_forward(**build, variants=variants, tanh=method)
-
-        def call(kernel=kernel):
-            return run_config(
-                q, k, v, case.head_dim**-0.5, case.causal, build["config"], kernel=kernel, variants=variants,
-                softcap=case.softcap,
-            )  # fmt: skip
-
-        out, lse = call()
-        verdict = judge(q, k, v, out, lse, case.causal, softcap=case.softcap, tanh_error=getattr(numerics, bound))
-        if not verdict.passed:
-            raise AssertionError(f"{case.name()} tanh {method}: {verdict}")
-        timers[f"softcap 30, {method}"] = rate(call, flops, args)
-    name = case.name() + (f", q x{score_scale:g}" if score_scale != 1 else "")
-    ab.print_row(name, timers, args.rounds)
+    ab.print_row(case.name(), timers, args.rounds)
 
 
 def decode_table(args) -> None:

@@ -17,7 +17,6 @@ from tools.codegen_rules import (  # noqa: E402
 from fa_kernel.configs import TileConfig, key_ranges, select_config
 from fa_kernel.interface import SUPPORTED_HEAD_DIMS
 from fa_kernel.kernel import PRODUCER_THREADS, compiled_forward, own_output_buffer
-from fa_kernel.numerics import TANH_POLYNOMIAL
 
 pytestmark = pytest.mark.compile
 
@@ -288,29 +287,19 @@ def test_overlapping_the_epilogue_without_a_persistent_grid_is_refused():
         )
 
 
-def test_the_tanh_options_replace_the_division_where_they_say():
-    # The A/B build options (perf/variants.py's tanh table): tanh.approx.f32 replaces ex2 and the
-    # division in every cap; the polynomial takes a tile without a mask where the thread's largest
-    # score is in its range, and leaves the division to the rest (one per cap site, as shipped).
+def test_the_tanh_approx_option_puts_one_tanh_approx_where_the_division_was():
+    # The A/B build option (perf/variants.py's tanh table): tanh.approx.f32 replaces ex2 and the
+    # division in the cap, and the shipped softcap build keeps its division.
     from fa_kernel.variants import PLAIN, Variants
 
     config, softcap = TileConfig(128, 128, 2, 256, persistent=True), Variants(softcap=True)
     build = dict(head_dim=64, causal=False, dtype="float16", config=config, arch="sm_90a", variants=softcap)
-    division = "2.000000e+00*/ / (exp2f"
+    approx = compiled_forward(**build, tanh_approx=True).get_kernel_source()
     shipped = compiled_forward(**build).get_kernel_source()
-    approx = compiled_forward(**build, tanh="approx").get_kernel_source()
-    polynomial = compiled_forward(**build, tanh="polynomial").get_kernel_source()
-    highest = f"/*{TANH_POLYNOMIAL[-1]:e}*/"
-    assert "tanh_approx(" not in shipped and highest not in shipped
-    assert "tanh.approx.f32" in approx and "tanh_approx(" in approx and division not in approx
-    assert "tanh_approx(" not in polynomial and polynomial.count(division) == shipped.count(division) > 0
-    assert polynomial.count(highest) == shipped.count(division), "a polynomial beside each cap's division"
-    assert re.search(r"largest = max\(largest, fabsf\(acc_s\[", polynomial)
-    assert re.search(r"if \(\(largest \* \(softcap_log2 \* [^)]*\)\) <= 0x1p\+0f", polynomial)
-    with pytest.raises(ValueError, match=r"tanh: only a softcap build has a tanh"):
-        compiled_forward(**{**build, "variants": PLAIN}, tanh="approx")
-    with pytest.raises(ValueError, match=r"tanh: expected one of \('division', 'approx', 'polynomial'\), got 'exact'"):
-        compiled_forward(**build, tanh="exact")
+    assert "tanh.approx.f32" in approx and "tanh_approx(" in approx and "2.000000e+00*/ / (exp2f" not in approx
+    assert "tanh_approx(" not in shipped and "2.000000e+00*/ / (exp2f" in shipped
+    with pytest.raises(ValueError, match=r"tanh_approx: only a softcap build has a tanh"):
+        compiled_forward(**{**build, "variants": PLAIN}, tanh_approx=True)
 
 
 def test_a_tma_copy_into_shared_memory_off_its_128_byte_alignment_is_found():

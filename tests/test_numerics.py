@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from fa_kernel.numerics import LOG2E, TANH_ERROR, TANH_POLYNOMIAL, TANH_POLYNOMIAL_RANGE
+from fa_kernel.numerics import LOG2E, TANH_ERROR
 
 EX2_ERROR = 2.0**-22  # MUFU ex2.approx's relative error (PTX ISA)
 DIVISION_ERROR = 2.0**-22  # the fast division's 2 ulp, relative (CUDA's __fdividef)
@@ -43,28 +43,3 @@ def test_the_kernels_tanh_saturates_and_passes_nan():
     y = torch.tensor([-math.inf, -1e30, -100.0, 100.0, 1e30, math.inf, math.nan])
     out = kernels_tanh(y)
     assert out[:6].tolist() == [-1.0, -1.0, -1.0, 1.0, 1.0, 1.0] and math.isnan(out[6])
-
-
-def kernels_tanh_polynomial(z: torch.Tensor) -> torch.Tensor:
-    """softmax.polynomial_tanh's arithmetic in fp32: w = z·z, then P(w) by Horner in fused
-    multiply-adds (each one product exact in fp64, one rounding to fp32), times z."""
-    z = z.float()
-    w = z * z
-    p = torch.full_like(z, TANH_POLYNOMIAL[-1])
-    for coefficient in reversed(TANH_POLYNOMIAL[:-1]):
-        p = (p.double() * w.double() + coefficient).float()
-    return z * p
-
-
-def test_the_tanh_polynomial_errs_by_less_than_tanh_error_within_its_range():
-    # Its range a little beyond 1 too: the kernel's check compares the rounded product.
-    edge = TANH_POLYNOMIAL_RANGE * (1 + 2.0**-20)
-    z = torch.cat([torch.linspace(-edge, edge, 2_000_001), torch.linspace(-0.01, 0.01, 200_001)])
-    error = (kernels_tanh_polynomial(z).double() - torch.tanh(z.double())).abs().max().item()
-    assert TANH_ERROR / 4 < error <= TANH_ERROR, error
-
-
-def test_the_tanh_polynomial_is_wrong_beyond_its_range():
-    # The kernel's other side of the check (the division's tanh) is owed past the range.
-    z = torch.tensor([TANH_POLYNOMIAL_RANGE * 1.5])
-    assert (kernels_tanh_polynomial(z).double() - torch.tanh(z.double())).abs().item() > TANH_ERROR

@@ -144,38 +144,6 @@ def test_softcap_on_hard_scores(build, distribution):
         assert verdict.passed, f"{case}: {verdict}"
 
 
-# The A/B build option tanh="polynomial" (kernel.TANH_METHODS), on a build of each head_dim.
-POLYNOMIAL_BUILDS = [
-    next(b for b in BUILDS if (b["head_dim"], b["causal"]) == key) for key in ((64, False), (128, True))
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("build", POLYNOMIAL_BUILDS, ids=build_id)
-def test_softcap_polynomial_on_both_sides_of_its_range(build):
-    # A thread whose scores all lie within the cap takes the polynomial, one with a score beyond
-    # it the division: every seventh query row scaled 40 times puts both in one launch, and caps
-    # of 50 (every score of order one within) and 0.05 (none) each side alone. The same bound.
-    kernel = compiled_forward(**build, arch=device_arch(), variants=SOFTCAP_VARIANTS, tanh="polynomial")
-    config, causal, head_dim = build["config"], build["causal"], build["head_dim"]
-    seqlen_q, seqlen_k = window_shapes(config)[0]
-    q, k, v = random_qkv(1, seqlen_q, seqlen_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, torch.float16)
-    mixed = q.clone()
-    mixed[:, ::7] *= 40
-    failures = []
-    for softcap in (0.05, 30.0, 50.0):
-        for rows, inputs in (("of order one", q), ("every seventh x40", mixed)):
-            for window in ((-1, -1), (config.block_n + 1, -1)):
-                out, lse = run_config(
-                    inputs, k, v, head_dim**-0.5, causal, config, kernel=kernel, variants=SOFTCAP_VARIANTS,
-                    window_size=window, softcap=softcap,
-                )  # fmt: skip
-                verdict = judge(inputs, k, v, out, lse, causal, window_size=window, softcap=softcap)
-                if not verdict.passed:
-                    failures.append(f"softcap {softcap} rows {rows} window {window}: {verdict}")
-    assert not failures, "\n".join(failures[:10])
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "kwargs",

@@ -58,8 +58,6 @@ from fa_kernel.variants import PLAIN, Variants, kernel_parameter
 # Its own syncs (OUTPUT_BARRIERS): TileLang's would make every consumer warpgroup wait for the
 # others at each work tile's end, where only the V ring needs it; mbarriers order the rest.
 PASS_CONFIGS = OWN_SYNCS
-# A softcap's tanh: the shipped ex2 and fast division; tanh.approx.f32; an odd polynomial in range.
-TANH_METHODS = ("division", "approx", "polynomial")
 
 
 def forward_program(
@@ -71,7 +69,7 @@ def forward_program(
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
     varlen: bool = False,
-    tanh: str = "division",
+    tanh_approx: bool = False,
 ):
     """The kernel as a TileLang PrimFunc.
 
@@ -84,13 +82,10 @@ def forward_program(
     max_seqlens and the tile order (int32 [tiles, 2] of (sequence, query block)), the grid's
     first dimension. Each sequence is attended on its own (its bottom-right diagonal and window).
 
-    `tanh`: how a softcap's tanh is computed (mask.forward_score_parts): one of TANH_METHODS, of
-    which no table ships but the first.
+    `tanh_approx`: the softcap's tanh by tanh.approx.f32, an A/B build option no table ships.
     """
-    if tanh not in TANH_METHODS:
-        raise ValueError(f"tanh: expected one of {TANH_METHODS}, got {tanh!r}")
-    if tanh != "division" and not variants.softcap:
-        raise ValueError(f"tanh: only a softcap build has a tanh, got tanh={tanh!r} with variants {variants}")
+    if tanh_approx and not variants.softcap:
+        raise ValueError(f"tanh_approx: only a softcap build has a tanh, got variants {variants}")
     batch, seqlen_q, seqlen_k, heads, heads_kv = T.dynamic("batch, seqlen_q, seqlen_k, heads, heads_kv")
     if varlen:
         if config.persistent:
@@ -138,7 +133,7 @@ def forward_program(
 
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, variants)
     write_mask, issue_scores, capped_scores = forward_score_parts(
-        block_m=block_m, block_n=block_n, softcap=variants.softcap, softcap_log2=softcap_log2, tanh=tanh
+        block_m=block_m, block_n=block_n, softcap=variants.softcap, softcap_log2=softcap_log2, tanh_approx=tanh_approx
     )
 
     # ---- the online softmax (softmax.py): fp32 row state, exp2 with the scale folded in ----
@@ -412,7 +407,7 @@ def forward_program(
     def buffer_of(register):
         return None if register is None else register.buffer
 
-    prelude = WARPGROUP_ANY + (TANH_APPROX if tanh == "approx" else "")
+    prelude = WARPGROUP_ANY + (TANH_APPROX if tanh_approx else "")
 
     @T.prim_func
     def flash_attention_forward(
@@ -568,7 +563,7 @@ def compiled_forward(
     sm_count: int = H100_SM_COUNT,
     variants: Variants = PLAIN,
     varlen: bool = False,
-    tanh: str = "division",
+    tanh_approx: bool = False,
 ):
     """The compiled kernel, cached in this process; TileLang's disk cache spans processes.
 
@@ -583,6 +578,6 @@ def compiled_forward(
         sm_count=sm_count,
         variants=variants,
         varlen=varlen,
-        tanh=tanh,
+        tanh_approx=tanh_approx,
     )
     return compile_program(program, arch, PASS_CONFIGS)

@@ -26,8 +26,7 @@ from typing import Any, NamedTuple
 
 import tilelang.language as T
 
-from fa_kernel.numerics import LN2, TANH_POLYNOMIAL_RANGE
-from fa_kernel.softmax import capped_score, polynomial_capped_score
+from fa_kernel.softmax import capped_score
 from fa_kernel.variants import Variants, kernel_parameter
 
 
@@ -141,14 +140,12 @@ class ScoreParts(NamedTuple):
 
 
 def forward_score_parts(
-    *, block_m: int, block_n: int, softcap: bool, softcap_log2, tanh: str = "division"
+    *, block_m: int, block_n: int, softcap: bool, softcap_log2, tanh_approx: bool = False
 ) -> ScoreParts:
     """The rule applied to a forward kernel's `block_m` x `block_n` score tiles: `hides` added
-    before the GEMM, or under a softcap (`softcap_log2` its kernel parameter) a select after the
-    cap. `tanh` (kernel.TANH_METHODS, A/B build options but the first): "division" (the shipped
-    capped_score), "approx" (tanh.approx.f32), "polynomial" (polynomial_capped_score on a tile with no
-    mask, for a thread whose scores are all within its range; else the division). Each macro takes the work tile's
-    rule (a ragged batch's is its sequence's)."""
+    before the GEMM, or under a softcap (`softcap_log2` its kernel parameter; `tanh_approx`:
+    softmax.capped_score's) a select after the cap. Each macro takes the work tile's rule (a
+    ragged batch's is its sequence's)."""
     neg_inf = -T.infinity(T.float32)
 
     @T.macro
@@ -173,25 +170,7 @@ def forward_score_parts(
             T.wgmma_gemm(Q_shared, K_tile, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
 
     def capped(score):
-        return capped_score(score, softcap_log2, tanh == "approx")
-
-    @T.macro
-    def cap_unmasked(acc_s):
-        if tanh == "polynomial":
-            # Each thread's largest score picks its path: a branch, not a select (which would
-            # issue both); a NaN is passed over by the max and goes through the polynomial.
-            largest = T.alloc_var(T.float32, init=0)
-            for i, j in T.Parallel(block_m, block_n):
-                largest = T.max(largest, T.abs(acc_s[i, j]))
-            if largest * (softcap_log2 * (LN2 / 2)) <= TANH_POLYNOMIAL_RANGE:
-                for i, j in T.Parallel(block_m, block_n):
-                    acc_s[i, j] = polynomial_capped_score(acc_s[i, j], softcap_log2)
-            else:
-                for i, j in T.Parallel(block_m, block_n):
-                    acc_s[i, j] = capped(acc_s[i, j])
-        else:
-            for i, j in T.Parallel(block_m, block_n):
-                acc_s[i, j] = capped(acc_s[i, j])
+        return capped_score(score, softcap_log2, tanh_approx)
 
     @T.macro
     def cap_and_mask(rule, acc_s, kv_start, q_start):
@@ -199,7 +178,8 @@ def forward_score_parts(
             for i, j in T.Parallel(block_m, block_n):
                 acc_s[i, j] = T.if_then_else(rule.hides(kv_start + j, q_start + i), neg_inf, capped(acc_s[i, j]))
         else:
-            cap_unmasked(acc_s)
+            for i, j in T.Parallel(block_m, block_n):
+                acc_s[i, j] = capped(acc_s[i, j])
 
     def capped_scores(rule, acc_s, kv_start, q_start):
         """softcap: the scores become their tanh (c·log2e is then scale_log2), and the mask a

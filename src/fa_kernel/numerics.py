@@ -24,12 +24,3 @@ TANH_ERROR = 2.0**-20
 # tanh.approx.f32, one MUFU operation (an A/B build option, not shipped: perf/variants.py's tanh
 # table): the PTX ISA gives about 2^-11 relative, so 2^-10 absolute for |tanh| <= 1, rounded up.
 TANH_APPROX_ERROR = 2.0**-10
-# tanh(z) for |z| <= TANH_POLYNOMIAL_RANGE (scaled scores within the cap) by z·P(z²) on the FMA
-# pipe, no MUFU operation (an A/B build option): P's coefficients, lowest first, are the minimax
-# fit on [0, 1] rounded to fp32; Horner in fp32 FMAs keeps it within 2^-21.6 of tanh, inside
-# TANH_ERROR, so a build that takes it is judged by the same bound (tests/test_numerics.py).
-TANH_POLYNOMIAL_RANGE = 1.0
-TANH_POLYNOMIAL = (
-    0.9999968409538269, -0.3332400321960449, 0.13253526389598846,
-    -0.05097288265824318, 0.01611419767141342, -0.002839470747858286,
-)  # fmt: skip

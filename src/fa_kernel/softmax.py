@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import tilelang.language as T
 
-from fa_kernel.numerics import LN2, STALE_SUM_LIMIT, TANH_POLYNOMIAL
+from fa_kernel.numerics import LN2, STALE_SUM_LIMIT
 
 
 def capped_score(score, softcap_log2, approx: bool = False):
@@ -26,16 +26,6 @@ def capped_score(score, softcap_log2, approx: bool = False):
     if approx:
         return T.call_extern("float32", "tanh_approx", score * (softcap_log2 * (LN2 / 2)))
     return 1 - 2 / (T.exp2(score * softcap_log2) + 1)
-
-
-def polynomial_capped_score(score, softcap_log2):
-    """capped_score's tanh by numerics.TANH_POLYNOMIAL: z·P(z²) of z = x·scale / c in FMAs, no
-    MUFU operation; right only where |z| <= TANH_POLYNOMIAL_RANGE, which the caller checks."""
-    z = score * (softcap_log2 * (LN2 / 2))
-    horner = TANH_POLYNOMIAL[-1]
-    for coefficient in reversed(TANH_POLYNOMIAL[:-1]):
-        horner = horner * (z * z) + coefficient
-    return z * horner
 
 
 # The device function capped_score(approx=True) calls: TileLang 0.1.15 has no tanh.approx.

@@ -4,7 +4,7 @@
 #   optional, to spare the GPU's compiles (docs/ci.md): .gpu/kernels.tar.xz (the suite's builds,
 #   `TILELANG_CACHE_DIR=/tmp/k/cache python -m tools.precompile --arch sm_90a --sm-count 132`, then
 #   `tar -C /tmp/k -cf - cache | xz > .gpu/kernels.tar.xz`) and .gpu/abcache.tar.xz (the A/B's,
-#   docs/pending/README.md), .gpu/tanhcache.tar.xz (perf.variants' tanh table, docs/pending/README.md).
+#   docs/pending/README.md).
 # It sources the bundle's TileLang/asv/nox, puts this tree's package first, and unpacks those archives.
 source .gpu/env.sh
 export PYTHONPATH=$PWD/src:$PWD:$PYTHONPATH
@@ -13,6 +13,5 @@ if [ ! -d ~/.tilelang/cache/0.1.15 ]; then
   mkdir -p ~/.tilelang
   [ -f .gpu/kernels.tar.xz ] && tar -C ~/.tilelang -xJf .gpu/kernels.tar.xz
   [ -f .gpu/abcache.tar.xz ] && tar -C ~/.tilelang -xJf .gpu/abcache.tar.xz
-  [ -f .gpu/tanhcache.tar.xz ] && tar -C ~/.tilelang -xJf .gpu/tanhcache.tar.xz
 fi
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader
