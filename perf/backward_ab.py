@@ -21,12 +21,6 @@ BACKWARD_TILES entry:
                    kernel, as every variant without dQ is.
   kv_pairs         no_dq with two K/V heads a block (`kv_pairs=True`), their walks one pipeline:
                    a short walk's fixed costs (K/V load, pipeline fill) over twice the steps.
-  ordered_dq       dQ's adds in a fixed order (`ordered_dq=True`, FlashAttention-3's deterministic
-                   mode; the blocks last K/V tile first, each add waiting for its turn): what a
-                   deterministic gradient costs in one kernel, against the fixed-order path's two
-                   (issue 53's 0.9x line). Judged within the bound, then bitwise equal over runs.
-  ordered_dq_late  ordered_dq with each turn passed a step after its add (`turn_passed_late`),
-                   where the write is most likely done: no wait for it in the step.
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
@@ -58,7 +52,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.backward import compiled_backward, compiled_dk_dv, heavy_first_order
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, padded_rows
-from fa_kernel.configs import BACKWARD_TILES, pairs_per_group
+from fa_kernel.configs import pairs_per_group
 from fa_kernel.device import device_target
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
@@ -75,11 +69,7 @@ VARIANTS: dict[str, dict] = {
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
     "kv_pairs": {"with_dq": False, "kv_pairs": True},
-    "ordered_dq": {"ordered_dq": True, "heavy_first": False},
-    "ordered_dq_late": {"ordered_dq": True, "turn_passed_late": True, "heavy_first": False},
 }
-# Runs of an ordered variant whose dQ sums must agree to the bit.
-ORDERED_RUNS = 5
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
     "shipped": {},
@@ -175,15 +165,9 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     dq_accum = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
     order = launch_order(variant, causal, k, head_dim)
-    # ordered_dq's turns, one a (batch, head, query tile), zeroed before each call as dQ's sums are.
-    query_tiles = -(-seqlen_q // BACKWARD_TILES[head_dim][0])
-    ordered = VARIANTS[variant].get("ordered_dq", False)
-    turns = torch.zeros((batch, heads, query_tiles) if ordered else (0,), dtype=torch.int32, device=q.device)
-    order += (turns,) if ordered else ()
 
     def call():
         dq_accum.zero_()
-        turns.zero_()
         kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale, *order)
 
     def grads():
@@ -195,16 +179,6 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
         return (dq_accum[:, :, :seqlen_q, :head_dim].transpose(1, 2) * scale).to(dtype), dk, dv
 
     return call, grads, (q, k, v, dout)
-
-
-def bitwise_stable(call, grads) -> bool:
-    """Whether ORDERED_RUNS more calls give the first's gradients to the bit."""
-    first = [t.clone() for t in grads()]
-    for _ in range(ORDERED_RUNS):
-        call()
-        if not all(torch.equal(a, b) for a, b in zip(first, grads(), strict=True)):
-            return False
-    return True
 
 
 def dq_launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str, seed: int = 0):
@@ -272,8 +246,6 @@ def main() -> int:
                 verdict = judge_backward(q, k, v, dout, grads(), causal)
                 if not verdict.passed:
                     yield f"d{head_dim} causal={causal} {case}: {verdict}"
-                if family[name].get("ordered_dq") and not bitwise_stable(call, grads):
-                    yield f"d{head_dim} causal={causal} {case}: dQ differs between runs"
 
     judged = ab.within_the_bound(variants, failures)
     variants = None if judged is None else [name for name in variants if name in judged]

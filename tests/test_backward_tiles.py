@@ -14,7 +14,6 @@ tilelang = pytest.importorskip("tilelang")
 
 from fa_kernel.gradient_parts import tile_needs_mask  # noqa: E402
 from fa_kernel.mask import Visibility  # noqa: E402
-from fa_kernel.variants import Variants  # noqa: E402
 
 ANALYZER = tilelang.tvm.arith.Analyzer()
 # Small tiles, so that every offset of a tile against the lengths and the causal diagonal occurs.
@@ -103,30 +102,3 @@ def test_two_kv_heads_a_block_only_where_each_walk_stores_its_own_dk_and_dv(opti
     with pytest.raises(ValueError, match="kv_pairs"):
         backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, kv_pairs=True, **options)
     backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, kv_pairs=True, with_dq=False)
-
-
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"varlen": True},
-        {"head_splits": True},
-        {"heavy_first": True},
-        {"variants": Variants(window_left=True)},
-        {"block_n": 64},  # P and dS through shared memory: dQ's add not the consumers' own
-        {"ordered_dq": False, "turn_passed_late": True},
-    ],
-    ids=["varlen", "head_splits", "heavy_first", "left_edge", "operands_in_shared", "late_turn_without_order"],
-)
-def test_ordered_dq_adds_only_where_each_tile_knows_its_turn(options):
-    # ordered_dq (an A/B build, perf/backward_ab.py): a query tile's turn counts the K/V tiles
-    # after this one that see it, in a batched, unsplit grid dispatched last tile first; a
-    # ragged batch, split groups, the heavy-first order and a left edge would each break that
-    # count or order (a wrong count hangs the add), and are refused before anything is built.
-    from fa_kernel.backward import backward_program
-
-    build = dict(head_dim=64, causal=True, dtype="float16", block_m=64, block_n=128, ordered_dq=True)
-    with pytest.raises(ValueError, match="ordered_dq"):
-        backward_program(**(build | options))
-    backward_program(**build)
-    backward_program(**(build | {"turn_passed_late": True}))
-    backward_program(**(build | {"variants": Variants(window_right=True), "causal": False}))

@@ -37,9 +37,6 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 # The consumer warpgroups' named barrier where the dK/dV kernel places its own (syncs_by_hand);
 # TileLang's planner numbers its own from 3, and places none in such a build.
 CONSUMERS_BARRIER = 6
-# ordered_dq's polls of a turn, far more than any wait takes: TileLang's warp specialisation
-# gives a `while` no role, so the wait is a bounded loop left by a break.
-SPIN_LIMIT = 1 << 30
 
 
 def operands_in_registers(block_n: int, threads: int = 256) -> bool:
@@ -70,8 +67,6 @@ def backward_program(
     head_splits: bool = False,
     heavy_first: bool = False,
     kv_pairs: bool = False,
-    ordered_dq: bool = False,
-    turn_passed_late: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -114,18 +109,6 @@ def backward_program(
     stored where its walk ends: a short walk's fixed costs over twice the steps. An odd last K/V
     head walks alone.
 
-    `ordered_dq` (an A/B build, perf/backward_ab.py; dQ added from registers, batched, unsplit, no
-    left edge): dQ's adds in a fixed order, so that dQ_accum is the same to the bit on every run,
-    as FlashAttention-3's deterministic mode orders them: a query tile's adds go from the last
-    K/V tile that sees it down to the first, each waiting on an int32 turn [B, H, query tiles]
-    (a launch parameter after the variants', zeroed by the caller) that the one before passes
-    once its add is written. The blocks go last K/V tile first, so a block waits only on blocks
-    dispatched before it; under a right edge tile n adds a query tile at the step after tile
-    n + 1 did, so the order costs no step of waiting. `turn_passed_late`: each turn passed in the
-    step after its add, before dS is stored, where the add has most likely been written already:
-    the elected thread's wait for the write then holds its warpgroup for no time, and the next
-    tile gets the turn a step later (free under a right edge, a step each tile without one).
-
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's. In
@@ -137,10 +120,6 @@ def backward_program(
     """
     if kv_pairs and (head_splits or varlen or with_dq):
         raise ValueError("kv_pairs: expected a batched launch without dQ or head splits")
-    if turn_passed_late and not ordered_dq:
-        raise ValueError("turn_passed_late: expected ordered_dq")
-    if ordered_dq and (varlen or head_splits or heavy_first or variants.window_left):
-        raise ValueError("ordered_dq: expected a batched launch, unsplit, tile-fastest (no heavy_first), no left edge")
     if (head_splits or heavy_first) and varlen:
         raise ValueError("head_splits, heavy_first: expected a batched launch (varlen=False)")
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
@@ -159,9 +138,6 @@ def backward_program(
         # threads ("cannot lower a required shared-memory sync inside a divergent region").
         raise ValueError(f"head_splits: expected a tile of 64 keys a warpgroup, got block_n={block_n}")
     own_syncs = syncs_by_hand(block_n, threads, with_dq)
-    if ordered_dq and not own_syncs:
-        raise ValueError(f"ordered_dq: expected dQ added from registers (64 keys a warpgroup), got block_n={block_n}")
-    dq_turns = T.Tensor([batch, heads, T.dynamic("q_tiles")], T.int32) if ordered_dq else None
     # Where the syncs are placed by hand, dQᵀ = Kᵀ·dSᵀ (FlashAttention-3's dQ_swapAB): its M is
     # head_dim, 64 rows a warpgroup, and the fragment is written to dQ's shared tile transposed.
     dq_fragment = [head_dim, block_m] if own_syncs else [block_m, head_dim]
@@ -214,42 +190,6 @@ def backward_program(
             T.sync_threads()
 
     @T.macro
-    def take_turn(dq_turn, b, head, q_row):
-        """ordered_dq: the elected thread waits for its turn at q_row's query tile: every later K/V
-        tile that sees the tile (to the last, under a right edge) has added its dQ."""
-        turns, kv_tile, rule = dq_turn[:3]
-        tiles = T.ceildiv(rule.seqlen_k, block_n)
-        last_row = (q_row // block_m + 1) * block_m - 1
-        seen_by = T.min(tiles, T.ceildiv(rule.last_key(last_row) + 1, block_n)) if visibility.limits_right else tiles
-        for _ in T.serial(SPIN_LIMIT):
-            if T.atomic_load(turns[b, head, q_row // block_m], memory_order="acquire") == seen_by - 1 - kv_tile:
-                T.loop_break()
-
-    @T.macro
-    def pass_turn(dq_turn, b, head, q_row):
-        """ordered_dq: the add written (a wait without .read: the reduce done, not only its source
-        read), the tile's turn passes to the next K/V tile down."""
-        T.tma_store_wait(0, read=False)
-        T.call_extern("handle", "__threadfence")
-        T.atomic_add(dq_turn[0][b, head, q_row // block_m], 1, memory_order="release")
-
-    @T.macro
-    def pass_pending_turn(dq_turn, b):
-        """turn_passed_late: the turn of the elected thread's last add, if any (row −1 before it)."""
-        head, q_row = dq_turn[3]  # (loads of the registers)
-        if T.shuffle_elect(threads) and q_row >= 0:
-            pass_turn(dq_turn, b, head, q_row)
-
-    @T.macro
-    def end_adds(dq_turn, b):
-        """After the walk: the last add has read dQ_shared before the block may exit, and with
-        turn_passed_late, its turn passed."""
-        if turn_passed_late:
-            pass_pending_turn(dq_turn, b)
-        if with_dq:
-            T.tma_store_wait(0)
-
-    @T.macro
     def issue_dq_add(dQ_shared, dQ_accum, b, head, q_row):
         """The elected thread's bulk reduce-add of dQ_shared's image into dQ_accum's rows from q_row."""
         T.call_extern(
@@ -277,7 +217,7 @@ def backward_program(
     @T.macro
     def gemms_dq_first(
         p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared, dQ_accum,
-        b, head, q_row, dq_turn,
+        b, head, q_row,
     ):  # fmt: skip
         """dV and dK from registers, dQ_tile = dS·K (as dQᵀ) through shared memory and its bulk add, two
         consumer barriers a step: dQ's GEMM first, and dK's left in flight under dQ's staging, its
@@ -286,8 +226,6 @@ def backward_program(
         thread's wait for the previous add precedes the first barrier."""
         T.wgmma_gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
         T.copy(ds_cast, dS_shared)
-        if turn_passed_late:
-            pass_pending_turn(dq_turn, b)
         T.tma_store_wait(0)
         T.fence_proxy_async()  # dS's stores, seen by the wgmma (the async proxy)
         T.sync_threads(CONSUMERS_BARRIER, threads)
@@ -308,14 +246,7 @@ def backward_program(
         T.fence_proxy_async()  # every writer's stores, seen by the bulk copy
         T.sync_threads(CONSUMERS_BARRIER, threads)
         if T.shuffle_elect(threads):
-            if ordered_dq:
-                take_turn(dq_turn, b, head, q_row)
             issue_dq_add(dQ_shared, dQ_accum, b, head, q_row)
-            if turn_passed_late:
-                dq_turn[3][0][0] = head
-                dq_turn[3][1][0] = q_row
-            elif ordered_dq:
-                pass_turn(dq_turn, b, head, q_row)
         T.wait_wgmma(0)  # dK's
         T.warpgroup_fence_operand(acc_dk, num_regs=block_n * head_dim // threads)
         T.evaluate(T.address_of(Q_shared[0, 0]))
@@ -323,14 +254,13 @@ def backward_program(
     @T.macro
     def step_gradients(
         p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
-        dQ_accum, b, head, q_row, dq_turn,
+        dQ_accum, b, head, q_row,
     ):  # fmt: skip
-        """A step's GEMMs after P and dS: dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ's tile added
-        (`dq_turn`: ordered_dq's (turns, K/V tile, rule, turn_passed_late's registers), else None)."""
+        """A step's GEMMs after P and dS: dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ's tile added."""
         if own_syncs:
             gemms_dq_first(
                 p_cast, ds_cast, dO_shared, Q_shared, K_shared, dS_shared, acc_dv, acc_dk, acc_dq, dQ_shared,
-                dQ_accum, b, head, q_row, dq_turn,
+                dQ_accum, b, head, q_row,
             )  # fmt: skip
         else:
             if operands_in_shared:
@@ -417,7 +347,6 @@ def backward_program(
         CuSeqlensK: kernel_parameter(cu_seqlens_k, varlen),
         TileOrder: kernel_parameter(tile_order, varlen),
         PairsPerGroup: kernel_parameter(pairs_per_group, heavy_first),
-        DqTurns: kernel_parameter(dq_turns, ordered_dq),
     ):
         kv_slots = heads_kv * splits if head_splits else (T.ceildiv(heads_kv, 2) if kv_pairs else heads_kv)
         key_tiles = T.ceildiv(seqlen_k, block_n)
@@ -431,8 +360,6 @@ def backward_program(
                     kv_block, key_tiles, kv_slots, batch, PairsPerGroup
                 )
                 kv_block, kv_slot, b = block_tile, block_slot, block_batch
-            if ordered_dq:  # the last K/V tile first: a block waits only on blocks dispatched before it
-                kv_block = key_tiles - 1 - kv_block
             # kv_pairs: both K/V heads' tiles in one buffer each (K_shared the first's).
             K_pair = T.alloc_shared([2, block_n, head_dim], dtype) if kv_pairs else None
             V_pair = T.alloc_shared([2, block_n, head_dim], dtype) if kv_pairs else None
@@ -489,7 +416,6 @@ def backward_program(
             # producer's) their divisions recur at every use, in 64 bits in dQ's add's address.
             step_head = T.alloc_var(T.int32)
             step_q_start = T.alloc_var(T.int32)
-            pending = (T.alloc_var(T.int32, init=0), T.alloc_var(T.int32, init=-1)) if turn_passed_late else None
             # One walk over (query head of the group, query tile), so the pipeline spans heads.
             # A PrimExpr bound to a name becomes a program variable: bound under kv_pairs alone,
             # so the shipped programs keep their code.
@@ -539,11 +465,11 @@ def backward_program(
                 step_gradients(
                     p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq,
                     dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start),
-                    (DqTurns, kv_tile, rule, pending) if ordered_dq else None,
                 )  # fmt: skip
                 if kv_pairs and pair_heads == 2 and step == group_steps - 1:
                     end_first_walk(acc_dk, acc_dv, dK, dV, KeyTile(b, kv_head, kv_start, None, rule), softmax_scale)
-            end_adds((DqTurns, kv_tile, rule, pending) if ordered_dq else None, b)
+            if with_dq:
+                T.tma_store_wait(0)  # the last add has read dQ_shared before the block may exit
             tile = KeyTile(b, kv_head + (pair_heads - 1) if kv_pairs else kv_head, kv_start, k_offset, rule, split)
             store_key_tile(acc_dk, acc_dv, dK, dV, tile, softmax_scale)
 
