@@ -102,3 +102,15 @@ def test_two_kv_heads_a_block_only_where_each_walk_stores_its_own_dk_and_dv(opti
     with pytest.raises(ValueError, match="kv_pairs"):
         backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, kv_pairs=True, **options)
     backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, kv_pairs=True, with_dq=False)
+
+
+@pytest.mark.parametrize("option", ["head_splits", "heavy_first"])
+def test_a_ragged_batch_is_refused_a_split_group_and_the_heavy_first_order(option):
+    # Both index the grid by (K/V tile, K/V slot, batch) of a batched launch; a ragged batch's
+    # grid is its tile order's.
+    from fa_kernel.backward import backward_program
+
+    with pytest.raises(ValueError, match=r"head_splits, heavy_first: expected a batched launch \(varlen=False\)"):
+        backward_program(
+            head_dim=64, causal=True, dtype="float16", block_m=64, block_n=128, varlen=True, **{option: True}
+        )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
 import sys
 import time
 
 import pytest
 from tools import mutants  # noqa: E402
 from tools.ast_mutants import apply_patch  # noqa: E402
-from tools.mutants import catalogue, records, runner, tiers, triage  # noqa: E402
+from tools.mutants import ROOT, catalogue, records, runner, tiers, triage  # noqa: E402
 
 
 @functools.cache
@@ -408,8 +409,10 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
             # suite; the forward's smoke tier never runs them.
             cpu = [("cpu", ["-x", *tiers.CPU_BY_FILE[file]])] if file in tiers.CPU_BY_FILE else []
             planned = tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
+            function = catalogue.FIRST_BY_FUNCTION.get((file, mutant.function), ())
             assert planned == [
                 *cpu,
+                *([("function's tests", ["-x", *function])] if function else []),
                 ("own tests", ["-x", *catalogue.FIRST_BY_FILE[file]]),
                 ("suite", ["-x", *tiers.PYTEST_ARGS[target]]),
             ]
@@ -418,6 +421,25 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
             # Their kernels are the whole suite's precompile's, not the smoke tier's.
             assert tiers.precompile_args([planned[:-1]], target) == []
     assert tiers.CPU_BY_FILE["gradient_parts.py"] and "decode.py" not in tiers.CPU_BY_FILE
+
+
+def test_a_gradient_function_whose_builds_the_sweeps_miss_runs_the_tests_that_launch_them_first():
+    # Each entry names a function with generated mutants and test nodes pytest collects.
+    from tools.ast_mutants import generate
+
+    generated = generate(files=triage.GENERATED_FILES["backward"])
+    for (file, function), nodes in catalogue.FIRST_BY_FUNCTION.items():
+        mutants = [m for m in generated if (m.file, m.function) == (file, function)]
+        assert mutants, f"{file}:{function} has no generated mutant"
+        planned = tiers.mutant_tiers(mutants[0], "backward", None, {}, smoke_only=True, cpu_only=False)
+        assert ("function's tests", ["-x", *nodes]) in planned
+        listed = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *nodes],
+            cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+        collected = [line for line in listed.stdout.splitlines() if "::" in line]
+        for node in nodes:  # a node is a test (each of its parameters collected) or one of its cases
+            assert any(item == node or item.startswith(node + "[") for item in collected), (node, listed.stdout)
 
 
 def test_a_mutant_of_the_gradient_parts_is_judged_by_both_gradient_kernels():

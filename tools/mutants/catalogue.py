@@ -102,6 +102,24 @@ FIRST_BY_FILE = {
 }
 
 
+# The generated gradient mutants of a function whose builds the file's own tests (the plain
+# boundary sweeps) never launch: first the tests that do, each on one atomic and one fixed-order
+# build (a kill under -x stops at the first). Else such a mutant reaches the suite tier, minutes a
+# mutant (session 20: six were still there after 410-430 s).
+FIRST_BY_FUNCTION = {
+    ("backward.py", "capped_probabilities_and_ds"): (  # the softcap builds' P and dS
+        "tests/test_variants_kernel.py::test_backward_softcap[64-causal-atomic-dq]",
+        "tests/test_variants_kernel.py::test_backward_softcap[128-full-fixed-order-dq]",
+    ),
+    ("backward.py", "rows_end"): (  # a left edge's last row
+        "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks[64-causal-atomic-dq]",
+        "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks[128-full-fixed-order-dq]",
+    ),
+    ("backward.py", "backward_program"): (  # its refusals, on the CPU
+        "tests/test_backward_tiles.py::test_a_ragged_batch_is_refused_a_split_group_and_the_heavy_first_order",
+    ),
+}
+
 KERNEL_MUTANTS = [
     Mutant(
         # The tile that replaced its max leaves acc_o at the old one.

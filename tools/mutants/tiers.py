@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tools.equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING
 from tools.mutants import PACKAGE, ROOT
-from tools.mutants.catalogue import FIRST_BY_FILE
+from tools.mutants.catalogue import FIRST_BY_FILE, FIRST_BY_FUNCTION
 
 # pytest-xdist workers of a mutant's suite (or selected tests), all on its one GPU: four per
 # GPU, as `nox -s gpu` runs (eight were slower on one H200: the CUDA contexts take turns).
@@ -159,7 +159,9 @@ def mutant_tiers(
         cpu = [("cpu", ["-x", *CPU_BY_FILE[mutant.file]])] if mutant.file in CPU_BY_FILE else []
         if cpu_only:
             return cpu
-        own = [*cpu, ("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
+        function_tests = FIRST_BY_FUNCTION.get((mutant.file, getattr(mutant, "function", None)), ())
+        function = [("function's tests", ["-x", *function_tests])] if function_tests else []
+        own = [*cpu, *function, ("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
         return own if smoke_only else [*own, ("suite", ["-x", *PYTEST_ARGS[target]])]
     tiers = []
     reason = EQUIVALENT.get(getattr(mutant, "key", None))
