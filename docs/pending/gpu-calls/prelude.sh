@@ -1,5 +1,5 @@
 # Sourced first by each call of this folder, run from the repository root on the GPU machine
-# (`bash docs/pending/gpu-calls/call1.sh`, carrying .gpu/). .gpu/ is made here (git-ignored):
+# (`bash docs/pending/gpu-calls/call2.sh`, carrying .gpu/). .gpu/ is made here (git-ignored):
 #   mkdir -p .gpu && cp ../shared/gpu/site.tar.xz ../shared/gpu/env.sh .gpu/
 #   optional, to spare the GPU's compiles (docs/ci.md): .gpu/kernels.tar.xz (the suite's builds,
 #   `TILELANG_CACHE_DIR=/tmp/k/cache python -m tools.precompile --arch sm_90a --sm-count 132`, then
