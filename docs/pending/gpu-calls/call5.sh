@@ -7,5 +7,9 @@
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
-timeout 560 python -u -m perf.backward_ab --variants no_dq kv_pairs --rounds 2 --repeats 5 > $OUT/ab_kv_pairs.md 2>&1
+timeout 260 python -u -m perf.backward_ab --variants no_dq kv_pairs --rounds 2 --repeats 5 > $OUT/ab_kv_pairs.md 2>&1
 echo "ab kv_pairs rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED\|d64\|d128" $OUT/ab_kv_pairs.md | head -40
+# Then the fixed-order dQ kernel on 64 keys a step (call8.sh's A/B, its builds in .gpu/abcache.tar.xz
+# too): both A/Bs take about a minute each with their builds cached (session 20's took 32 s).
+timeout $((560-SECONDS+t0)) python -u -m perf.backward_ab --dq --variants keys_64 keys_64_three_stages --rounds 3 --repeats 5 > $OUT/ab_dq.md 2>&1
+echo "ab dq rc=$? $((SECONDS-t0)) s"; grep "^|\|within\|FAILED" $OUT/ab_dq.md
