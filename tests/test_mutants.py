@@ -15,7 +15,7 @@ import time
 
 import pytest
 from tools import mutants  # noqa: E402
-from tools.ast_mutants import apply_patch  # noqa: E402
+from tools.ast_mutants import apply_patch, generate  # noqa: E402
 from tools.mutants import ROOT, catalogue, records, runner, tiers, triage  # noqa: E402
 
 
@@ -409,10 +409,8 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
             # suite; the forward's smoke tier never runs them.
             cpu = [("cpu", ["-x", *tiers.CPU_BY_FILE[file]])] if file in tiers.CPU_BY_FILE else []
             planned = tiers.mutant_tiers(mutant, target, None, {}, smoke_only=False, cpu_only=False)
-            function = catalogue.FIRST_BY_FUNCTION.get((file, mutant.function), ())
             assert planned == [
                 *cpu,
-                *([("function's tests", ["-x", *function])] if function else []),
                 ("own tests", ["-x", *catalogue.FIRST_BY_FILE[file]]),
                 ("suite", ["-x", *tiers.PYTEST_ARGS[target]]),
             ]
@@ -423,23 +421,39 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     assert tiers.CPU_BY_FILE["gradient_parts.py"] and "decode.py" not in tiers.CPU_BY_FILE
 
 
-def test_a_gradient_function_whose_builds_the_sweeps_miss_runs_the_tests_that_launch_them_first():
-    # Each entry names a function with generated mutants and test nodes pytest collects.
-    from tools.ast_mutants import generate
+def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_changes():
+    # Triage knows which builds a gradient mutant changes; where its own tests (the plain batched
+    # sweeps) launch none of them, the tests that do run first. Every build triage compiles maps
+    # to tests pytest collects (a node it cannot find would fail the tier: a false kill).
+    from fa_kernel.variants import PLAIN, Variants
 
-    generated = generate(files=triage.GENERATED_FILES["backward"])
-    for (file, function), nodes in catalogue.FIRST_BY_FUNCTION.items():
-        mutants = [m for m in generated if (m.file, m.function) == (file, function)]
-        assert mutants, f"{file}:{function} has no generated mutant"
-        planned = tiers.mutant_tiers(mutants[0], "backward", None, {}, smoke_only=True, cpu_only=False)
-        assert ("function's tests", ["-x", *nodes]) in planned
-        listed = subprocess.run(
-            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *nodes],
-            cwd=ROOT, capture_output=True, text=True,
-        )  # fmt: skip
-        collected = [line for line in listed.stdout.splitlines() if "::" in line]
-        for node in nodes:  # a node is a test (each of its parameters collected) or one of its cases
-            assert any(item == node or item.startswith(node + "[") for item in collected), (node, listed.stdout)
+    files = ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py")
+    nodes = {
+        node
+        for file in files
+        for build in triage.program_builds(file)
+        for node in catalogue.gradient_build_tests(file, build)
+    }
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *sorted(nodes)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    collected = [line for line in listed.stdout.splitlines() if "::" in line]
+    for node in nodes:  # a node is a test (each of its parameters collected) or one of its cases
+        assert any(item == node or item.startswith(node + "[") for item in collected), (node, listed.stdout[-2000:])
+    capped = dict(head_dim=64, causal=True, deterministic=False, variants=Variants(window_left=True, softcap=True))
+    window = dict(capped, variants=Variants(window_left=True), deterministic=True)
+    plain = dict(capped, variants=PLAIN, varlen=False)
+    softcap_node = "tests/test_variants_kernel.py::test_backward_softcap[64-causal-atomic-dq]"
+    window_node = "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks[64-causal-fixed-order-dq]"
+    assert catalogue.changed_build_tests("backward.py", [capped, window, capped]) == (softcap_node, window_node)
+    assert catalogue.changed_build_tests("backward.py", [capped, plain]) == ()
+    assert catalogue.changed_build_tests("backward.py", []) == ()
+    mutant = next(m for m in generate(files=("backward.py",)) if m.file == "backward.py")
+    own = ("own tests", ["-x", *catalogue.FIRST_BY_FILE["backward.py"]])
+    planned = tiers.mutant_tiers(mutant, "backward", [capped], {}, smoke_only=True, cpu_only=False)
+    assert planned == [("changed builds' tests", ["-x", softcap_node]), own]
+    assert tiers.mutant_tiers(mutant, "backward", [plain, capped], {}, smoke_only=True, cpu_only=False) == [own]
 
 
 def test_a_mutant_of_the_gradient_parts_is_judged_by_both_gradient_kernels():

@@ -150,7 +150,8 @@ def main() -> int:
         return 0
 
     settled: dict[str, tuple[str, str]] = {}
-    changed: dict[str, list[str]] = {}  # mutant id: the sweep builds (ids) its kernel differs on
+    # mutant id: the sweep builds (ids) its kernel differs on; a gradient mutant's, triage's build dicts
+    changed: dict[str, list] = {}
     if args.target == "kernel" and not args.select:
         from suite.boundaries import build_id
 
@@ -190,7 +191,8 @@ def main() -> int:
         settled.update(recorded_equivalents(mutants))
     if args.generated and args.target in ("backward", "decode") and not args.select:
         start = time.perf_counter()
-        settled = triage_programs(mutants, os.cpu_count() or 1, args.triage_cache)
+        found = triage_programs(mutants, os.cpu_count() or 1, args.triage_cache)
+        settled, changed = found.verdicts, found.changed_sweep_builds
         counts = Counter(verdict for verdict, _ in settled.values())
         print(
             f"triage: {counts['equivalent']} equivalent (identical PrimFuncs), {counts['killed']} killed at build,"

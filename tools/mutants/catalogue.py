@@ -71,6 +71,13 @@ DETERMINISTIC_SWEEP = ("tests/test_backward_kernel.py::test_deterministic_backwa
 HEAD_SPLITS = ("tests/test_backward_kernel.py::test_a_gqa_group_split_between_blocks_gives_each_key_its_gradients",)
 HEAVY_FIRST = ("tests/test_backward_kernel.py::test_heavy_first_groups_end_on_a_short_one",)
 DETERMINISTIC_RUNS = ("tests/test_backward_kernel.py::test_deterministic_gradients_are_the_same_bits_in_every_run",)
+BACKWARD_SOFTCAP = "tests/test_variants_kernel.py::test_backward_softcap"
+BACKWARD_WINDOWS = "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks"
+VARLEN_PLAIN = "tests/test_varlen.py::test_each_sequences_gradients_within_the_bound"
+VARLEN_VARIANTS = ("tests/test_varlen.py::test_each_sequences_gradients_within_the_bound_with_the_variants",)
+VARLEN_DETERMINISTIC = (
+    "tests/test_varlen.py::test_deterministic_gradients_are_within_the_bound_and_the_same_bits_every_run"
+)
 DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
 ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels",)
 
@@ -102,23 +109,43 @@ FIRST_BY_FILE = {
 }
 
 
-# The generated gradient mutants of a function whose builds the file's own tests (the plain
-# boundary sweeps) never launch: first the tests that do, each on one atomic and one fixed-order
-# build (a kill under -x stops at the first). Else such a mutant reaches the suite tier, minutes a
-# mutant (session 20: six were still there after 410-430 s).
-FIRST_BY_FUNCTION = {
-    ("backward.py", "capped_probabilities_and_ds"): (  # the softcap builds' P and dS
-        "tests/test_variants_kernel.py::test_backward_softcap[64-causal-atomic-dq]",
-        "tests/test_variants_kernel.py::test_backward_softcap[128-full-fixed-order-dq]",
-    ),
-    ("backward.py", "rows_end"): (  # a left edge's last row
-        "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks[64-causal-atomic-dq]",
-        "tests/test_variants_kernel.py::test_backward_window_sweep_with_sinks[128-full-fixed-order-dq]",
-    ),
-    ("backward.py", "backward_program"): (  # its refusals, on the CPU
-        "tests/test_backward_tiles.py::test_a_ragged_batch_is_refused_a_split_group_and_the_heavy_first_order",
-    ),
-}
+# At most this many of the tests that launch a gradient mutant's changed builds run before its
+# own tests: under -x the first failing one ends the tier, and each compiles its builds.
+CHANGED_BUILD_TESTS = 3
+
+
+def gradient_build_tests(file: str, build: dict) -> tuple[str, ...]:
+    """The GPU tests that launch a build of triage.program_builds(file): () for a plain batched
+    build, which the file's own tests (the boundary sweeps) launch."""
+    from fa_kernel.variants import PLAIN
+
+    head_dim, variants = build["head_dim"], build.get("variants", PLAIN)
+    mask = "causal" if build.get("causal") else "full"
+    deterministic = build.get("deterministic", file == "backward_dq.py")  # the dQ kernel: fixed order only
+    kind = "softcap" if variants.softcap else "plain" if variants == PLAIN else "window"
+    if build.get("head_splits"):
+        return (f"{HEAD_SPLITS[0]}[{head_dim}-{mask}-{'fixed_order' if deterministic else 'atomic'}]",)
+    if build.get("varlen"):
+        if deterministic:
+            return (f"{VARLEN_DETERMINISTIC}[{kind}-{head_dim}]",)
+        return (f"{VARLEN_PLAIN}[{mask}-{head_dim}-lengths_q0-lengths_k0]",) if kind == "plain" else VARLEN_VARIANTS
+    if kind == "plain":
+        return ()
+    test = BACKWARD_SOFTCAP if kind == "softcap" else BACKWARD_WINDOWS
+    return (f"{test}[{head_dim}-{mask}-{'fixed-order-dq' if deterministic else 'atomic-dq'}]",)
+
+
+def changed_build_tests(file: str, builds: list[dict]) -> tuple[str, ...]:
+    """The first GPU tests of a gradient mutant that changes `builds` (triage's): none where a
+    plain batched build is among them (its own tests launch that), else the tests that launch
+    them, CHANGED_BUILD_TESTS at most. Its own tests would launch only kernels it leaves alone,
+    and the suite tier after them costs minutes a mutant (session 20: six were still there after
+    410-430 s)."""
+    tests = [gradient_build_tests(file, build) for build in builds]
+    if not tests or not all(tests):
+        return ()
+    return tuple(dict.fromkeys(node for nodes in tests for node in nodes))[:CHANGED_BUILD_TESTS]
+
 
 KERNEL_MUTANTS = [
     Mutant(

@@ -303,7 +303,12 @@ def prebuild(mutants: list, changed: dict[str, list[str]], folder: Path, jobs: i
     seconds.)"""
     folder = folder.resolve()
     workdir = Path(tempfile.mkdtemp(prefix="fa-prebuild-"))
-    work = [(m, changed.get(m.id, [])) for m in mutants if m.file in PROGRAM_BUILDERS or changed.get(m.id)]
+    # A gradient or split-KV mutant's changed builds are triage's dicts; it builds all its tests' anyway.
+    work = [
+        (m, [] if m.file in PROGRAM_BUILDERS else changed.get(m.id, []))
+        for m in mutants
+        if m.file in PROGRAM_BUILDERS or changed.get(m.id)
+    ]
 
     def build(mutant, builds: list[str]) -> tuple[str, int, float]:
         start = time.perf_counter()

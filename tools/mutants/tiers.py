@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tools.equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING
 from tools.mutants import PACKAGE, ROOT
-from tools.mutants.catalogue import FIRST_BY_FILE, FIRST_BY_FUNCTION
+from tools.mutants.catalogue import FIRST_BY_FILE, changed_build_tests
 
 # pytest-xdist workers of a mutant's suite (or selected tests), all on its one GPU: four per
 # GPU, as `nox -s gpu` runs (eight were slower on one H200: the CUDA contexts take turns).
@@ -147,7 +147,9 @@ def mutant_tiers(
     mutant, target: str, changed: list[str] | None, smoke_nodes: dict[str, list[str]], smoke_only: bool, cpu_only: bool
 ) -> list[tuple[str, list[str]]]:
     """(name, pytest arguments) of the tiers that judge `mutant`, the cheapest first; each runs
-    only if the ones before it passed. `changed`: the sweep builds (ids) whose kernel the mutant
+    only if the ones before it passed. `changed`: for a gradient mutant, the builds
+    (triage.program_builds') whose programs it changes, whose tests run before its own where
+    those launch none of them; for the forward, the sweep builds (ids) whose kernel the mutant
     changes, where triage knows them: the smoke tier then runs on those alone, the first one
     before the rest (one compile settles most mutants). A mutant recorded as equivalent by a
     BITWISE (ROUNDING) reason is compared with the unmutated kernel over those builds first: the
@@ -159,9 +161,9 @@ def mutant_tiers(
         cpu = [("cpu", ["-x", *CPU_BY_FILE[mutant.file]])] if mutant.file in CPU_BY_FILE else []
         if cpu_only:
             return cpu
-        function_tests = FIRST_BY_FUNCTION.get((mutant.file, getattr(mutant, "function", None)), ())
-        function = [("function's tests", ["-x", *function_tests])] if function_tests else []
-        own = [*cpu, *function, ("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
+        first = changed_build_tests(mutant.file, changed) if changed and target == "backward" else ()
+        launching = [("changed builds' tests", ["-x", *first])] if first else []
+        own = [*cpu, *launching, ("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
         return own if smoke_only else [*own, ("suite", ["-x", *PYTEST_ARGS[target]])]
     tiers = []
     reason = EQUIVALENT.get(getattr(mutant, "key", None))

@@ -167,17 +167,18 @@ def _gradient_kernels_on(parts):
         sys.modules.update(saved)
 
 
-def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> dict[str, tuple[str, str]]:
+def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> Triage:
     """For mutants of backward.py and decode.py: 'equivalent' where every kernel their GPU tests
     launch has the unmutated PrimFunc (so the compiled kernels are the same) and the host runs
     none of the mutated code (HOST_SIDE), 'killed' where building one raises (every test that
-    launches it fails there); the rest are left to run. Digests are kept in `cache` by mutated
-    source, as triage's are."""
+    launches it fails there); the rest are left to run, each with the builds (program_builds')
+    whose PrimFuncs it changes. Digests are kept in `cache` by mutated source, as triage's are."""
     try:
         stored = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
     except json.JSONDecodeError:
         stored = {}
     verdicts: dict[str, tuple[str, str]] = {}
+    changed: dict[str, list[dict]] = {}
     for file in sorted({m.file for m in mutants} & set(PROGRAM_BUILDERS)):
         builds = program_builds(file)
         context = hashlib.sha256(f"{file} {builds!r}".encode()).hexdigest()
@@ -203,8 +204,10 @@ def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> dict
             elif any(digest.startswith("error: ") for digest in mutated):
                 error = next(digest for digest in mutated if digest.startswith("error: "))
                 verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({error[7:80]})")
+            else:
+                changed[mutant.id] = [build for build, a, b in zip(builds, original, mutated, strict=True) if a != b]
     save_triage(cache, stored)
-    return verdicts
+    return Triage(verdicts, changed)
 
 
 def triage_builds(sm_count: int) -> list[dict]:
@@ -317,8 +320,9 @@ def _kernel_module(kernel_source: str):
 
 @dataclass
 class Triage:
-    """What triage settled on the CPU, and for the rest, which of the boundary sweep's builds
-    each mutant changes: only those can fail on it, so its smoke tier runs those alone."""
+    """What triage settled on the CPU, and for the rest, which builds each mutant changes (the
+    boundary sweep's for the forward, program_builds' for the others): only those can fail on it,
+    so its first GPU tests are those that launch them."""
 
     verdicts: dict[str, tuple[str, str]]
     changed_sweep_builds: dict[str, list[dict]]
