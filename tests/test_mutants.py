@@ -538,10 +538,14 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
         find(decode, "flash_decoding_split", "relational", "first_row + r < rows", "first_row + r <= rows"),
     ]
     cache = tmp_path / "triage.json"
-    verdicts = triage.triage_programs(picked, jobs=1, cache=cache)
+    found = triage.triage_programs(picked, jobs=1, cache=cache)
+    verdicts, changed = found.verdicts, found.changed_sweep_builds
     assert [verdicts[mutant.id][0] for mutant in picked[:3]] == ["equivalent"] * 3
     assert verdicts[picked[3].id][0] == "killed"
     assert picked[4].id not in verdicts and picked[5].id not in verdicts
+    # Those left to run, with the builds whose programs they change: none for the host's plan.
+    assert set(changed) == {picked[4].id, picked[5].id} and changed[picked[4].id] == []
+    assert changed[picked[5].id] and all(build in triage.program_builds("decode.py") for build in changed[picked[5].id])
     # The unmutated files built every program: an error in all of them would read as equivalent.
     stored = json.loads(cache.read_text())
     originals = {}
