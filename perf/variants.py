@@ -20,6 +20,10 @@ Done-when lines:
 - configs (not run by default): windows of 128, 1k and 4k keys at 8k tokens under each forward
   config the tables ship, beside the one flash_attn_func picks (variants.keys_a_row_sees):
   the measurement a window's config entry would come from;
+- paths (not run by default; with --backward): windows of 128, 512 and 1k keys, causal, d64 and
+  d128, 4x16x8192, the gradient by the default path and by the fixed-order one
+  (deterministic=True), against FlexAttention: whether a window's short walks, like short
+  sequences', belong on the fixed-order path (configs.gradient_plan routes by seqlen_k);
 - tanh (not run by default): softcap 30 with the shipped tanh (ex2 and a division) and with the
   A/B build option tanh.approx (kernel.forward_program's tanh_approx, judged by its own bound,
   numerics.TANH_APPROX_ERROR), each against the plain kernel.
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -50,6 +54,7 @@ class Case:
     window_size: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     sinks: bool = False
+    deterministic: bool = False  # the gradient's fixed-order path
     nheads: int = 16
     dtype: torch.dtype = torch.bfloat16
     label: str = field(default="", compare=False)
@@ -81,7 +86,7 @@ def flex_call(case: Case, q, k, v, backward: bool) -> Callable[[], object]:
 
 def fa_call(case: Case, q, k, v, sinks, backward: bool) -> Callable[[], object]:
     def forward():
-        return flash_attn_func(q, k, v, causal=case.causal, **case.variants(sinks))
+        return flash_attn_func(q, k, v, causal=case.causal, deterministic=case.deterministic, **case.variants(sinks))
 
     return gradient_of(forward, (q, k, v)) if backward else forward
 
@@ -92,7 +97,7 @@ def judged(case: Case, q, k, v, sinks, backward: bool) -> None:
     if backward:
         dout = torch.randn_like(q)
         q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-        out = flash_attn_func(q_, k_, v_, causal=case.causal, **variants)
+        out = flash_attn_func(q_, k_, v_, causal=case.causal, deterministic=case.deterministic, **variants)
         out.backward(dout)
         verdict = judge_backward(q, k, v, dout, (q_.grad, k_.grad, v_.grad), case.causal, **variants)
     else:
@@ -151,6 +156,19 @@ def flex_table(args) -> None:
                     row({"fa_kernel": Case(batch, seqlen, head_dim, window_size=window)}, "flex", args, True)
             for softcap in (30.0, 50.0):
                 row({"fa_kernel": Case(batch, seqlen, head_dim, softcap=softcap)}, "flex", args, True)
+
+
+def paths_table(args) -> None:
+    print(
+        "\n## the gradient's two paths under a window: dQ by atomic adds (the default here) and the"
+        " fixed-order path (deterministic=True), against FlexAttention"
+    )
+    ab.print_header(UNIT, ["flex", "fa_kernel", "fixed order"])
+    for head_dim in (64, 128):
+        for window in ((128, 0), (512, 0), (1024, 0)):
+            case = Case(4, 8192, head_dim, window_size=window)
+            cases = {"fa_kernel": case, "fixed order": replace(case, deterministic=True)}
+            row(cases, "flex", args, with_flex=True)
 
 
 def cost_table(args) -> None:
@@ -304,6 +322,7 @@ TABLES = {
     "configs": configs_table,
     "decode": decode_table,
     "tanh": tanh_table,
+    "paths": paths_table,
 }
 
 
