@@ -3,8 +3,9 @@
 #   mkdir -p .gpu && cp ../shared/gpu/site.tar.xz ../shared/gpu/env.sh .gpu/
 #   optional, to spare the GPU's compiles (docs/ci.md): .gpu/kernels.tar.xz (the suite's builds,
 #   `TILELANG_CACHE_DIR=/tmp/k/cache python -m tools.precompile --arch sm_90a --sm-count 132`, then
-#   `tar -C /tmp/k -cf - cache | xz > .gpu/kernels.tar.xz`) and .gpu/abcache.tar.xz (the A/B's,
-#   docs/pending/README.md).
+#   `tar -C /tmp/k -cf - cache | xz -9e > .gpu/kernels.tar.xz`; session 20's also holds the 109
+#   kernels the GPU suite compiled beyond those, call2.sh's suite_kernels.tar.xz unpacked into
+#   /tmp/k/cache too: 14 MB in all at -9e) and .gpu/abcache.tar.xz (the A/B's, docs/pending/README.md).
 # It sources the bundle's TileLang/asv/nox, puts this tree's package first, and unpacks those archives.
 source .gpu/env.sh
 export PYTHONPATH=$PWD/src:$PWD:$PYTHONPATH
