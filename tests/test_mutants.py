@@ -452,8 +452,23 @@ def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_change
     mutant = next(m for m in generate(files=("backward.py",)) if m.file == "backward.py")
     own = ("own tests", ["-x", *catalogue.FIRST_BY_FILE["backward.py"]])
     planned = tiers.mutant_tiers(mutant, "backward", [capped], {}, smoke_only=True, cpu_only=False)
-    assert planned == [("changed builds' tests", ["-x", softcap_node]), own]
+    assert planned == [(tiers.CHANGED_BUILDS_TIER, ["-x", softcap_node]), own]
     assert tiers.mutant_tiers(mutant, "backward", [plain, capped], {}, smoke_only=True, cpu_only=False) == [own]
+
+
+def test_the_gradient_and_split_kv_suite_tiers_name_tests_pytest_collects():
+    # A node no test answers to would fail the tier on every mutant: a false kill.
+    for target in ("backward", "decode"):
+        arguments = tiers.PYTEST_ARGS[target]
+        nodes = [argument for argument in arguments if "::" in argument]
+        listed = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *arguments],
+            cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stdout[-2000:]
+        collected = [line for line in listed.stdout.splitlines() if "::" in line]
+        for node in nodes:
+            assert any(item.startswith(node + "[") or item == node for item in collected), node
 
 
 def test_a_mutant_of_the_gradient_parts_is_judged_by_both_gradient_kernels():
@@ -487,7 +502,8 @@ def test_the_gradient_and_split_kv_suites_test_every_branch_their_triage_builds(
             if option in tests_of and value not in (None, False, PLAIN)
         }
         assert taken, file
-        assert {tests_of[option] for option in taken} <= set(tiers.PYTEST_ARGS[target])
+        # A file of the suite tier, or tests of it (the split-KV's of test_variants_kernel).
+        assert {tests_of[option] for option in taken} <= {arg.split("::")[0] for arg in tiers.PYTEST_ARGS[target]}
 
 
 def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeypatch):

@@ -40,6 +40,10 @@ CPU_TESTS = ("tests/test_configs.py", "tests/test_api.py")
 CPU_BY_FILE = {"gradient_parts.py": ("tests/test_backward_tiles.py",), "mask.py": ("tests/test_mask.py",)}
 
 
+# A gradient mutant's tier of the tests that launch its changed builds (catalogue.changed_build_tests).
+CHANGED_BUILDS_TIER = "changed builds' tests"
+
+
 def cpu_args(file: str) -> list[str]:
     """The CPU tier's pytest arguments for a mutant of `file` (not kernel.py's: the smoke tier)."""
     return [*CPU_TESTS, *CPU_BY_FILE.get(file, ()), "-m", "not gpu"]
@@ -50,7 +54,15 @@ PYTEST_ARGS = {
     # Every branch triage builds has its tests here (the variants', the ragged batches', the
     # pages'): a mutant of a branch whose tests the suite leaves out could only survive.
     "backward": ["tests/test_backward_kernel.py", "tests/test_variants_kernel.py", "tests/test_varlen.py", "-m", "gpu"],
-    "decode": ["tests/test_decode.py", "tests/test_paged.py", "tests/test_variants_kernel.py", "-m", "gpu"],
+    # test_variants_kernel.py's split-KV tests alone: its others never launch those kernels.
+    "decode": [
+        "tests/test_decode.py",
+        "tests/test_paged.py",
+        "tests/test_variants_kernel.py::test_split_kv_variants_within_the_bound",
+        "tests/test_variants_kernel.py::test_flash_attn_func_with_variants",
+        "-m",
+        "gpu",
+    ],
     # The boundary cases and the named non-finite ones first: under -x a kill there costs
     # seconds, where the property draws before them took minutes to reach it.
     "emulator": [
@@ -162,7 +174,7 @@ def mutant_tiers(
         if cpu_only:
             return cpu
         first = changed_build_tests(mutant.file, changed) if changed and target == "backward" else ()
-        launching = [("changed builds' tests", ["-x", *first])] if first else []
+        launching = [(CHANGED_BUILDS_TIER, ["-x", *first])] if first else []
         own = [*cpu, *launching, ("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
         return own if smoke_only else [*own, ("suite", ["-x", *PYTEST_ARGS[target]])]
     tiers = []
@@ -260,7 +272,7 @@ def unmutated_failures(all_tiers) -> list[str]:
     for mutant_tiers in all_tiers:
         for name, pytest_args in mutant_tiers:
             smoke |= name.startswith("smoke")
-            if name in ("own tests", "selected"):
+            if name in ("own tests", CHANGED_BUILDS_TIER, "selected"):
                 first.update(arg for arg in pytest_args if not arg.startswith("-"))
     # Passed once on this host for these sources and tests: a stamp, so that each call of a run
     # resumed over several device calls does not pay for it again.
