@@ -53,7 +53,35 @@ PYTEST_ARGS = {
     "kernel": ["tests", "-m", "gpu", "-k", "not emulator"],
     # Every branch triage builds has its tests here (the variants', the ragged batches', the
     # pages'): a mutant of a branch whose tests the suite leaves out could only survive.
-    "backward": ["tests/test_backward_kernel.py", "tests/test_variants_kernel.py", "tests/test_varlen.py", "-m", "gpu"],
+    # Of test_variants_kernel.py and test_varlen.py, the tests that launch the gradient kernels:
+    # their forward sweeps compile and run kernels no gradient mutant changes.
+    "backward": [
+        "tests/test_backward_kernel.py",
+        *(
+            f"tests/test_variants_kernel.py::{name}"
+            for name in (
+                "test_backward_window_sweep_with_sinks",
+                "test_a_split_gqa_group_keeps_the_window_the_cap_and_the_sinks",
+                "test_backward_softcap",
+                "test_autograd_with_every_variant_gives_dsinks",
+            )
+        ),
+        *(
+            f"tests/test_varlen.py::{name}"
+            for name in (
+                "test_each_sequences_gradients_within_the_bound",
+                "test_each_sequences_gradients_within_the_bound_with_the_variants",
+                "test_deterministic_gradients_are_within_the_bound_and_the_same_bits_every_run",
+                "test_the_sinks_gradient_sums_each_sequences",
+                "test_the_lse_gradient_reaches_each_sequence",
+                "test_no_sequences_gradients_read_another",
+                "test_torch_compile_traces_forward_and_gradient_without_graph_breaks",
+                "test_the_custom_ops_pass_opcheck",
+            )
+        ),
+        "-m",
+        "gpu",
+    ],
     # test_variants_kernel.py's split-KV tests alone: its others never launch those kernels.
     "decode": [
         "tests/test_decode.py",
