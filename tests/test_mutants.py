@@ -457,9 +457,11 @@ def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_change
 
 
 def test_the_gradient_and_split_kv_suite_tiers_name_tests_pytest_collects():
-    # A node no test answers to would fail the tier on every mutant: a false kill.
-    for target in ("backward", "decode"):
-        arguments = tiers.PYTEST_ARGS[target]
+    # A node no test answers to would fail the tier on every mutant: a false kill. Their suite
+    # tiers and their own tests.
+    files = ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py", "decode.py")
+    own = [[*catalogue.FIRST_BY_FILE[file], "-m", "gpu"] for file in files]
+    for arguments in [tiers.PYTEST_ARGS["backward"], tiers.PYTEST_ARGS["decode"], *own]:
         nodes = [argument for argument in arguments if "::" in argument]
         listed = subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *arguments],
