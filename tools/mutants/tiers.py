@@ -184,7 +184,7 @@ def smoke_nodes_by_build() -> dict[str, list[str]]:
 
 
 def mutant_tiers(
-    mutant, target: str, changed: list[str] | None, smoke_nodes: dict[str, list[str]], smoke_only: bool, cpu_only: bool
+    mutant, target: str, changed: list | None, smoke_nodes: dict[str, list[str]], smoke_only: bool, cpu_only: bool
 ) -> list[tuple[str, list[str]]]:
     """(name, pytest arguments) of the tiers that judge `mutant`, the cheapest first; each runs
     only if the ones before it passed. `changed`: for a gradient mutant, the builds
