@@ -1,7 +1,8 @@
 """flash_attn_with_kvcache: its argument checks here (no GPU needed: they run before the device's),
 and on a Hopper GPU each request against the reference over its pages: page sizes 16, 64 and 256,
 lengths at page boundaries ±1 beside empty ones, a table out of order with pages shared between
-requests, and the step's new keys appended in place."""
+requests, windows, a softcap and sinks through the pages, and the step's new keys appended in
+place."""
 
 from __future__ import annotations
 
@@ -65,6 +66,36 @@ def test_each_request_within_the_bound(page_size, head_dim):
     )
     out, lse = call(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
     judge_requests(q, k_cache, v_cache, seqlens, table, out, lse, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [4, 64], ids=["16-row tile", "64-row tile"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_each_request_within_the_bound_with_the_variants(head_dim, rows):
+    # The paged builds with a window, a softcap and sinks compiled in (flash_attn_with_kvcache
+    # takes them as flash_attn_func does): left edges on a page's boundary and a key either side,
+    # a right edge under causal, caps that saturate and that do not, sinks of either sign; each
+    # tile of rows, lengths at the page's boundary, empty and one-key requests.
+    page_size = 64
+    lengths = [page_size - 1, page_size + 1, 0, 1, 3 * page_size + 7, 200]
+    q, k_cache, v_cache, seqlens, table = paged_cache(
+        lengths, page_size, nheads=rows, nheads_kv=1, head_dim=head_dim, device="cuda", spare_pages=1
+    )
+    sinks = torch.randn(rows, generator=torch.Generator().manual_seed(head_dim)) * 3
+    sinks[0] = 20.0
+    sinks = sinks.cuda()
+    cases = [dict(window_size=(left, -1), sinks=sinks) for left in (0, page_size - 1, page_size, page_size + 1)]
+    cases += [dict(window_size=(page_size, 0), softcap=30.0), dict(softcap=0.05, sinks=sinks)]
+    failures = []
+    for variants in cases:
+        out, lse = call(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True, **variants)
+        try:
+            judge_requests(q, k_cache, v_cache, seqlens, table, out, lse, causal=True, **variants)
+        except AssertionError as error:
+            failures.append(
+                f"{ {k: v for k, v in variants.items() if k != 'sinks'} } sinks {'sinks' in variants}: {error}"
+            )
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.gpu
