@@ -1,0 +1,16 @@
+# The paged split-KV builds with a window, a softcap and sinks (test_paged's
+# test_each_request_within_the_bound_with_the_variants, new in session 20; no GPU test launched
+# those builds before): its first run on the tree, then seen failing against a planted bug (the
+# split kernel's softcap dropped, in a copy of src/ put first on the path).
+set -u
+source "$(dirname "$0")/prelude.sh"
+t0=$SECONDS
+export FA_KERNEL_REQUIRE_GPU=1
+timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_paged.py -k variants > $OUT/paged_variants.txt 2>&1
+echo "paged variants rc=$? (0 expected) $((SECONDS-t0)) s"; tail -3 $OUT/paged_variants.txt
+rm -rf /tmp/planted && mkdir -p /tmp/planted && cp -r src /tmp/planted/
+sed -i 's/return capped_score(score, softcap_log2) if variants.softcap else score/return score/' /tmp/planted/src/fa_kernel/decode.py
+echo "planted: $(diff -r src /tmp/planted/src | grep -c '^>') line(s) changed"
+PYTHONPATH=/tmp/planted/src:$PYTHONPATH timeout $((560-SECONDS+t0)) python3 -m pytest -q -p no:cacheprovider -m gpu \
+  tests/test_paged.py -k variants > $OUT/paged_variants_planted.txt 2>&1
+echo "planted rc=$? (1 expected) $((SECONDS-t0)) s"; grep -E "passed|failed" $OUT/paged_variants_planted.txt | tail -2
