@@ -57,7 +57,7 @@ def test_good_cache_input_passes_its_checks_up_to_the_device():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_each_request_within_the_bound(page_size, head_dim):
     # Lengths at a page's boundary and one either side, a tile's, empty and one-key requests.
     lengths = [page_size - 1, page_size, page_size + 1, 0, 1, 128, 129, 3 * page_size + 7]
@@ -69,13 +69,14 @@ def test_each_request_within_the_bound(page_size, head_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [4, 64], ids=["16-row tile", "64-row tile"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("rows", [4, 64], ids=["group4", "group64"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_each_request_within_the_bound_with_the_variants(head_dim, rows):
     # The paged builds with a window, a softcap and sinks compiled in (flash_attn_with_kvcache
     # takes them as flash_attn_func does): left edges on a page's boundary and a key either side,
-    # a right edge under causal, caps that saturate and that do not, sinks of either sign; each
-    # tile of rows, lengths at the page's boundary, empty and one-key requests.
+    # a right edge under causal, caps that saturate and that do not, sinks of either sign; a group
+    # of 4 query rows (the 16-row tile; head_dim 256 has the 64-row one alone) and of 64, lengths
+    # at the page's boundary, empty and one-key requests.
     page_size = 64
     lengths = [page_size - 1, page_size + 1, 0, 1, 3 * page_size + 7, 200]
     q, k_cache, v_cache, seqlens, table = paged_cache(
