@@ -259,13 +259,22 @@ def test_each_sequences_gradients_within_the_bound(lengths_q, lengths_k, head_di
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variants", [dict(window_size=(50, 0)), dict(window_size=(7, 20)), dict(softcap=20.0)])
-def test_each_sequences_gradients_within_the_bound_with_the_variants(variants):
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize(
+    "options",
+    [dict(window_size=(50, 0)), dict(window_size=(7, 20), causal=False), dict(softcap=20.0)],
+    ids=["left-window", "two-sided-window", "softcap"],
+)
+def test_each_sequences_gradients_within_the_bound_with_the_variants(options, head_dim):
+    # The atomic path's ragged builds with each variant at every head_dim (the fixed-order path's
+    # are the deterministic test's below), a two-sided window without causal.
+    variants = dict(options)
+    causal = variants.pop("causal", True)
     lengths_q, lengths_k = [1, 127, 128, 129, 0, 64], [1, 127, 128, 129, 3, 64]
-    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, device="cuda")
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda")
     dout = torch.randn_like(q)
-    grads = gradients(q, k, v, cu_q, cu_k, dout, causal=True, **variants)
-    judge_sequence_gradients(q, k, v, dout, cu_q, cu_k, grads, causal=True, **variants)
+    grads = gradients(q, k, v, cu_q, cu_k, dout, causal=causal, **variants)
+    judge_sequence_gradients(q, k, v, dout, cu_q, cu_k, grads, causal=causal, **variants)
 
 
 @pytest.mark.gpu

@@ -1,17 +1,21 @@
 # The paged split-KV builds with a window, a softcap and sinks (test_paged's
 # test_each_request_within_the_bound_with_the_variants, new in session 20, and head_dim 256 in
 # test_each_request_within_the_bound; no GPU test launched
-# those builds before): its first run on the tree, then seen failing against a planted bug (the
+# those builds before), with test_varlen's ragged gradients under the variants now at every
+# head_dim (d64 causal alone before): their first run on the tree, then seen failing against a
+# planted bug (the
 # split kernel's softcap dropped, in a copy of src/ put first on the path).
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
-export FA_KERNEL_REQUIRE_GPU=1
-timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_paged.py -k "variants or 256" > $OUT/paged_variants.txt 2>&1
+export FA_KERNEL_REQUIRE_GPU=1 FA_KERNEL_GPUS=1 FA_KERNEL_GPU_MEMORY_FRACTION=0.9 HYPOTHESIS_PROFILE=gpu
+timeout 300 python3 -m pytest -q -p no:cacheprovider -n 8 --dist worksteal -m gpu tests/test_paged.py \
+  tests/test_varlen.py::test_each_sequences_gradients_within_the_bound_with_the_variants -k "variants or 256" \
+  > $OUT/paged_variants.txt 2>&1
 echo "paged variants rc=$? (0 expected) $((SECONDS-t0)) s"; tail -3 $OUT/paged_variants.txt
 rm -rf /tmp/planted && mkdir -p /tmp/planted && cp -r src /tmp/planted/
 sed -i 's/return capped_score(score, softcap_log2) if variants.softcap else score/return score/' /tmp/planted/src/fa_kernel/decode.py
 echo "planted: $(diff -r src /tmp/planted/src | grep -c '^>') line(s) changed"
-PYTHONPATH=/tmp/planted/src:$PYTHONPATH timeout $((560-SECONDS+t0)) python3 -m pytest -q -p no:cacheprovider -m gpu \
+PYTHONPATH=/tmp/planted/src:$PYTHONPATH timeout $((560-SECONDS+t0)) python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu \
   tests/test_paged.py -k variants > $OUT/paged_variants_planted.txt 2>&1
 echo "planted rc=$? (1 expected) $((SECONDS-t0)) s"; grep -E "passed|failed" $OUT/paged_variants_planted.txt | tail -2
