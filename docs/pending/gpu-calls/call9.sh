@@ -1,10 +1,8 @@
-# The paged split-KV builds with a window, a softcap and sinks (test_paged's
-# test_each_request_within_the_bound_with_the_variants, new in session 20, and head_dim 256 in
-# test_each_request_within_the_bound; no GPU test launched
-# those builds before), with test_varlen's ragged gradients under the variants now at every
-# head_dim (d64 causal alone before): their first run on the tree, then seen failing against a
-# planted bug (the
-# split kernel's softcap dropped, in a copy of src/ put first on the path).
+# Builds no GPU test launched before session 20: the paged split-KV builds with a window, a
+# softcap and sinks (test_paged's test_each_request_within_the_bound_with_the_variants) and at
+# head_dim 256, and the atomic path's ragged gradients under each variant beyond d64 causal
+# (test_varlen). Their first run on the tree, then the paged one seen failing against a planted
+# bug (the split kernel's softcap dropped, in a copy of src/ put first on the path).
 set -u
 source "$(dirname "$0")/prelude.sh"
 t0=$SECONDS
