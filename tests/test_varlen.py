@@ -262,12 +262,13 @@ def test_each_sequences_gradients_within_the_bound(lengths_q, lengths_k, head_di
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize(
     "options",
-    [dict(window_size=(50, 0)), dict(window_size=(7, 20), causal=False), dict(softcap=20.0)],
-    ids=["left-window", "two-sided-window", "softcap"],
+    [dict(window_size=(50, 0)), dict(window_size=(7, 20), causal=False), dict(window_size=(50, -1), softcap=20.0)],
+    ids=["left-window", "two-sided-window", "softcap-left-window"],
 )
 def test_each_sequences_gradients_within_the_bound_with_the_variants(options, head_dim):
     # The atomic path's ragged builds with each variant at every head_dim (the fixed-order path's
-    # are the deterministic test's below), a two-sided window without causal.
+    # are the deterministic test's below): a two-sided window without causal, and the cap under a
+    # left edge (its mask a select after the cap).
     variants = dict(options)
     causal = variants.pop("causal", True)
     lengths_q, lengths_k = [1, 127, 128, 129, 0, 64], [1, 127, 128, 129, 3, 64]
