@@ -199,16 +199,28 @@ def test_each_sequence_within_the_bound(lengths_q, lengths_k, head_dim, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize(
-    "variants", [dict(window_size=(50, 0)), dict(window_size=(7, 20)), dict(softcap=20.0), dict(sinks=True)]
+    "options",
+    [
+        dict(window_size=(50, 0)),
+        dict(window_size=(7, 20), causal=False),
+        dict(window_size=(50, -1), softcap=20.0),
+        dict(sinks=True),
+    ],
+    ids=["left-window", "two-sided-window", "softcap-left-window", "sinks"],
 )
-def test_each_sequence_within_the_bound_with_the_variants(variants):
+def test_each_sequence_within_the_bound_with_the_variants(options, head_dim):
+    # The ragged forward builds with each variant at every head_dim (their configs differ), a
+    # two-sided window without causal, the cap under a left edge (its mask a select after the cap).
+    variants = dict(options)
+    causal = variants.pop("causal", True)
     lengths_q, lengths_k = [1, 127, 128, 129, 0, 64], [1, 127, 128, 129, 3, 64]
-    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, device="cuda")
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, head_dim=head_dim, device="cuda")
     if variants.get("sinks"):
         variants = dict(sinks=torch.randn(q.shape[1], device="cuda"))
-    out, lse = call(q, k, v, cu_q, cu_k, causal=True, return_lse=True, **variants)
-    judge_sequences(q, k, v, cu_q, cu_k, out, lse, causal=True, **variants)
+    out, lse = call(q, k, v, cu_q, cu_k, causal=causal, return_lse=True, **variants)
+    judge_sequences(q, k, v, cu_q, cu_k, out, lse, causal=causal, **variants)
 
 
 @pytest.mark.gpu
