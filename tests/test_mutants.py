@@ -458,19 +458,25 @@ def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_change
 
 def test_the_gradient_and_split_kv_suite_tiers_name_tests_pytest_collects():
     # A node no test answers to would fail the tier on every mutant: a false kill. Their suite
-    # tiers and their own tests.
+    # tiers and their own tests, collected in one pytest run (each its GPU tests: -m gpu).
     files = ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py", "decode.py")
-    own = [[*catalogue.FIRST_BY_FILE[file], "-m", "gpu"] for file in files]
-    for arguments in [tiers.PYTEST_ARGS["backward"], tiers.PYTEST_ARGS["decode"], *own]:
-        nodes = [argument for argument in arguments if "::" in argument]
-        listed = subprocess.run(
-            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *arguments],
-            cwd=ROOT, capture_output=True, text=True,
-        )  # fmt: skip
-        assert listed.returncode == 0, listed.stdout[-2000:]
-        collected = [line for line in listed.stdout.splitlines() if "::" in line]
-        for node in nodes:
-            assert any(item.startswith(node + "[") or item == node for item in collected), node
+    selections = [
+        tiers.PYTEST_ARGS["backward"],
+        tiers.PYTEST_ARGS["decode"],
+        *(catalogue.FIRST_BY_FILE[f] for f in files),
+    ]
+    assert all(selection[-2:] == ["-m", "gpu"] for selection in selections[:2])
+    paths = sorted(
+        {argument for selection in selections for argument in selection if not argument.startswith("-")} - {"gpu"}
+    )
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu", *paths],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stdout[-2000:]
+    collected = [line for line in listed.stdout.splitlines() if "::" in line]
+    for path in paths:  # a node is a test (each of its parameters collected) or one of its cases; a file has some
+        assert any(item == path or item.startswith((path + "[", path + "::")) for item in collected), path
 
 
 def test_a_mutant_of_the_gradient_parts_is_judged_by_both_gradient_kernels():
