@@ -4,6 +4,7 @@ mutant changes), beside the parameters the tests read."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -178,6 +179,21 @@ def variant_sweep_builds() -> list[dict]:
         for variants in (None, SOFTCAP_VARIANTS)
         for build in sweep_builds()
     ]
+
+
+def ragged_sweep_builds() -> list[dict]:
+    """compiled_forward's arguments of a ragged batch's builds on the sweep's configs (varlen.py's
+    on the per-tile grid), plain and with each variant: mutant triage compares them too (code only
+    a ragged batch runs changes no batched build)."""
+    builds = []
+    for build in sweep_builds():
+        config = dataclasses.replace(build["config"], persistent=False, overlap_epilogue=False)
+        ragged = {name: value for name, value in build.items() if name != "sm_count"}
+        for variants in (PLAIN, WINDOW_VARIANTS[build["causal"]], SOFTCAP_VARIANTS):
+            candidate = dict(ragged, config=config, variants=variants, varlen=True)
+            if candidate not in builds:
+                builds.append(candidate)
+    return builds
 
 
 def variant_builds(arch: str) -> list[dict]:

@@ -652,8 +652,29 @@ def test_pruning_the_triage_cache_keeps_what_the_sources_use_and_drops_the_rest(
     live = triage.short_digest(f"{context}\n{(mutants.PACKAGE / 'kernel.py').read_text()}")
     cache = tmp_path / "triage.json"
     cache.write_text(json.dumps({live: ["a"], triage.GENERATED + live: {"0": "b"}, "0123456789abcdef": ["c"]}))
-    assert triage.prune_cache(cache, 132) == (2, 1)
-    assert set(json.loads(cache.read_text())) == {live, triage.GENERATED + live}
+    ragged = triage.ragged_key((mutants.PACKAGE / "kernel.py").read_text())
+    cache.write_text(json.dumps({**json.loads(cache.read_text()), ragged: ["d"]}))
+    assert triage.prune_cache(cache, 132) == (3, 1)
+    assert set(json.loads(cache.read_text())) == {live, triage.GENERATED + live, ragged}
+
+
+def test_an_equivalent_verdict_holds_only_where_the_ragged_builds_keep_their_programs_too():
+    # The forward's triage builds are batched; a mutant of code only a ragged batch runs (varlen
+    # -> False: every ragged launch broken) left them all as they were and read as equivalent.
+    # From a cache alone: the same ragged programs keep the verdict, other ones send the mutant
+    # to its tests (no sweep build changed), one that raises is a kill.
+    from types import SimpleNamespace
+
+    stored = {triage.ragged_key(name): digests for name, digests in (
+        ("unmutated", ["a", "b"]), ("same", ["a", "b"]), ("other", ["a", "c"]), ("raises", ["a", "error: KeyError: x"])
+    )}  # fmt: skip
+    cases = ["same", "other", "raises", "not cached"]
+    mutants_ = [SimpleNamespace(id=name) for name in cases]
+    result = triage.Triage({name: ("equivalent", "identical PrimFunc") for name in cases}, {})
+    triage._ragged_check(result, mutants_, cases, "unmutated", stored, 1, None, compute=False)
+    assert result.verdicts["same"][0] == "equivalent" and result.verdicts["not cached"][0] == "equivalent"
+    assert "other" not in result.verdicts and result.changed_sweep_builds == {"other": []}
+    assert result.verdicts["raises"] == ("killed", "triage: building a ragged kernel raises (KeyError: x)")
 
 
 def _digest_unless_three(item: int, suffix: str) -> list[str]:

@@ -5,6 +5,7 @@ ones' is equivalent without a GPU; a recorded equivalent mutant is one whose che
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -392,7 +393,58 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
             reason = f"the same generated code for all {len(builds)} shipped and swept kernels ({lowered} lowered)"
             result.verdicts[mutant.id] = ("equivalent", reason)
             del result.changed_sweep_builds[mutant.id]
+    _ragged_check(result, kernel_mutants, sources, original_source, stored, jobs, cache, compute)
     return result
+
+
+@functools.cache
+def _ragged_context() -> str:
+    from suite.builds import ragged_sweep_builds
+
+    return hashlib.sha256(repr(ragged_sweep_builds()).encode()).hexdigest()
+
+
+def ragged_key(source: str) -> str:
+    """The triage cache's key of kernel.py's `source` at the ragged builds (_ragged_check)."""
+    return short_digest(f"ragged {_ragged_context()}\n{source}")
+
+
+def _ragged_check(result, mutants, sources, original_source, stored, jobs, cache, compute) -> None:
+    """An equivalent verdict holds only if the ragged batch's builds (suite.builds.
+    ragged_sweep_builds) keep their programs too: a mutant of code only a ragged batch runs
+    changes none of the others. One that changes them goes to its tests (no sweep build changed:
+    its own tests, then the suite, whose test_varlen launches them); one whose ragged build raises
+    is killed. Keyed apart from the other builds' digests, so that those stay valid."""
+    from suite.builds import ragged_sweep_builds
+
+    ragged = ragged_sweep_builds()
+    key = ragged_key
+
+    settled = [
+        (m, s) for m, s in zip(mutants, sources, strict=True) if result.verdicts.get(m.id, ("",))[0] == "equivalent"
+    ]
+    if not settled:
+        return
+    original = stored.get(key(original_source)) or (primfunc_digests(original_source, ragged) if compute else None)
+    if original is None:
+        return
+    stored[key(original_source)] = original
+    missing = (
+        [source for source in dict.fromkeys(s for _, s in settled) if key(source) not in stored] if compute else []
+    )
+    for source, digests in crash_safe_map(primfunc_digests, missing, jobs, ragged, original, 0):
+        stored[key(source)] = digests
+        save_triage(cache, stored)
+    for mutant, source in settled:
+        mutated = stored.get(key(source))
+        if mutated is None or mutated == original:
+            continue
+        del result.verdicts[mutant.id]
+        error = next((digest for digest in mutated if digest.startswith("error: ")), None)
+        if error is not None:
+            result.verdicts[mutant.id] = ("killed", f"triage: building a ragged kernel raises ({error[7:80]})")
+        else:
+            result.changed_sweep_builds[mutant.id] = []
 
 
 # The test that checks tools/codegen_rules.py on the shipped builds, which triage applies to a
@@ -451,6 +503,8 @@ def live_keys(sm_count: int) -> set[str]:
         sources = [(PACKAGE / file).read_text(), *(m.mutated_source() for m in mutants if m.file == file)]
         for source in sources:
             keys.add(short_digest(f"{context}\n{source}"))
+            if file == "kernel.py":
+                keys.add(ragged_key(source))
     return keys | {GENERATED + key for key in keys}
 
 
