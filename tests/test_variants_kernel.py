@@ -159,7 +159,7 @@ def test_softcap_on_hard_scores(build, distribution):
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 2, 128), (3, 1, 5000, 8, 1, 64)], ids=["prefill", "decode"])
 def test_flash_attn_func_with_variants(shape, kwargs):
     # Through the API: the build it picks for the call's variants, decode steps included (the
-    # split-KV kernels have no variants yet: the forward kernel takes them).
+    # split-KV kernels' builds with the variants compiled in, where the routing sends the step).
     batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim = shape
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, torch.bfloat16)
     if kwargs.get("sinks") == "random":
