@@ -292,3 +292,10 @@ def hard_score_cases(build: dict, distribution: str) -> list[Case]:
         Case(1, seqlen_q, seqlen_k, SWEEP_HEADS, SWEEP_HEADS_KV, head_dim, "float16", causal, scale, distribution, 7)
         for seqlen_q, seqlen_k in shapes
     ]
+
+
+def sinks_for(nheads: int, seed: int, device: str = "cuda") -> torch.Tensor:
+    """Sinks of either sign, some far above every score (the sink takes most of the row)."""
+    sinks = torch.randn(nheads, generator=torch.Generator().manual_seed(seed)) * 3
+    sinks[0] = 20.0
+    return sinks.to(device)

@@ -421,6 +421,21 @@ def test_the_gradient_and_split_kv_kernels_are_targets_of_their_own():
     assert tiers.CPU_BY_FILE["gradient_parts.py"] and "decode.py" not in tiers.CPU_BY_FILE
 
 
+def collected_tests(*arguments: str) -> list[str]:
+    """The test ids `pytest --collect-only` lists for `arguments`; a name it cannot find fails."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *arguments],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stdout[-2000:]
+    return [line for line in listed.stdout.splitlines() if "::" in line]
+
+
+def answers(selection: str, collected: list[str]) -> bool:
+    """Whether a test id, a test (each of its cases) or a file of `selection` is among `collected`."""
+    return any(item == selection or item.startswith((selection + "[", selection + "::")) for item in collected)
+
+
 def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_changes():
     # Triage knows which builds a gradient mutant changes; where its own tests (the plain batched
     # sweeps) launch none of them, the tests that do run first. Every build triage compiles maps
@@ -434,13 +449,8 @@ def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_change
         for build in triage.program_builds(file)
         for node in catalogue.gradient_build_tests(file, build)
     }
-    listed = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *sorted(nodes)],
-        cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
-    collected = [line for line in listed.stdout.splitlines() if "::" in line]
-    for node in nodes:  # a node is a test (each of its parameters collected) or one of its cases
-        assert any(item == node or item.startswith(node + "[") for item in collected), (node, listed.stdout[-2000:])
+    collected = collected_tests(*sorted(nodes))
+    assert all(answers(node, collected) for node in nodes), sorted(n for n in nodes if not answers(n, collected))
     capped = dict(head_dim=64, causal=True, deterministic=False, variants=Variants(window_left=True, softcap=True))
     window = dict(capped, variants=Variants(window_left=True), deterministic=True)
     plain = dict(capped, variants=PLAIN, varlen=False)
@@ -469,14 +479,8 @@ def test_the_gradient_and_split_kv_suite_tiers_name_tests_pytest_collects():
     paths = sorted(
         {argument for selection in selections for argument in selection if not argument.startswith("-")} - {"gpu"}
     )
-    listed = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu", *paths],
-        cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
-    assert listed.returncode == 0, listed.stdout[-2000:]
-    collected = [line for line in listed.stdout.splitlines() if "::" in line]
-    for path in paths:  # a node is a test (each of its parameters collected) or one of its cases; a file has some
-        assert any(item == path or item.startswith((path + "[", path + "::")) for item in collected), path
+    collected = collected_tests("-m", "gpu", *paths)
+    assert all(answers(path, collected) for path in paths), sorted(p for p in paths if not answers(p, collected))
 
 
 def test_a_mutant_of_the_gradient_parts_is_judged_by_both_gradient_kernels():
@@ -563,7 +567,7 @@ def test_program_triage_settles_only_what_the_primfuncs_decide(tmp_path, monkeyp
     ]
     cache = tmp_path / "triage.json"
     found = triage.triage_programs(picked, jobs=1, cache=cache)
-    verdicts, changed = found.verdicts, found.changed_sweep_builds
+    verdicts, changed = found.verdicts, found.changed_builds
     assert [verdicts[mutant.id][0] for mutant in picked[:3]] == ["equivalent"] * 3
     assert verdicts[picked[3].id][0] == "killed"
     assert picked[4].id not in verdicts and picked[5].id not in verdicts
@@ -673,7 +677,7 @@ def test_an_equivalent_verdict_holds_only_where_the_ragged_builds_keep_their_pro
     result = triage.Triage({name: ("equivalent", "identical PrimFunc") for name in cases}, {})
     triage._ragged_check(result, mutants_, cases, "unmutated", stored, 1, None, compute=False)
     assert result.verdicts["same"][0] == "equivalent" and result.verdicts["not cached"][0] == "equivalent"
-    assert "other" not in result.verdicts and result.changed_sweep_builds == {"other": []}
+    assert "other" not in result.verdicts and result.changed_builds == {"other": []}
     assert result.verdicts["raises"] == ("killed", "triage: building a ragged kernel raises (KeyError: x)")
 
 

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 from suite.ragged import judge_requests, paged_cache
+from suite.strategies import sinks_for
 
 from fa_kernel.reference import paged_keys
 
@@ -82,9 +83,7 @@ def test_each_request_within_the_bound_with_the_variants(head_dim, rows):
     q, k_cache, v_cache, seqlens, table = paged_cache(
         lengths, page_size, nheads=rows, nheads_kv=1, head_dim=head_dim, device="cuda", spare_pages=1
     )
-    sinks = torch.randn(rows, generator=torch.Generator().manual_seed(head_dim)) * 3
-    sinks[0] = 20.0
-    sinks = sinks.cuda()
+    sinks = sinks_for(rows, seed=head_dim)
     cases = [dict(window_size=(left, -1), sinks=sinks) for left in (0, page_size - 1, page_size, page_size + 1)]
     cases += [dict(window_size=(page_size, 0), softcap=30.0), dict(softcap=0.05, sinks=sinks)]
     failures = []

@@ -25,7 +25,7 @@ import torch
 from suite.boundaries import SWEEP_HEADS, SWEEP_HEADS_KV, build_id, rows_per_warpgroup, sweep_builds
 from suite.builds import SOFTCAP_VARIANTS, WINDOW_VARIANTS
 from suite.launch import device_arch, run_config
-from suite.strategies import HARD_SCORES, hard_score_cases
+from suite.strategies import HARD_SCORES, hard_score_cases, sinks_for
 
 from fa_kernel import flash_attn_func
 from fa_kernel.configs import (
@@ -68,13 +68,6 @@ def windows(config: TileConfig, causal: bool) -> list[tuple[int, int]]:
     if causal:
         return left_only
     return left_only + [(-1, right) for right in values] + list(zip(values, reversed(values), strict=True))
-
-
-def sinks_for(nheads: int, seed: int) -> torch.Tensor:
-    """Sinks of either sign, some far above every score (the sink takes most of the row)."""
-    sinks = torch.randn(nheads, generator=torch.Generator().manual_seed(seed)) * 3
-    sinks[0] = 20.0
-    return sinks.cuda()
 
 
 @pytest.mark.gpu

@@ -157,7 +157,7 @@ def main() -> int:
 
         start = time.perf_counter()
         found = triage(mutants, os.cpu_count() or 1, args.sm_count, args.triage_cache)
-        changed = {key: [build_id(build) for build in builds] for key, builds in found.changed_sweep_builds.items()}
+        changed = {key: [build_id(build) for build in builds] for key, builds in found.changed_builds.items()}
         if args.generated:
             settled = found.verdicts
             settled.update(recorded_equivalents([m for m in mutants if m.id not in settled]))
@@ -192,7 +192,7 @@ def main() -> int:
     if args.generated and args.target in ("backward", "decode") and not args.select:
         start = time.perf_counter()
         found = triage_programs(mutants, os.cpu_count() or 1, args.triage_cache)
-        settled, changed = found.verdicts, found.changed_sweep_builds
+        settled, changed = found.verdicts, found.changed_builds
         counts = Counter(verdict for verdict, _ in settled.values())
         print(
             f"triage: {counts['equivalent']} equivalent (identical PrimFuncs), {counts['killed']} killed at build,"

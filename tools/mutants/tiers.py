@@ -15,7 +15,15 @@ from pathlib import Path
 
 from tools.equivalent_mutants import BITWISE, EQUIVALENT, GPU_CHECKS, GUARDED, ROUNDING
 from tools.mutants import PACKAGE, ROOT
-from tools.mutants.catalogue import FIRST_BY_FILE, changed_build_tests
+from tools.mutants.catalogue import (
+    BACKWARD_SOFTCAP,
+    BACKWARD_WINDOWS,
+    FIRST_BY_FILE,
+    VARLEN_DETERMINISTIC,
+    VARLEN_PLAIN,
+    VARLEN_VARIANTS,
+    changed_build_tests,
+)
 
 # pytest-xdist workers of a mutant's suite (or selected tests), all on its one GPU: four per
 # GPU, as `nox -s gpu` runs (eight were slower on one H200: the CUDA contexts take turns).
@@ -57,21 +65,16 @@ PYTEST_ARGS = {
     # their forward sweeps compile and run kernels no gradient mutant changes.
     "backward": [
         "tests/test_backward_kernel.py",
-        *(
-            f"tests/test_variants_kernel.py::{name}"
-            for name in (
-                "test_backward_window_sweep_with_sinks",
-                "test_a_split_gqa_group_keeps_the_window_the_cap_and_the_sinks",
-                "test_backward_softcap",
-                "test_autograd_with_every_variant_gives_dsinks",
-            )
-        ),
+        BACKWARD_WINDOWS,
+        "tests/test_variants_kernel.py::test_a_split_gqa_group_keeps_the_window_the_cap_and_the_sinks",
+        BACKWARD_SOFTCAP,
+        "tests/test_variants_kernel.py::test_autograd_with_every_variant_gives_dsinks",
+        VARLEN_PLAIN,
+        *VARLEN_VARIANTS,
+        VARLEN_DETERMINISTIC,
         *(
             f"tests/test_varlen.py::{name}"
             for name in (
-                "test_each_sequences_gradients_within_the_bound",
-                "test_each_sequences_gradients_within_the_bound_with_the_variants",
-                "test_deterministic_gradients_are_within_the_bound_and_the_same_bits_every_run",
                 "test_the_sinks_gradient_sums_each_sequences",
                 "test_the_lse_gradient_reaches_each_sequence",
                 "test_no_sequences_gradients_read_another",

@@ -202,9 +202,8 @@ def triage_programs(mutants: list, jobs: int, cache: Path | None = None) -> Tria
             if mutated == original and mutant.function not in HOST_SIDE:
                 reason = f"identical PrimFuncs for all {len(builds)} builds its tests launch"
                 verdicts[mutant.id] = ("equivalent", reason)
-            elif any(digest.startswith("error: ") for digest in mutated):
-                error = next(digest for digest in mutated if digest.startswith("error: "))
-                verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({error[7:80]})")
+            elif (error := build_error(mutated)) is not None:
+                verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({error})")
             else:
                 changed[mutant.id] = [build for build, a, b in zip(builds, original, mutated, strict=True) if a != b]
     save_triage(cache, stored)
@@ -227,6 +226,11 @@ def triage_builds(sm_count: int) -> list[dict]:
     full = shipped_builds(sm_count=sm_count, small_grids=False)
     shipped = [build for build in full if build["dtype"] == "float16"]
     return unique([*sweep_builds(), *shipped, *variant_sweep_builds()])
+
+
+def build_error(digests: list[str]) -> str | None:
+    """The first build's error among a mutant's digests (its message, to 73 characters), or None."""
+    return next((digest[7:80] for digest in digests if digest.startswith("error: ")), None)
 
 
 def short_digest(text: str) -> str:
@@ -326,7 +330,7 @@ class Triage:
     so its first GPU tests are those that launch them."""
 
     verdicts: dict[str, tuple[str, str]]
-    changed_sweep_builds: dict[str, list[dict]]
+    changed_builds: dict[str, list[dict]]
 
 
 def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, compute: bool = True) -> Triage:
@@ -372,11 +376,10 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
         if mutated == original:
             reason = f"identical PrimFunc for all {len(builds)} shipped and swept kernels"
             result.verdicts[mutant.id] = ("equivalent", reason)
-        elif any(digest.startswith("error: ") for digest in mutated):
-            error = next(digest for digest in mutated if digest.startswith("error: "))
-            result.verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({error[7:80]})")
+        elif (error := build_error(mutated)) is not None:
+            result.verdicts[mutant.id] = ("killed", f"triage: building the kernel raises ({error})")
         else:
-            result.changed_sweep_builds[mutant.id] = [
+            result.changed_builds[mutant.id] = [
                 build for build, before, after in zip(sweep, original, mutated, strict=False) if before != after
             ]
             changed_at[source] = [i for i in range(len(builds)) if i >= len(mutated) or mutated[i] != original[i]]
@@ -387,12 +390,12 @@ def triage(mutants: list, jobs: int, sm_count: int, cache: Path | None = None, c
     for mutant, source in zip(kernel_mutants, sources, strict=True):
         if source in broken:
             result.verdicts[mutant.id] = ("killed", f"triage: {CODEGEN_TEST} fails on its code: {broken[source]}")
-            del result.changed_sweep_builds[mutant.id]
+            del result.changed_builds[mutant.id]
         elif same_code.get(source):
             lowered = len(changed_at[source])
             reason = f"the same generated code for all {len(builds)} shipped and swept kernels ({lowered} lowered)"
             result.verdicts[mutant.id] = ("equivalent", reason)
-            del result.changed_sweep_builds[mutant.id]
+            del result.changed_builds[mutant.id]
     _ragged_check(result, kernel_mutants, sources, original_source, stored, jobs, cache, compute)
     return result
 
@@ -418,33 +421,32 @@ def _ragged_check(result, mutants, sources, original_source, stored, jobs, cache
     from suite.builds import ragged_sweep_builds
 
     ragged = ragged_sweep_builds()
-    key = ragged_key
 
     settled = [
         (m, s) for m, s in zip(mutants, sources, strict=True) if result.verdicts.get(m.id, ("",))[0] == "equivalent"
     ]
     if not settled:
         return
-    original = stored.get(key(original_source)) or (primfunc_digests(original_source, ragged) if compute else None)
+    unmutated = ragged_key(original_source)
+    original = stored.get(unmutated) or (primfunc_digests(original_source, ragged) if compute else None)
     if original is None:
         return
-    stored[key(original_source)] = original
-    missing = (
-        [source for source in dict.fromkeys(s for _, s in settled) if key(source) not in stored] if compute else []
-    )
+    stored[unmutated] = original
+    sources_left = dict.fromkeys(source for _, source in settled)
+    missing = [source for source in sources_left if ragged_key(source) not in stored] if compute else []
     for source, digests in crash_safe_map(primfunc_digests, missing, jobs, ragged, original, 0):
-        stored[key(source)] = digests
+        stored[ragged_key(source)] = digests
         save_triage(cache, stored)
     for mutant, source in settled:
-        mutated = stored.get(key(source))
+        mutated = stored.get(ragged_key(source))
         if mutated is None or mutated == original:
             continue
         del result.verdicts[mutant.id]
-        error = next((digest for digest in mutated if digest.startswith("error: ")), None)
+        error = build_error(mutated)
         if error is not None:
-            result.verdicts[mutant.id] = ("killed", f"triage: building a ragged kernel raises ({error[7:80]})")
+            result.verdicts[mutant.id] = ("killed", f"triage: building a ragged kernel raises ({error})")
         else:
-            result.changed_sweep_builds[mutant.id] = []
+            result.changed_builds[mutant.id] = []
 
 
 # The test that checks tools/codegen_rules.py on the shipped builds, which triage applies to a
