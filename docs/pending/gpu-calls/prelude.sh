@@ -5,7 +5,12 @@
 #   `TILELANG_CACHE_DIR=/tmp/k/cache python -m tools.precompile --arch sm_90a --sm-count 132`, then
 #   `tar -C /tmp/k -cf - cache | xz -9e > .gpu/kernels.tar.xz`; session 20's also holds the 109
 #   kernels the GPU suite compiled beyond those, call2.sh's suite_kernels.tar.xz unpacked into
-#   /tmp/k/cache too: 14 MB in all at -9e) and .gpu/abcache.tar.xz (the A/B's, docs/pending/README.md).
+#   /tmp/k/cache too: 14 MB in all at -9e) and .gpu/abcache.tar.xz (the A/Bs' builds:
+#   `TILELANG_CACHE_DIR=/tmp/ab/cache python -m perf.backward_ab --compile-only sm_90a --head-dims 64 128
+#   --variants no_dq kv_pairs`, the same with `--dq --variants keys_64 keys_64_three_stages`, then
+#   `tar -C /tmp/ab -cf - cache | xz -9e > .gpu/abcache.tar.xz`). call4.sh needs
+#   .gpu/triage_backward.json (`python -m tools.mutants --target backward --generated --triage-only
+#   --triage-cache .gpu/triage_backward.json`, about 40 minutes on 2 cores). All of .gpu/ under 64 MiB.
 # It sources the bundle's TileLang/asv/nox, puts this tree's package first, and unpacks those archives.
 source .gpu/env.sh
 export PYTHONPATH=$PWD/src:$PWD:$PYTHONPATH
