@@ -4,7 +4,6 @@ mutant changes), beside the parameters the tests read."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
@@ -187,7 +186,7 @@ def ragged_sweep_builds() -> list[dict]:
     a ragged batch runs changes no batched build)."""
     builds = []
     for build in sweep_builds():
-        config = dataclasses.replace(build["config"], persistent=False, overlap_epilogue=False)
+        config = build["config"].per_tile()
         ragged = {name: value for name, value in build.items() if name != "sm_count"}
         for variants in (PLAIN, WINDOW_VARIANTS[build["causal"]], SOFTCAP_VARIANTS):
             candidate = dict(ragged, config=config, variants=variants, varlen=True)
@@ -234,17 +233,14 @@ def varlen_builds(arch: str) -> list[dict]:
     """compiled_forward's arguments of every varlen build flash_attn_varlen_func runs: each config
     the tables give a head dim and mask, on the per-tile grid (persistent and overlap off), bf16
     and fp16, plain; and the variants tests/test_varlen.py launches (causal d64 fp16)."""
-    import dataclasses
-
     from fa_kernel.configs import key_ranges, select_config
 
     builds = []
     for head_dim, causal, dtype in itertools.product((64, 128, 256), (False, True), ("float16", "bfloat16")):
         for _, most, _ in key_ranges("sm_90", head_dim, causal):
-            config = select_config("sm_90", head_dim, causal, most)
-            config = dataclasses.replace(config, persistent=False, overlap_epilogue=False)
+            config = select_config("sm_90", head_dim, causal, most).per_tile()
             builds.append(dict(head_dim=head_dim, causal=causal, dtype=dtype, config=config, arch=arch, varlen=True))
-    config = dataclasses.replace(select_config("sm_90", 64, True, 1024), persistent=False, overlap_epilogue=False)
+    config = select_config("sm_90", 64, True, 1024).per_tile()
     for variants in (
         Variants(window_left=True),
         Variants(window_left=True, window_right=True),

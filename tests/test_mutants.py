@@ -438,19 +438,10 @@ def answers(selection: str, collected: list[str]) -> bool:
 
 def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_changes():
     # Triage knows which builds a gradient mutant changes; where its own tests (the plain batched
-    # sweeps) launch none of them, the tests that do run first. Every build triage compiles maps
-    # to tests pytest collects (a node it cannot find would fail the tier: a false kill).
+    # sweeps) launch none of them, the tests that do run first (each one pytest collects: the
+    # test after the next).
     from fa_kernel.variants import PLAIN, Variants
 
-    files = ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py")
-    nodes = {
-        node
-        for file in files
-        for build in triage.program_builds(file)
-        for node in catalogue.gradient_build_tests(file, build)
-    }
-    collected = collected_tests(*sorted(nodes))
-    assert all(answers(node, collected) for node in nodes), sorted(n for n in nodes if not answers(n, collected))
     capped = dict(head_dim=64, causal=True, deterministic=False, variants=Variants(window_left=True, softcap=True))
     window = dict(capped, variants=Variants(window_left=True), deterministic=True)
     plain = dict(capped, variants=PLAIN, varlen=False)
@@ -466,14 +457,39 @@ def test_a_gradient_mutant_first_runs_the_tests_that_launch_the_builds_it_change
     assert tiers.mutant_tiers(mutant, "backward", [plain, capped], {}, smoke_only=True, cpu_only=False) == [own]
 
 
-def test_the_gradient_and_split_kv_suite_tiers_name_tests_pytest_collects():
+def test_a_split_kv_mutant_first_runs_the_tests_that_launch_the_paged_and_variant_builds_it_changes():
+    # As the gradient's: a paged or variant build's tests first; a plain build without pages
+    # among the changed sends it to its own.
+    from fa_kernel.variants import Variants
+
+    window = Variants(window_left=True, softcap=True, sinks=True)
+    plain = dict(head_dim=128, causal=True, dtype="float16", arch="sm_90a", block_m=16)
+    paged = dict(plain, page_size=16)
+    paged_window = dict(plain, page_size=64, variants=window, block_m=64)
+    windowed = dict(plain, variants=window)
+    assert catalogue.changed_build_tests("decode.py", [paged, paged_window, windowed, paged]) == (
+        f"{catalogue.PAGED_PLAIN}[128-16]",
+        f"{catalogue.PAGED_VARIANTS}[128-group64]",
+        f"{catalogue.SPLIT_KV_VARIANTS}[d128-rows16-causal]",
+    )
+    assert catalogue.changed_build_tests("decode.py", [paged, plain]) == ()
+    assert catalogue.changed_build_tests("decode.py", [dict(paged, causal=False)]) == ()  # no test launches it
+    mutant = next(m for m in generate(files=("decode.py",)) if m.file == "decode.py")
+    own = ("own tests", ["-x", *catalogue.FIRST_BY_FILE["decode.py"]])
+    planned = tiers.mutant_tiers(mutant, "decode", [paged], {}, smoke_only=True, cpu_only=False)
+    assert planned[-2:] == [(tiers.CHANGED_BUILDS_TIER, ["-x", f"{catalogue.PAGED_PLAIN}[128-16]"]), own]
+
+
+def test_the_gradient_and_split_kv_tiers_name_tests_pytest_collects():
     # A node no test answers to would fail the tier on every mutant: a false kill. Their suite
-    # tiers and their own tests, collected in one pytest run (each its GPU tests: -m gpu).
+    # tiers, their own tests and the tests of each build triage compiles for them, collected in
+    # one pytest run (each its GPU tests: -m gpu).
     files = ("backward.py", "backward_dq.py", "gradient_parts.py", "backward_preprocess.py", "decode.py")
     selections = [
         tiers.PYTEST_ARGS["backward"],
         tiers.PYTEST_ARGS["decode"],
         *(catalogue.FIRST_BY_FILE[f] for f in files),
+        *(catalogue.changed_build_tests(f, [build]) for f in files for build in triage.program_builds(f)),
     ]
     assert all(selection[-2:] == ["-m", "gpu"] for selection in selections[:2])
     paths = sorted(

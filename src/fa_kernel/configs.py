@@ -19,7 +19,7 @@ import heapq
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 
@@ -43,6 +43,11 @@ class TileConfig:
 
     def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
+
+    def per_tile(self) -> TileConfig:
+        """The config on the per-tile grid, a ragged batch's (its work tiles come from the key
+        tile order, one thread block each, not from a persistent walk)."""
+        return replace(self, persistent=False, overlap_epilogue=False)
 
     def __str__(self) -> str:
         """The config in one word, e.g. 128x176/2st/256thr/persistent/overlap; `parse` reads it back."""

@@ -315,7 +315,7 @@ def _varlen_launch(q, k, max_seqlen_k: int, scale: float, causal: bool, window_s
     config the table gives for the keys a row sees, on the per-tile grid (a ragged batch's own)."""
     head_dim = q.shape[-1]
     batched = kernel_build(q.device, head_dim, causal, q.dtype, max(1, max_seqlen_k), window_size=window_size)
-    build = dict(batched, config=dataclasses.replace(batched["config"], persistent=False, overlap_epilogue=False))
+    build = dict(batched, config=batched["config"].per_tile())
     variants = Variants.of(causal, window_size, softcap, sinks)
     kernel = compiled_forward(**build, variants=variants, varlen=True)
     values = launch_arguments(variants, window_size, softcap, scale, sinks)

@@ -79,6 +79,9 @@ VARLEN_DETERMINISTIC = (
     "tests/test_varlen.py::test_deterministic_gradients_are_within_the_bound_and_the_same_bits_every_run"
 )
 DECODE = ("tests/test_decode.py::test_split_kv_kernels_within_the_bound",)
+SPLIT_KV_VARIANTS = "tests/test_variants_kernel.py::test_split_kv_variants_within_the_bound"
+PAGED_PLAIN = "tests/test_paged.py::test_each_request_within_the_bound"
+PAGED_VARIANTS = "tests/test_paged.py::test_each_request_within_the_bound_with_the_variants"
 ROUTING = ("tests/test_decode.py::test_flash_attn_func_gives_decode_steps_to_the_split_kv_kernels",)
 
 
@@ -147,15 +150,40 @@ def gradient_build_tests(file: str, build: dict) -> tuple[str, ...]:
     return (f"{test}[{head_dim}-{mask}-{'fixed-order-dq' if deterministic else 'atomic-dq'}]",)
 
 
-def changed_build_tests(file: str, builds: list[dict]) -> tuple[str, ...]:
-    """The first GPU tests of a gradient mutant that changes `builds` (triage's): none where a
-    plain batched build is among them (its own tests launch that), else the tests that launch
-    them, CHANGED_BUILD_TESTS at most. Its own tests would launch only kernels it leaves alone,
-    and the suite tier after them costs minutes a mutant (session 20: six were still there after
-    410-430 s)."""
-    tests = [gradient_build_tests(file, build) for build in builds]
-    if not tests or not all(tests):
+def split_kv_build_tests(build: dict) -> tuple[str, ...]:
+    """The GPU tests that launch a build of triage.program_builds("decode.py"): () for a plain
+    build without pages, which the file's own tests launch, and for a paged build no test
+    launches (the paged tests' steps are causal; their group of 4 rows takes the narrowest tile)."""
+    from fa_kernel.decode import SPLIT_TILES
+    from fa_kernel.variants import PLAIN
+
+    head_dim, block_m, causal = build["head_dim"], build["block_m"], build["causal"]
+    variants, page_size = build.get("variants", PLAIN), build.get("page_size", 0)
+    if not page_size:
+        mask = "causal" if causal else "full"
+        return () if variants == PLAIN else (f"{SPLIT_KV_VARIANTS}[d{head_dim}-rows{block_m}-{mask}]",)
+    narrowest = min(rows for dim, rows in SPLIT_TILES if dim == head_dim)
+    if not causal or (variants == PLAIN and (page_size != 16 or block_m != narrowest)):
         return ()
+    if variants == PLAIN:
+        return (f"{PAGED_PLAIN}[{head_dim}-{page_size}]",)
+    return (f"{PAGED_VARIANTS}[{head_dim}-group{4 if block_m == narrowest else 64}]",) if page_size == 64 else ()
+
+
+def changed_build_tests(file: str, builds: list[dict]) -> tuple[str, ...]:
+    """The first GPU tests of a gradient or split-KV mutant that changes `builds` (triage's): none
+    where a build its own tests launch is among them (a plain batched one), else the tests that
+    launch them, CHANGED_BUILD_TESTS at most. Its own tests would launch only kernels it leaves
+    alone, and the suite tier after them costs minutes a mutant (session 20: six were still
+    there after 410-430 s)."""
+    if file == "decode.py":
+        from fa_kernel.variants import PLAIN
+
+        own = [build for build in builds if not build.get("page_size") and build.get("variants", PLAIN) == PLAIN]
+        tests = [] if own else [split_kv_build_tests(build) for build in builds]
+    else:
+        tests = [gradient_build_tests(file, build) for build in builds]
+        tests = tests if all(tests) else []
     return tuple(dict.fromkeys(node for nodes in tests for node in nodes))[:CHANGED_BUILD_TESTS]
 
 

@@ -48,7 +48,7 @@ CPU_TESTS = ("tests/test_configs.py", "tests/test_api.py")
 CPU_BY_FILE = {"gradient_parts.py": ("tests/test_backward_tiles.py",), "mask.py": ("tests/test_mask.py",)}
 
 
-# A gradient mutant's tier of the tests that launch its changed builds (catalogue.changed_build_tests).
+# A gradient or split-KV mutant's tier of the tests that launch its changed builds (catalogue.changed_build_tests).
 CHANGED_BUILDS_TIER = "changed builds' tests"
 
 
@@ -190,7 +190,7 @@ def mutant_tiers(
     mutant, target: str, changed: list | None, smoke_nodes: dict[str, list[str]], smoke_only: bool, cpu_only: bool
 ) -> list[tuple[str, list[str]]]:
     """(name, pytest arguments) of the tiers that judge `mutant`, the cheapest first; each runs
-    only if the ones before it passed. `changed`: for a gradient mutant, the builds
+    only if the ones before it passed. `changed`: for a gradient or split-KV mutant, the builds
     (triage.program_builds') whose programs it changes, whose tests run before its own where
     those launch none of them; for the forward, the sweep builds (ids) whose kernel the mutant
     changes, where triage knows them: the smoke tier then runs on those alone, the first one
@@ -204,7 +204,7 @@ def mutant_tiers(
         cpu = [("cpu", ["-x", *CPU_BY_FILE[mutant.file]])] if mutant.file in CPU_BY_FILE else []
         if cpu_only:
             return cpu
-        first = changed_build_tests(mutant.file, changed) if changed and target == "backward" else ()
+        first = changed_build_tests(mutant.file, changed) if changed else ()
         launching = [(CHANGED_BUILDS_TIER, ["-x", *first])] if first else []
         own = [*cpu, *launching, ("own tests", ["-x", *FIRST_BY_FILE[mutant.file]])]
         return own if smoke_only else [*own, ("suite", ["-x", *PYTEST_ARGS[target]])]
