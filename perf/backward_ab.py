@@ -24,6 +24,10 @@ BACKWARD_TILES entry:
   tile_fastest     the blocks by K/V tile fastest, then K/V head and batch (`heavy_first=False`),
                    where the shipped kernel goes heavy first (backward.heavy_first_order: under
                    causal, groups of about a wave's pairs, each by K/V tile slowest).
+  dq_writer        the same walk on TileLang's typed warp-specialisation schedule (`dq_writer=True`,
+                   backward_writer.py): dQ's bulk adds issued by a warp of their own, off the MMA
+                   warpgroups' path, as FlashAttention-3's; dS in two slots, one consumer sync a
+                   step (no variants; head_dim 64 and 128).
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -69,6 +73,7 @@ VARIANTS: dict[str, dict] = {
     "no_dq": {"with_dq": False},
     "tile_fastest": {"heavy_first": False},
     "kv_pairs": {"with_dq": False, "kv_pairs": True},
+    "dq_writer": {"dq_writer": True},
 }
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {

@@ -173,6 +173,40 @@ def dq_staging_gaps(source: str, consumers: int = 256) -> list[str]:
     return gaps
 
 
+def writer_handoff_gaps(source: str, consumers: int = 256) -> list[str]:
+    """What the dq_writer build's generated walks lack to hand dS and dQ over in shared memory, []
+    if nothing (fa_kernel/backward_writer.py). The MMA warps' dS: its stores, a proxy fence, then
+    a consumer sync before a dQ wgmma reads it. dQ's image: the MMA warps wait for its slot's
+    empty barrier before writing it, and fence before arriving on its full one; the writer warp
+    waits for the full barrier, adds, waits for the add's read of the image, then arrives on the
+    empty one. The schedule's materializer places the barriers; the fences, the sync and the
+    writer's wait are the kernel's own, and racecheck sees neither the wgmma's read nor the add's."""
+    add = re.search(r"tl::tma_store_add\(", source)
+    full = re.search(r"dq_full\[[^\]]*\]\.arrive\(\)", source)
+    writer = enclosing_loop_body(source, add.start()) if add else None
+    mma = enclosing_loop_body(source, full.start()) if full else None
+    if writer is None or mma is None:
+        return ["the MMA warps' arrival on dQ's full barrier or the writer's bulk add inside a walk not found"]
+    loop = source[mma[0] : mma[1]]
+    ds_write = re.search(r"stmatrix[^\n]*\(\((?:half_t|bfloat16_t)\*\)dS_", loop)
+    ds_read = re.search(r"initialize_wgmma_descriptor<[^>]*>\(\w+, \(&\(\(\((?:half_t|bfloat16_t)\*\)dS_", loop)
+    dq_writes = list(re.finditer(r"\(\(float\*\)dQ_shared\)(?: \+|\[)", loop))
+    if not (ds_write and ds_read and dq_writes and ds_write.start() < ds_read.start()):
+        return ["dS's write, its wgmma and dQ's write, in that order, not found"]
+    sync, fence = rf"__sync_thread_partial\(\d+, {consumers}\)", r"fence_proxy_async\(\)"
+    gaps = []
+    if not in_order(loop[ds_write.end() : ds_read.start()], fence, sync):
+        gaps.append("no proxy fence, then a consumer sync, between dS's write and dQ's wgmma")
+    if not re.search(r"dq_empty\[[^\]]*\]\.wait\(", loop[: dq_writes[0].start()]):
+        gaps.append("no wait for dQ's empty slot before its write")
+    if not in_order(loop[dq_writes[-1].end() :], fence, r"dq_full\[[^\]]*\]\.arrive\(\)"):
+        gaps.append("no proxy fence between dQ's write and its full barrier's arrival")
+    steps = (r"dq_full\[[^\]]*\]\.wait\(", r"tl::tma_store_add\(", r"tma_store_wait<0", r"dq_empty\[[^\]]*\]\.arrive\(")
+    if not in_order(source[writer[0] : writer[1]], *steps):
+        gaps.append("the writer does not wait for the full slot, add, wait for the add's read, then free the slot")
+    return gaps
+
+
 # Bytes of an element of a shared buffer as the generated code casts it.
 ELEMENT_BYTES = {"float": 4, "int": 4, "uint": 4, "bfloat16_t": 2, "half_t": 2}
 # A TMA tensor copy's shared-memory side must be 128-byte aligned (PTX cp.async.bulk.tensor).

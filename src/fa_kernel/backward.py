@@ -23,20 +23,23 @@ import tilelang.language as T
 
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, statistics_row
+from fa_kernel.backward_writer import writer_program
 from fa_kernel.configs import BACKWARD_TILES, DK_DV_TILES
-from fa_kernel.gradient_parts import WGMMA_ROWS, compiled_at_tiles, gradient_sizes, ragged_parameters, tile_needs_mask
+from fa_kernel.gradient_parts import (
+    CONSUMER_REGISTERS,
+    CONSUMERS_BARRIER,
+    PRODUCER_REGISTERS,
+    WGMMA_ROWS,
+    compiled_at_tiles,
+    gradient_sizes,
+    ragged_parameters,
+    tile_needs_mask,
+)
 from fa_kernel.mask import variant_visibility
 from fa_kernel.scheduler import KeyTile, at_offset, heavy_first_block, ragged_tile
 from fa_kernel.softmax import capped_score
 from fa_kernel.toolchain import DTYPES, FAST_MATH, OWN_SYNCS
 from fa_kernel.variants import PLAIN, Variants, kernel_parameter
-
-# setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
-# for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
-# The consumer warpgroups' named barrier where the dK/dV kernel places its own (syncs_by_hand);
-# TileLang's planner numbers its own from 3, and places none in such a build.
-CONSUMERS_BARRIER = 6
 
 
 def operands_in_registers(block_n: int, threads: int = 256) -> bool:
@@ -67,6 +70,7 @@ def backward_program(
     head_splits: bool = False,
     heavy_first: bool = False,
     kv_pairs: bool = False,
+    dq_writer: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -109,6 +113,10 @@ def backward_program(
     stored where its walk ends: a short walk's fixed costs over twice the steps. An odd last K/V
     head walks alone.
 
+    `dq_writer` (an A/B build, perf/backward_ab.py; batched, adding dQ, without the variants): the
+    same walk on TileLang's typed warp-specialisation schedule, dQ's bulk adds issued by a warp
+    of their own (backward_writer.py).
+
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
     Sᵀ by columns, and the operands go through shared memory, as in FlashAttention-3's. In
@@ -118,6 +126,13 @@ def backward_program(
     runs on under dQ's staging and add, as FlashAttention-3's does; dQ comes transposed there,
     dQᵀ = Kᵀ·dSᵀ (its dQ_swapAB).
     """
+    if dq_writer:  # an A/B build of its own module: backward_writer.py
+        if head_splits or varlen or kv_pairs or not with_dq or variants != PLAIN or threads != 256:
+            raise ValueError("dq_writer: expected a batched launch adding dQ, without the variants or head splits")
+        return writer_program(
+            head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages,
+            heavy_first=heavy_first,
+        )  # fmt: skip
     if kv_pairs and (head_splits or varlen or with_dq):
         raise ValueError("kv_pairs: expected a batched launch without dQ or head splits")
     if (head_splits or heavy_first) and varlen:

@@ -10,6 +10,12 @@ from fa_kernel.toolchain import FAST_MATH, compile_program
 
 # Rows of one wgmma (its M): a warpgroup's share of a GEMM's rows is a multiple of it.
 WGMMA_ROWS = 64
+# setmaxnreg budgets of the dK/dV kernel's producer and consumer warpgroups (TileLang's default
+# for one producer and two consumers: 128·24 + 256·240 registers fill the SM's 64K).
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
+# The consumer warpgroups' named barrier where a dK/dV kernel places its own (backward.syncs_by_hand);
+# TileLang's planner numbers its own from 3, and places none in such a build.
+CONSUMERS_BARRIER = 6
 
 
 def ragged_parameters(varlen: bool) -> tuple:
