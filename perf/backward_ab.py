@@ -28,6 +28,11 @@ BACKWARD_TILES entry:
                    backward_writer.py): dQ's bulk adds issued by a warp of their own, off the MMA
                    warpgroups' path, as FlashAttention-3's; dS in two slots, one consumer sync a
                    step (no variants; head_dim 64 and 128).
+  dq_writer_ordered  dq_writer with those adds in a fixed order (`ordered_dq=True`, the blocks
+                   last K/V tile first, each add waiting for its turn in the writer warp, off the
+                   MMA path; two dQ slots): FlashAttention-3's deterministic mode, against the
+                   fixed-order path's two kernels (issue 53's 0.9x line). Judged within the
+                   bound, then bitwise equal over runs.
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -56,7 +61,7 @@ from fa_kernel import flash_attn_func
 from fa_kernel.backward import compiled_backward, compiled_dk_dv, heavy_first_order
 from fa_kernel.backward_dq import compiled_dq
 from fa_kernel.backward_preprocess import compiled_preprocess, dq_row, padded_rows
-from fa_kernel.configs import pairs_per_group
+from fa_kernel.configs import BACKWARD_TILES, pairs_per_group
 from fa_kernel.device import device_target
 from fa_kernel.interface import compile_arch
 from fa_kernel.numerics import LOG2E
@@ -74,7 +79,10 @@ VARIANTS: dict[str, dict] = {
     "tile_fastest": {"heavy_first": False},
     "kv_pairs": {"with_dq": False, "kv_pairs": True},
     "dq_writer": {"dq_writer": True},
+    "dq_writer_ordered": {"dq_writer": True, "ordered_dq": True, "heavy_first": False},
 }
+# Runs of an ordered variant whose gradients must agree to the bit.
+ORDERED_RUNS = 5
 # name -> dq_program's arguments over the DQ_TILES entry (`--dq`)
 DQ_VARIANTS: dict[str, dict] = {
     "shipped": {},
@@ -170,9 +178,15 @@ def launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: str
     dq_accum = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
     order = launch_order(variant, causal, k, head_dim)
+    # ordered_dq's turns, one a (batch, head, query tile), zeroed before each call as dQ's sums are.
+    ordered = VARIANTS[variant].get("ordered_dq", False)
+    query_tiles = -(-seqlen_q // BACKWARD_TILES[head_dim][0])
+    turns = torch.zeros((batch, heads, query_tiles) if ordered else (0,), dtype=torch.int32, device=q.device)
+    order += (turns,) if ordered else ()
 
     def call():
         dq_accum.zero_()
+        turns.zero_()
         kernel(q, k, v, dout, delta, lse_log2, dq_accum, dk, dv, scale * LOG2E, scale, *order)
 
     def grads():
@@ -205,6 +219,16 @@ def dq_launcher(case, head_dim: int, causal: bool, dtype: torch.dtype, variant: 
         kernel(q, k, v, dout, delta, lse_log2, dq, scale * LOG2E, scale)
 
     return call, lambda: (dq, dk, dv), (q, k, v, dout)
+
+
+def bitwise_stable(call, grads) -> bool:
+    """Whether ORDERED_RUNS more calls give the first's gradients to the bit."""
+    first = [t.clone() for t in grads()]
+    for _ in range(ORDERED_RUNS):
+        call()
+        if not all(torch.equal(a, b) for a, b in zip(first, grads(), strict=True)):
+            return False
+    return True
 
 
 def main() -> int:
@@ -251,6 +275,8 @@ def main() -> int:
                 verdict = judge_backward(q, k, v, dout, grads(), causal)
                 if not verdict.passed:
                     yield f"d{head_dim} causal={causal} {case}: {verdict}"
+                elif family[name].get("ordered_dq") and not bitwise_stable(call, grads):
+                    yield f"d{head_dim} causal={causal} {case}: dQ differs between runs"
 
     judged = ab.within_the_bound(variants, failures)
     variants = None if judged is None else [name for name in variants if name in judged]

@@ -399,8 +399,8 @@ def test_the_heavy_first_map_is_worked_out_once_a_block():
     assert readers == ["block_tile", "block_slot", "block_batch"], readers
 
 
-@pytest.mark.parametrize(("head_dim", "causal"), [(64, False), (128, True)])
-def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal):
+@pytest.mark.parametrize(("head_dim", "causal", "ordered"), [(64, False, False), (128, True, False), (64, True, True)])
+def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal, ordered):
     # backward_program(dq_writer=True), an A/B build on TileLang's typed warp-specialisation
     # schedule: three roles (MMA warps, a TMA warp, the writer warp that bulk-adds dQ), and the
     # kernel's own fences, consumer sync and read wait around the schedule's barriers. Lowered alone.
@@ -412,19 +412,21 @@ def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal):
     from fa_kernel.variants import PLAIN
 
     block_m, block_n, stages = BACKWARD_TILES[head_dim]
-    build = dict(block_m=block_m, block_n=block_n, num_stages=stages, dq_writer=True)
-    heavy_first = heavy_first_order(causal, PLAIN, varlen=False, head_splits=False)
+    build = dict(block_m=block_m, block_n=block_n, num_stages=stages, dq_writer=True, ordered_dq=ordered)
+    heavy_first = heavy_first_order(causal, PLAIN, varlen=False, head_splits=False) and not ordered
     program = backward_program(head_dim=head_dim, causal=causal, dtype="bfloat16", heavy_first=heavy_first, **build)
     with tvm.transform.PassContext(opt_level=3, config=backward_pass_configs(**build)), tvm.target.Target(CUDA_SM90A):
         source = lower(program, target=tvm.target.Target(CUDA_SM90A)).kernel_source
     assert source.count("warpgroup_reg_alloc<240>") == 1 and source.count("warpgroup_reg_dealloc<24>") == 3
     assert writer_handoff_gaps(source) == []
-    assert len(re.findall(r"__sync_thread_partial\(\d+, 256\)", source)) == 1, "one consumer sync a step"
+    # One consumer sync a step on dS's two slots; ordered, two on its one (room for two dQ slots).
+    assert len(re.findall(r"__sync_thread_partial\(\d+, 256\)", source)) == (2 if ordered else 1)
     # The check can fail: each of the kernel's own orderings taken out, it says which is lost.
     fences = list(re.finditer(r"tl::fence_proxy_async\(\);\n", source))
     assert writer_handoff_gaps(source[: fences[-1].start()] + source[fences[-1].end() :]) == [
         "no proxy fence between dQ's write and its full barrier's arrival"
     ]
-    assert writer_handoff_gaps(source.replace("tl::tma_store_wait<0, true>();", "")) == [
+    wait = "tl::tma_store_wait<0, false>();" if ordered else "tl::tma_store_wait<0, true>();"
+    assert writer_handoff_gaps(source.replace(wait, "")) == [
         "the writer does not wait for the full slot, add, wait for the add's read, then free the slot"
     ]

@@ -40,6 +40,9 @@ from fa_kernel.toolchain import DTYPES
 from fa_kernel.variants import PLAIN, kernel_parameter
 
 MMA_THREADS = 256
+# ordered_dq's polls of a turn, far more than any wait takes: the schedule gives a `while` no
+# role, so the wait is a bounded loop left by a break.
+SPIN_LIMIT = 1 << 30
 
 
 def roles_schedule(buffers: dict, num_stages: int, dq_stages: int):
@@ -99,14 +102,26 @@ def writer_program(
     block_m: int,
     block_n: int,
     num_stages: int = 2,
-    dq_stages: int = 1,
-    ds_slots: int = 2,
     heavy_first: bool = False,
+    ordered_dq: bool = False,
 ):
     """The dK/dV kernel adding dQ through a writer warp, as a TileLang PrimFunc: the arguments and
-    results of `backward_program`'s batched build without the variants."""
+    results of `backward_program`'s batched build without the variants.
+
+    `ordered_dq`: dQ's adds in a fixed order, so that dQ_accum is the same to the bit on every
+    run (FlashAttention-3's deterministic mode, its waits in the writer warp, off the MMA path):
+    a query tile's adds go from the last K/V tile that sees it down to the first, each waiting
+    on an int32 turn [B, H, query tiles] (a launch parameter after the others, zeroed by the
+    caller) that the add before passes once written. The blocks go last K/V tile first, so a
+    block waits only on blocks dispatched before it; under a right edge K/V tile n reaches a
+    query tile a step after tile n + 1 did. Two dQ slots, so the MMA warps run on while the
+    writer waits (and dS in one slot, for the room: two consumer syncs a step)."""
     if block_n != 2 * 64 or head_dim not in (64, 128):
         raise ValueError(f"dq_writer: expected head_dim 64 or 128 on 128 keys, got {head_dim}, {block_n}")
+    if ordered_dq and heavy_first:
+        raise ValueError("ordered_dq: expected the last K/V tile first (heavy_first=False)")
+    # dQ's slots and dS's (two of each would not fit beside K, V and two stages of Q and dO).
+    dq_stages, ds_slots = (2, 1) if ordered_dq else (1, 2)
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, PLAIN)
     dtype = DTYPES[dtype]
@@ -115,6 +130,17 @@ def writer_program(
     DQ_ROW = dq_row(head_dim)
     s_regs, kv_regs = block_n * block_m // MMA_THREADS, block_n * head_dim // MMA_THREADS
     dq_regs = block_m * head_dim // MMA_THREADS
+
+    @T.macro
+    def take_turn(turns, b, head, q_start, kv_block):
+        """ordered_dq: wait until every later K/V tile that sees the query tile from q_start (to the
+        last, under a right edge) has added its dQ."""
+        key_tiles = T.ceildiv(seqlen_k, block_n)
+        last_key = visibility.last_key(q_start + block_m - 1) if visibility.limits_right else seqlen_k - 1
+        seen_by = T.min(key_tiles, T.ceildiv(last_key + 1, block_n))
+        for _ in T.serial(SPIN_LIMIT):
+            if T.atomic_load(turns[b, head, q_start // block_m], memory_order="acquire") == seen_by - 1 - kv_block:
+                T.loop_break()
 
     @T.prim_func
     def flash_attention_backward(
@@ -133,6 +159,7 @@ def writer_program(
         window_right: window_right,
         softcap_log2: softcap_log2,
         PairsPerGroup: kernel_parameter(pairs_per_group, heavy_first),
+        DqTurns: kernel_parameter(T.Tensor([batch, heads, T.dynamic("q_tiles")], T.int32), ordered_dq),
     ):
         key_tiles = T.ceildiv(seqlen_k, block_n)
         grid = (key_tiles * heads_kv * batch, 1, 1) if heavy_first else (key_tiles, heads_kv, batch)
@@ -166,6 +193,8 @@ def writer_program(
             with T.ws_op("block"):
                 if heavy_first:
                     kv_block, kv_head, b = heavy_first_block(block_x, key_tiles, heads_kv, batch, PairsPerGroup)
+                elif ordered_dq:  # the last K/V tile first: a block waits only on blocks dispatched before it
+                    kv_block, kv_head, b = key_tiles - 1 - block_x, block_y, block_z
                 else:
                     kv_block, kv_head, b = block_x, block_y, block_z
                 kv_start = kv_block * block_n
@@ -249,12 +278,19 @@ def writer_program(
                     T.warpgroup_fence_operand(acc_dk, num_regs=kv_regs)
                 with T.ws_op("add_dq"):  # one bulk reduce-add of the image, its read waited for
                     if T.shuffle_elect(32):
+                        if ordered_dq:
+                            take_turn(DqTurns, b, head, q_start, kv_block)
                         T.call_extern(
                             "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]),
                             T.address_of(dQ_accum[b, head, q_start, 0]), block_m * DQ_ROW * 4,
                         )  # fmt: skip
                         T.tma_store_arrive()
-                        T.tma_store_wait(0)
+                        if ordered_dq:  # the add written, not only read, before the turn passes
+                            T.tma_store_wait(0, read=False)
+                            T.call_extern("handle", "__threadfence")
+                            T.atomic_add(DqTurns[b, head, q_start // block_m], 1, memory_order="release")
+                        else:
+                            T.tma_store_wait(0)
             with T.ws_op("store_dk_dv"):  # dK scaled once, here
                 for i, j in T.Parallel(block_n, head_dim):
                     acc_dk[i, j] = acc_dk[i, j] * softmax_scale
