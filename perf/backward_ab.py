@@ -33,6 +33,11 @@ BACKWARD_TILES entry:
                    MMA path; two dQ slots): FlashAttention-3's deterministic mode, against the
                    fixed-order path's two kernels (issue 53's 0.9x line). Judged within the
                    bound, then bitwise equal over runs.
+  dq_writer_ordered_shifted  dq_writer_ordered with each K/V tile's walk from a query tile of its
+                   own without causal (`shifted_walk=True`): the blocks add into different query
+                   tiles at each step, each turn waiting on an add a step old, where the plain walk
+                   chains every block's wait on one tile (no more K/V tiles than query tiles, and a
+                   (batch, K/V head)'s blocks on the SMs at once: every shape here).
 
 `--dq`: the fixed-order dQ kernel's variants instead (DQ_VARIANTS), each a build option of
 `dq_program` over its DQ_TILES entry, the dQ kernel alone timed (dK and dV for the judging from
@@ -80,6 +85,7 @@ VARIANTS: dict[str, dict] = {
     "kv_pairs": {"with_dq": False, "kv_pairs": True},
     "dq_writer": {"dq_writer": True},
     "dq_writer_ordered": {"dq_writer": True, "ordered_dq": True, "heavy_first": False},
+    "dq_writer_ordered_shifted": {"dq_writer": True, "ordered_dq": True, "shifted_walk": True, "heavy_first": False},
 }
 # Runs of an ordered variant whose gradients must agree to the bit.
 ORDERED_RUNS = 5
@@ -240,6 +246,9 @@ def main() -> int:
         parser.add_argument(
             "--head-dims", type=int, nargs="+", default=DEFAULT_HEAD_DIMS, help="the SHAPES of these head dims"
         )
+        parser.add_argument(
+            "--check-only", action="store_true", help="judge the variants on CHECKS and stop (exit 1 if one fails)"
+        )
 
     args, variants = ab.arguments(__doc__.splitlines()[0], family, repeats=20, more=more_flags)
     launch = dq_launcher if dq else launcher
@@ -278,11 +287,14 @@ def main() -> int:
                 elif family[name].get("ordered_dq") and not bitwise_stable(call, grads):
                     yield f"d{head_dim} causal={causal} {case}: dQ differs between runs"
 
+    asked = variants
     judged = ab.within_the_bound(variants, failures)
     variants = None if judged is None else [name for name in variants if name in judged]
     if variants is None:
         return 1
     print("within the bound on", CHECKS, ":", ", ".join(variants), flush=True)
+    if args.check_only:
+        return 0 if len(variants) == len(asked) else 1
     ab.print_header("TFLOP/s of the fixed-order dQ kernel" if dq else "TFLOP/s of the main backward kernel", variants)
     for shape in shapes:
         case = (shape.batch, shape.seqlen_q, shape.keys, shape.nheads, shape.heads_kv)

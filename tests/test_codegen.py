@@ -399,8 +399,17 @@ def test_the_heavy_first_map_is_worked_out_once_a_block():
     assert readers == ["block_tile", "block_slot", "block_batch"], readers
 
 
-@pytest.mark.parametrize(("head_dim", "causal", "ordered"), [(64, False, False), (128, True, False), (64, True, True)])
-def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal, ordered):
+@pytest.mark.parametrize(
+    ("head_dim", "causal", "options"),
+    [
+        (64, False, {}),
+        (128, True, {}),
+        (64, True, {"ordered_dq": True}),
+        (128, False, {"ordered_dq": True, "shifted_walk": True}),
+    ],
+    ids=["d64", "d128-causal", "d64-causal-ordered", "d128-ordered-shifted"],
+)
+def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal, options):
     # backward_program(dq_writer=True), an A/B build on TileLang's typed warp-specialisation
     # schedule: three roles (MMA warps, a TMA warp, the writer warp that bulk-adds dQ), and the
     # kernel's own fences, consumer sync and read wait around the schedule's barriers. Lowered alone.
@@ -412,7 +421,8 @@ def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal, ord
     from fa_kernel.variants import PLAIN
 
     block_m, block_n, stages = BACKWARD_TILES[head_dim]
-    build = dict(block_m=block_m, block_n=block_n, num_stages=stages, dq_writer=True, ordered_dq=ordered)
+    build = dict(block_m=block_m, block_n=block_n, num_stages=stages, dq_writer=True, **options)
+    ordered = options.get("ordered_dq", False)
     heavy_first = heavy_first_order(causal, PLAIN, varlen=False, head_splits=False) and not ordered
     program = backward_program(head_dim=head_dim, causal=causal, dtype="bfloat16", heavy_first=heavy_first, **build)
     with tvm.transform.PassContext(opt_level=3, config=backward_pass_configs(**build)), tvm.target.Target(CUDA_SM90A):

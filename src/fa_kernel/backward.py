@@ -72,6 +72,7 @@ def backward_program(
     kv_pairs: bool = False,
     dq_writer: bool = False,
     ordered_dq: bool = False,
+    shifted_walk: bool = False,
 ):
     """dK and dV, and dQ's fp32 accumulator, as a TileLang PrimFunc.
 
@@ -117,7 +118,8 @@ def backward_program(
     `dq_writer` (an A/B build, perf/backward_ab.py; batched, adding dQ, without the variants): the
     same walk on TileLang's typed warp-specialisation schedule, dQ's bulk adds issued by a warp
     of their own (backward_writer.py); `ordered_dq` with it: those adds in a fixed order, bitwise
-    the same on every run (a launch parameter more: the adds' turns).
+    the same on every run (a launch parameter more: the adds' turns); `shifted_walk` with that:
+    without causal, each K/V tile's walk from a query tile of its own.
 
     Pᵀ and dSᵀ enter dV's and dK's GEMMs from registers where each warpgroup holds whole rows of
     them (block_n of 64 rows a warpgroup); on fewer keys (head_dim 256's 64) the warpgroups split
@@ -128,12 +130,12 @@ def backward_program(
     runs on under dQ's staging and add, as FlashAttention-3's does; dQ comes transposed there,
     dQᵀ = Kᵀ·dSᵀ (its dQ_swapAB).
     """
-    if dq_writer or ordered_dq:  # an A/B build of its own module: backward_writer.py
+    if dq_writer or ordered_dq or shifted_walk:  # an A/B build of its own module: backward_writer.py
         if not dq_writer or head_splits or varlen or kv_pairs or not with_dq or variants != PLAIN or threads != 256:
             raise ValueError("dq_writer, ordered_dq: expected a batched launch by dq_writer adding dQ, plain, unsplit")
         return writer_program(
             head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages,
-            heavy_first=heavy_first, ordered_dq=ordered_dq,
+            heavy_first=heavy_first, ordered_dq=ordered_dq, shifted_walk=shifted_walk,
         )  # fmt: skip
     if kv_pairs and (head_splits or varlen or with_dq):
         raise ValueError("kv_pairs: expected a batched launch without dQ or head splits")

@@ -40,9 +40,10 @@ from fa_kernel.toolchain import DTYPES
 from fa_kernel.variants import PLAIN, kernel_parameter
 
 MMA_THREADS = 256
-# ordered_dq's polls of a turn, far more than any wait takes: the schedule gives a `while` no
-# role, so the wait is a bounded loop left by a break.
-SPIN_LIMIT = 1 << 30
+# ordered_dq's polls of a turn, far more than any wait takes (a turn a step old, microseconds),
+# and few enough that a turn never passed ends the wait in seconds with a wrong dQ, not a hang:
+# the schedule gives a `while` no role, so the wait is a bounded loop left by a break.
+SPIN_LIMIT = 1 << 24
 
 
 def roles_schedule(buffers: dict, num_stages: int, dq_stages: int):
@@ -104,6 +105,7 @@ def writer_program(
     num_stages: int = 2,
     heavy_first: bool = False,
     ordered_dq: bool = False,
+    shifted_walk: bool = False,
 ):
     """The dK/dV kernel adding dQ through a writer warp, as a TileLang PrimFunc: the arguments and
     results of `backward_program`'s batched build without the variants.
@@ -115,11 +117,23 @@ def writer_program(
     caller) that the add before passes once written. The blocks go last K/V tile first, so a
     block waits only on blocks dispatched before it; under a right edge K/V tile n reaches a
     query tile a step after tile n + 1 did. Two dQ slots, so the MMA warps run on while the
-    writer waits (and dS in one slot, for the room: two consumer syncs a step)."""
+    writer waits (and dS in one slot, for the room: two consumer syncs a step).
+
+    `shifted_walk` (with ordered_dq; under causal the plain walk already reaches a query tile a
+    step later from each K/V tile down, and it is kept): without causal, K/V tile n walks its head's Q query tiles from
+    tile n on, cyclically, so that at each step the blocks add into different query tiles and each
+    turn waits on an add a step old, where in the plain walk they all add into the same tile, a
+    chain of waits. The turns then count the blocks that reach a tile at an earlier step. A launch
+    with more K/V tiles than query tiles (two blocks would reach a tile at the same step) takes the
+    plain walk; a launch must keep a (batch, K/V head)'s blocks on the SMs at once (a block may
+    wait on one dispatched after it)."""
     if block_n != 2 * 64 or head_dim not in (64, 128):
         raise ValueError(f"dq_writer: expected head_dim 64 or 128 on 128 keys, got {head_dim}, {block_n}")
     if ordered_dq and heavy_first:
         raise ValueError("ordered_dq: expected the last K/V tile first (heavy_first=False)")
+    if shifted_walk and not ordered_dq:
+        raise ValueError("shifted_walk: expected ordered_dq")
+    shifted_walk = shifted_walk and not causal
     # dQ's slots and dS's (two of each would not fit beside K, V and two stages of Q and dO).
     dq_stages, ds_slots = (2, 1) if ordered_dq else (1, 2)
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
@@ -131,15 +145,34 @@ def writer_program(
     s_regs, kv_regs = block_n * block_m // MMA_THREADS, block_n * head_dim // MMA_THREADS
     dq_regs = block_m * head_dim // MMA_THREADS
 
-    @T.macro
-    def take_turn(turns, b, head, q_start, kv_block):
-        """ordered_dq: wait until every later K/V tile that sees the query tile from q_start (to the
-        last, under a right edge) has added its dQ."""
+    def shifts(q_tiles):
+        """Whether the launch walks shifted: asked for, and no more K/V tiles than query tiles."""
+        return shifted_walk and T.ceildiv(seqlen_k, block_n) <= q_tiles
+
+    def turn_at(tile, kv_block):
+        """ordered_dq: the K/V tile's place among those that add into query tile `tile`: the later
+        K/V tiles that see it go first (to the last, under a right edge); on the shifted walk, the
+        blocks that reach it at an earlier step, d = (tile - kv_block) mod Q steps in (the range of
+        d blocks before it, tile - d + 1 ... tile, wraps below 0 when that start is negative)."""
         key_tiles = T.ceildiv(seqlen_k, block_n)
-        last_key = visibility.last_key(q_start + block_m - 1) if visibility.limits_right else seqlen_k - 1
-        seen_by = T.min(key_tiles, T.ceildiv(last_key + 1, block_n))
+        last_key = visibility.last_key((tile + 1) * block_m - 1) if visibility.limits_right else seqlen_k - 1
+        plain = T.min(key_tiles, T.ceildiv(last_key + 1, block_n)) - 1 - kv_block
+        if not shifted_walk:
+            return plain
+        q_tiles = T.ceildiv(seqlen_q, block_m)
+        start = tile - T.truncmod(tile - kv_block + q_tiles, q_tiles) + 1
+        within = T.min(tile, key_tiles - 1) + 1
+        wrapped = within + T.max(0, key_tiles - (start + q_tiles))
+        shifted = T.if_then_else(start >= 0, T.max(0, within - start), wrapped)
+        return T.if_then_else(shifts(q_tiles), shifted, plain)
+
+    @T.macro
+    def take_turn(turns, b, head, q_start, kv_block, turn: T.Ref):
+        """ordered_dq: wait for the K/V tile's turn at the query tile from q_start (turn_at; `turn`
+        a register, set once before the polls)."""
+        turn = turn_at(q_start // block_m, kv_block)
         for _ in T.serial(SPIN_LIMIT):
-            if T.atomic_load(turns[b, head, q_start // block_m], memory_order="acquire") == seen_by - 1 - kv_block:
+            if T.atomic_load(turns[b, head, q_start // block_m], memory_order="acquire") == turn:
                 T.loop_break()
 
     @T.prim_func
@@ -186,7 +219,7 @@ def writer_program(
             # expression would be a statement the schedule cannot place).
             kv_block, kv_head, b = T.alloc_var(T.int32), T.alloc_var(T.int32), T.alloc_var(T.int32)
             kv_start, first_q_block, q_blocks = T.alloc_var(T.int32), T.alloc_var(T.int32), T.alloc_var(T.int32)
-            head, q_start = T.alloc_var(T.int32), T.alloc_var(T.int32)
+            head, q_start, turn = T.alloc_var(T.int32), T.alloc_var(T.int32), T.alloc_var(T.int32)
             buffers = dict(K=K_shared, V=V_shared, Q=Q_shared, dO=dO_shared, lse=lse, delta=delta, dQ=dQ_shared)
             T.annotate_ws_schedule(roles_schedule(buffers, num_stages, dq_stages))
 
@@ -209,7 +242,11 @@ def writer_program(
             for step in T.serial(heads // heads_kv * q_blocks, annotations={T.WSID: "walk"}):
                 with T.ws_op("step_tile"):
                     head = kv_head * (heads // heads_kv) + step // q_blocks
-                    q_start = (first_q_block + step % q_blocks) * block_m
+                    if shifted_walk:  # from the block's own K/V tile on, cyclically, where it shifts
+                        shift = T.if_then_else(shifts(q_blocks), kv_block, 0)
+                        q_start = T.truncmod(step % q_blocks + shift, q_blocks) * block_m
+                    else:
+                        q_start = (first_q_block + step % q_blocks) * block_m
                 T.copy(Q[b, q_start : q_start + block_m, head, :], Q_shared, annotations={T.WSID: "load_q"})
                 T.copy(dO[b, q_start : q_start + block_m, head, :], dO_shared, annotations={T.WSID: "load_do"})
                 T.copy(LSE_log2[b, head, q_start : q_start + block_m], lse, annotations={T.WSID: "load_lse"})
@@ -279,7 +316,7 @@ def writer_program(
                 with T.ws_op("add_dq"):  # one bulk reduce-add of the image, its read waited for
                     if T.shuffle_elect(32):
                         if ordered_dq:
-                            take_turn(DqTurns, b, head, q_start, kv_block)
+                            take_turn(DqTurns, b, head, q_start, kv_block, turn)
                         T.call_extern(
                             "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]),
                             T.address_of(dQ_accum[b, head, q_start, 0]), block_m * DQ_ROW * 4,
