@@ -401,13 +401,8 @@ def test_the_heavy_first_map_is_worked_out_once_a_block():
 
 @pytest.mark.parametrize(
     ("head_dim", "causal", "options"),
-    [
-        (64, False, {}),
-        (128, True, {}),
-        (64, True, {"ordered_dq": True}),
-        (128, False, {"ordered_dq": True, "shifted_walk": True}),
-    ],
-    ids=["d64", "d128-causal", "d64-causal-ordered", "d128-ordered-shifted"],
+    [(128, True, {}), (64, False, {"ordered_dq": True, "shifted_walk": True})],
+    ids=["d128-causal", "d64-ordered-shifted"],
 )
 def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal, options):
     # backward_program(dq_writer=True), an A/B build on TileLang's typed warp-specialisation
