@@ -341,7 +341,7 @@ def test_ds_and_dq_pass_through_shared_memory_in_order_where_the_kernel_places_i
     # that splits a GQA group as well. Lowered alone.
     import tvm
     from tilelang.engine.lower import lower
-    from tools.codegen_rules import dq_staging_gaps
+    from tools.codegen_orders import dq_staging_gaps
 
     from fa_kernel.backward import BACKWARD_TILES, backward_pass_configs, backward_program
 
@@ -410,7 +410,7 @@ def test_the_dq_writer_build_hands_ds_and_dq_over_in_order(head_dim, causal, opt
     # kernel's own fences, consumer sync and read wait around the schedule's barriers. Lowered alone.
     import tvm
     from tilelang.engine.lower import lower
-    from tools.codegen_rules import writer_handoff_gaps
+    from tools.codegen_orders import writer_handoff_gaps
 
     from fa_kernel.backward import BACKWARD_TILES, backward_pass_configs, backward_program, heavy_first_order
     from fa_kernel.variants import PLAIN
