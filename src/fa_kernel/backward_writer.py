@@ -175,6 +175,25 @@ def writer_program(
             if T.atomic_load(turns[b, head, q_start // block_m], memory_order="acquire") == turn:
                 T.loop_break()
 
+    @T.macro
+    def add_image(dQ_shared, dQ_accum, turns, b, head, q_start, kv_block, turn: T.Ref):
+        """The writer's step: one bulk reduce-add of dQ's image into dQ_accum's rows from q_start,
+        its read waited for; ordered, after the K/V tile's turn, and written before passing it."""
+        if T.shuffle_elect(32):
+            if ordered_dq:
+                take_turn(turns, b, head, q_start, kv_block, turn)
+            T.call_extern(
+                "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]),
+                T.address_of(dQ_accum[b, head, q_start, 0]), block_m * DQ_ROW * 4,
+            )  # fmt: skip
+            T.tma_store_arrive()
+            if ordered_dq:  # the add written, not only read, before the turn passes
+                T.tma_store_wait(0, read=False)
+                T.call_extern("handle", "__threadfence")
+                T.atomic_add(turns[b, head, q_start // block_m], 1, memory_order="release")
+            else:
+                T.tma_store_wait(0)
+
     @T.prim_func
     def flash_attention_backward(
         Q: T.Tensor([batch, seqlen_q, heads, head_dim], dtype),
@@ -313,21 +332,8 @@ def writer_program(
                 with T.ws_op("wait_dk"):
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dk, num_regs=kv_regs)
-                with T.ws_op("add_dq"):  # one bulk reduce-add of the image, its read waited for
-                    if T.shuffle_elect(32):
-                        if ordered_dq:
-                            take_turn(DqTurns, b, head, q_start, kv_block, turn)
-                        T.call_extern(
-                            "handle", "tl::tma_store_add", T.address_of(dQ_shared[0, 0]),
-                            T.address_of(dQ_accum[b, head, q_start, 0]), block_m * DQ_ROW * 4,
-                        )  # fmt: skip
-                        T.tma_store_arrive()
-                        if ordered_dq:  # the add written, not only read, before the turn passes
-                            T.tma_store_wait(0, read=False)
-                            T.call_extern("handle", "__threadfence")
-                            T.atomic_add(DqTurns[b, head, q_start // block_m], 1, memory_order="release")
-                        else:
-                            T.tma_store_wait(0)
+                with T.ws_op("add_dq"):
+                    add_image(dQ_shared, dQ_accum, DqTurns, b, head, q_start, kv_block, turn)
             with T.ws_op("store_dk_dv"):  # dK scaled once, here
                 for i, j in T.Parallel(block_n, head_dim):
                     acc_dk[i, j] = acc_dk[i, j] * softmax_scale
