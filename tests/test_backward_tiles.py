@@ -114,3 +114,40 @@ def test_a_ragged_batch_is_refused_a_split_group_and_the_heavy_first_order(optio
         backward_program(
             head_dim=64, causal=True, dtype="float16", block_m=64, block_n=128, varlen=True, **{option: True}
         )
+
+
+def value(expression) -> int:
+    simplified = ANALYZER.simplify(expression) if not isinstance(expression, int) else expression
+    assert isinstance(simplified, int) or hasattr(simplified, "value"), f"not a constant: {simplified}"
+    return int(simplified)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_ordered_writers_turns_take_each_query_tiles_adds_once_the_last_k_v_tile_first(causal):
+    # backward_writer's ordered_dq on the plain walk: the K/V tiles whose walks reach a query tile
+    # (first_query_tile on) take turns 0 .. k-1 there, the last first. A turn twice or never is a
+    # writer that waits forever (a hang, then a wrong dQ), so each is held to the kernel's walk.
+    from fa_kernel.backward_writer import first_query_tile, walk_turn
+
+    for seqlen_q, seqlen_k in itertools.product([1, 3, 4, 5, 9, 16, 17, 30], [1, 7, 8, 9, 24, 41]):
+        rule = Visibility(seqlen_q, seqlen_k, causal)
+        key_tiles, q_tiles = -(-seqlen_k // BLOCK_N), -(-seqlen_q // BLOCK_M)
+        visitors = {tile: [] for tile in range(q_tiles)}
+        for kv_block in range(key_tiles):
+            for tile in range(value(first_query_tile(rule, kv_block * BLOCK_N, BLOCK_M)), q_tiles):
+                visitors[tile].append(kv_block)
+        for tile, kv_blocks in visitors.items():
+            turns = [value(walk_turn(rule, tile, kv_block, BLOCK_M, BLOCK_N)) for kv_block in sorted(kv_blocks)]
+            assert turns == list(range(len(kv_blocks)))[::-1], (seqlen_q, seqlen_k, tile)
+
+
+def test_the_shifted_walks_turns_count_the_blocks_that_reach_a_query_tile_earlier():
+    # K/V tile n walks the Q query tiles from tile n on, cyclically (no more K/V tiles than query
+    # tiles): at query tile m its turn is the count of blocks that reach m at an earlier step.
+    from fa_kernel.backward_writer import shifted_turn
+
+    for q_tiles in range(1, 15):
+        for key_tiles, tile in itertools.product(range(1, q_tiles + 1), range(q_tiles)):
+            by_step = sorted(range(key_tiles), key=lambda kv_block: (tile - kv_block) % q_tiles)
+            turns = [value(shifted_turn(tile, kv_block, key_tiles, q_tiles)) for kv_block in by_step]
+            assert turns == list(range(key_tiles)), (q_tiles, key_tiles, tile)

@@ -46,6 +46,31 @@ MMA_THREADS = 256
 SPIN_LIMIT = 1 << 24
 
 
+def first_query_tile(visibility, kv_start, block_m: int):
+    """The first query tile a K/V tile's walk visits: under a right edge (causal), the rows before
+    the first that sees its first key add nothing; else the first."""
+    return T.max(visibility.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
+
+
+def walk_turn(visibility, tile, kv_block, block_m: int, block_n: int):
+    """ordered_dq on the plain walk: the K/V tile's place among those whose walks reach query tile
+    `tile`, the last first (under a right edge, the last that sees its last row)."""
+    key_tiles = T.ceildiv(visibility.seqlen_k, block_n)
+    last_key = visibility.last_key((tile + 1) * block_m - 1) if visibility.limits_right else visibility.seqlen_k - 1
+    return T.min(key_tiles, T.ceildiv(last_key + 1, block_n)) - 1 - kv_block
+
+
+def shifted_turn(tile, kv_block, key_tiles, q_tiles):
+    """ordered_dq on the shifted walk (K/V tile n walks the Q query tiles from tile n on,
+    cyclically; no more K/V tiles than query tiles): how many blocks reach query tile `tile` before
+    K/V tile `kv_block`, which does d = (tile - kv_block) mod Q steps in: the blocks of the range
+    tile - d + 1 ... tile (wrapping below 0 where that start is negative). Expressions or ints."""
+    start = tile - T.truncmod(tile - kv_block + q_tiles, q_tiles) + 1
+    within = T.min(tile, key_tiles - 1) + 1
+    wrapped = within + T.max(0, key_tiles - (start + q_tiles))
+    return T.if_then_else(start >= 0, T.max(0, within - start), wrapped)
+
+
 def roles_schedule(buffers: dict, num_stages: int, dq_stages: int):
     """The kernel's T.WSSchedule over its buffers (by name) and ops (by T.WSID)."""
     sync = T.WSSync
@@ -150,20 +175,12 @@ def writer_program(
         return shifted_walk and T.ceildiv(seqlen_k, block_n) <= q_tiles
 
     def turn_at(tile, kv_block):
-        """ordered_dq: the K/V tile's place among those that add into query tile `tile`: the later
-        K/V tiles that see it go first (to the last, under a right edge); on the shifted walk, the
-        blocks that reach it at an earlier step, d = (tile - kv_block) mod Q steps in (the range of
-        d blocks before it, tile - d + 1 ... tile, wraps below 0 when that start is negative)."""
-        key_tiles = T.ceildiv(seqlen_k, block_n)
-        last_key = visibility.last_key((tile + 1) * block_m - 1) if visibility.limits_right else seqlen_k - 1
-        plain = T.min(key_tiles, T.ceildiv(last_key + 1, block_n)) - 1 - kv_block
+        """ordered_dq: the K/V tile's place among those that add into query tile `tile`."""
+        plain = walk_turn(visibility, tile, kv_block, block_m, block_n)
         if not shifted_walk:
             return plain
         q_tiles = T.ceildiv(seqlen_q, block_m)
-        start = tile - T.truncmod(tile - kv_block + q_tiles, q_tiles) + 1
-        within = T.min(tile, key_tiles - 1) + 1
-        wrapped = within + T.max(0, key_tiles - (start + q_tiles))
-        shifted = T.if_then_else(start >= 0, T.max(0, within - start), wrapped)
+        shifted = shifted_turn(tile, kv_block, T.ceildiv(seqlen_k, block_n), q_tiles)
         return T.if_then_else(shifts(q_tiles), shifted, plain)
 
     @T.macro
@@ -250,8 +267,7 @@ def writer_program(
                 else:
                     kv_block, kv_head, b = block_x, block_y, block_z
                 kv_start = kv_block * block_n
-                # Right edge (causal): rows before the first that sees the tile's first key add nothing.
-                first_q_block = T.max(visibility.first_row(kv_start), 0) // block_m if visibility.limits_right else 0
+                first_q_block = first_query_tile(visibility, kv_start, block_m)
                 q_blocks = T.max(T.ceildiv(seqlen_q, block_m) - first_q_block, 0)
             T.copy(K[b, kv_start : kv_start + block_n, kv_head, :], K_shared, annotations={T.WSID: "load_k"})
             T.copy(V[b, kv_start : kv_start + block_n, kv_head, :], V_shared, annotations={T.WSID: "load_v"})
