@@ -20,8 +20,11 @@ roles here, each a warp range with its register budget, and the pipelines betwee
 
 The step's math and GEMM order are the shipped kernel's own where it places its syncs by hand
 (dS before dV's GEMM, dQᵀ = Kᵀ·dSᵀ issued before dK's, which stays in flight under dQ's
-staging); the syncs inside the MMA role are TileLang's planner's. Batched launches without the
-variants (plain and causal), head_dim 64 and 128; same launch signature as the shipped kernel's.
+staging), and so are the MMA role's syncs (compiled without TileLang's planner): dS in two
+slots takes one consumer sync a step, in one two. `ordered_dq` adds dQ in a fixed order, its
+waits in the writer warp (writer_program). Batched launches without the variants (plain and
+causal), head_dim 64 and 128; the shipped kernel's launch signature (`ordered_dq`: the turns
+after it). tools/codegen_orders.writer_handoff_gaps checks the orderings the kernel places.
 """
 
 import tilelang.language as T
