@@ -7,6 +7,7 @@ the GPU machine in the middle of a measurement.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,41 @@ def test_the_gradient_splits_table_sets_each_path_against_the_default_gradient()
     assert fixed == "| s | fixed_order | 1: 370, 3*: 320 | 3 | 1 | 1.156x | 1.121x |"
     (alone,) = table_rows("s", 1, {("fixed_order", 1): 370.0})
     assert alone.endswith("| 1.000x | - |")
+
+
+def test_the_pending_gpu_calls_name_only_variants_and_tables_their_tools_have():
+    # A misspelt variant or table in docs/pending/gpu-calls costs a device call (the tool stops at
+    # its arguments on the GPU host): each perf.backward_ab --variants and perf.variants --tables
+    # there is checked against the tool's own lists here.
+    import re
+    import shlex
+
+    calls = sorted((ROOT / "docs" / "pending" / "gpu-calls").glob("*.sh"))
+    assert calls
+    named = []
+    for script in calls:
+        text = script.read_text().replace("\\\n", " ")
+        for module, rest in re.findall(r"python3? -u -m (perf\.\w+)([^\n>]*)", text):
+            words = [word for word in shlex.split(rest) if not word.startswith("$")]
+            flag = {"perf.backward_ab": "--variants", "perf.variants": "--tables"}.get(module)
+            if flag in words:
+                after = words[words.index(flag) + 1 :]
+                given = list(itertools.takewhile(lambda word: not word.startswith("--"), after))
+                named.append((script.name, module, "--dq" in words, given))
+        # A loop's names that a later perf.backward_ab call takes as "$variant".
+        for names in re.findall(r"for variant in ([^;\n]+);", text):
+            named.append((script.name, "perf.backward_ab", False, names.split()))
+    assert any(module == "perf.backward_ab" for _, module, _, _ in named)
+    lists = (
+        "from perf import backward_ab, variants\n"
+        "import json, sys\n"
+        "print(json.dumps([sorted(backward_ab.VARIANTS), sorted(backward_ab.DQ_VARIANTS), sorted(variants.TABLES)]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", lists], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    import json
+
+    backward, dq, tables = (set(names) for names in json.loads(result.stdout.splitlines()[-1]))
+    for script, module, with_dq, given in named:
+        known = tables if module == "perf.variants" else dq if with_dq else backward
+        assert set(given) <= known, f"{script}: {module} {sorted(set(given) - known)} unknown"
