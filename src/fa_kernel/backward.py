@@ -132,7 +132,7 @@ def backward_program(
     """
     if dq_writer or ordered_dq or shifted_walk:  # an A/B build of its own module: backward_writer.py
         if not dq_writer or head_splits or varlen or kv_pairs or not with_dq or variants != PLAIN or threads != 256:
-            raise ValueError("dq_writer, ordered_dq: expected a batched launch by dq_writer adding dQ, plain, unsplit")
+            raise ValueError("dq_writer (ordered_dq, shifted_walk on it): expected a batched unsplit launch adding dQ")
         return writer_program(
             head_dim=head_dim, causal=causal, dtype=dtype, block_m=block_m, block_n=block_n, num_stages=num_stages,
             heavy_first=heavy_first, ordered_dq=ordered_dq, shifted_walk=shifted_walk,
