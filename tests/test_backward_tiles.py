@@ -14,6 +14,7 @@ tilelang = pytest.importorskip("tilelang")
 
 from fa_kernel.gradient_parts import tile_needs_mask  # noqa: E402
 from fa_kernel.mask import Visibility  # noqa: E402
+from fa_kernel.variants import Variants  # noqa: E402
 
 ANALYZER = tilelang.tvm.arith.Analyzer()
 # Small tiles, so that every offset of a tile against the lengths and the causal diagonal occurs.
@@ -114,6 +115,29 @@ def test_a_ragged_batch_is_refused_a_split_group_and_the_heavy_first_order(optio
         backward_program(
             head_dim=64, causal=True, dtype="float16", block_m=64, block_n=128, varlen=True, **{option: True}
         )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"dq_writer": True, "varlen": True},
+        {"dq_writer": True, "head_splits": True},
+        {"dq_writer": True, "with_dq": False},
+        {"dq_writer": True, "variants": Variants(window_left=True)},
+        {"ordered_dq": True},
+        {"shifted_walk": True, "dq_writer": True},
+        {"dq_writer": True, "ordered_dq": True, "heavy_first": True},
+    ],
+    ids=["varlen", "head_splits", "without_dq", "variants", "ordered_alone", "shifted_unordered", "ordered_heavy"],
+)
+def test_the_dq_writer_build_is_refused_what_it_is_not_written_for(options):
+    # backward_writer (an A/B build): a batched, unsplit walk adding dQ without the variants; its
+    # order needs the writer, the shifted walk the order, and the order its last-tile-first grid.
+    from fa_kernel.backward import backward_program
+
+    with pytest.raises(ValueError, match="dq_writer|ordered_dq|shifted_walk"):
+        backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, **options)
+    backward_program(head_dim=64, causal=False, dtype="float16", block_m=64, block_n=128, dq_writer=True)
 
 
 def value(expression) -> int:
