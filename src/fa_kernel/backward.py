@@ -32,6 +32,7 @@ from fa_kernel.gradient_parts import (
     WGMMA_ROWS,
     compiled_at_tiles,
     gradient_sizes,
+    probabilities_and_ds,
     ragged_parameters,
     tile_needs_mask,
 )
@@ -160,6 +161,7 @@ def backward_program(
     # Where the syncs are placed by hand, dQᵀ = Kᵀ·dSᵀ (FlashAttention-3's dQ_swapAB): its M is
     # head_dim, 64 rows a warpgroup, and the fragment is written to dQ's shared tile transposed.
     dq_fragment = [head_dim, block_m] if own_syncs else [block_m, head_dim]
+    probabilities = probabilities_and_ds(block_m=block_m, block_n=block_n, threads=threads)
 
     def rows_end(kv_start, rule):
         """The query rows after the last that sees a key of the tile from kv_start (left edge)."""
@@ -464,23 +466,7 @@ def backward_program(
                         rule, acc_s, acc_dp, p_cast, ds_cast, kv_start, q_start, lse, delta, scale_log2, softcap_log2
                     )
                 else:
-                    T.wait_wgmma(1)
-                    T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
-                    if tile_needs_mask(rule, kv_start, step_q_start, block_n, block_m):
-                        for i, j in T.Parallel(block_n, block_m):
-                            visible = rule.sees(kv_start + i, step_q_start + j, rows_checked=True)
-                            acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
-                    else:
-                        for i, j in T.Parallel(block_n, block_m):
-                            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
-                    T.copy(acc_s, p_cast)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
-                    # dS before dV's GEMM: the fp32 Sᵀ and dPᵀ are then dead while dV and dK run.
-                    # In the other order ptxas serialises every wgmma at head_dim 64 (C7512,
-                    # with spills: docs/performance.md).
-                    for i, j in T.Parallel(block_n, block_m):
-                        ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
+                    probabilities(rule, acc_s, acc_dp, p_cast, ds_cast, kv_start, step_q_start, lse, delta, scale_log2)
                 step_gradients(
                     p_cast, ds_cast, P_shared, dS_shared, dO_shared, Q_shared, K_shared, acc_dv, acc_dk, acc_dq,
                     dQ_shared, dQ_accum, b, step_head, at_offset(q_offset, step_q_start),

@@ -16,7 +16,7 @@ roles here, each a warp range with its register budget, and the pipelines betwee
 
     kv  K, V                 TMA -> MMA, once a block
     q   Q, dO, LSE₂, D       TMA -> MMA, `num_stages` deep
-    dq  dQ_shared            MMA -> Writer, `dq_stages` deep
+    dq  dQ_shared            MMA -> Writer, `dq_slots` deep
 
 The step's math and GEMM order are the shipped kernel's own where it places its syncs by hand
 (dS before dV's GEMM, dQᵀ = Kᵀ·dSᵀ issued before dK's, which stays in flight under dQ's
@@ -35,7 +35,7 @@ from fa_kernel.gradient_parts import (
     CONSUMERS_BARRIER,
     PRODUCER_REGISTERS,
     gradient_sizes,
-    tile_needs_mask,
+    probabilities_and_ds,
 )
 from fa_kernel.mask import variant_visibility
 from fa_kernel.scheduler import heavy_first_block
@@ -74,7 +74,7 @@ def shifted_turn(tile, kv_block, key_tiles, q_tiles):
     return T.if_then_else(start >= 0, T.max(0, within - start), wrapped)
 
 
-def roles_schedule(buffers: dict, num_stages: int, dq_stages: int):
+def roles_schedule(buffers: dict, num_stages: int, dq_slots: int):
     """The kernel's T.WSSchedule over its buffers (by name) and ops (by T.WSID)."""
     sync = T.WSSync
     loads, kv_loads = ["load_q", "load_do", "load_lse", "load_delta"], ["load_k", "load_v"]
@@ -93,7 +93,7 @@ def roles_schedule(buffers: dict, num_stages: int, dq_stages: int):
         pipelines=[
             T.WSPipeline("kv", [buffers["K"], buffers["V"]], depth=1),
             T.WSPipeline("q", [buffers[name] for name in ("Q", "dO", "lse", "delta")], depth=num_stages),
-            T.WSPipeline("dq", [buffers["dQ"]], depth=dq_stages),
+            T.WSPipeline("dq", [buffers["dQ"]], depth=dq_slots),
         ],
         scopes=[
             T.WSScope(
@@ -148,13 +148,13 @@ def writer_program(
     writer waits (and dS in one slot, for the room: two consumer syncs a step).
 
     `shifted_walk` (with ordered_dq; under causal the plain walk already reaches a query tile a
-    step later from each K/V tile down, and it is kept): without causal, K/V tile n walks its head's Q query tiles from
-    tile n on, cyclically, so that at each step the blocks add into different query tiles and each
-    turn waits on an add a step old, where in the plain walk they all add into the same tile, a
-    chain of waits. The turns then count the blocks that reach a tile at an earlier step. A launch
-    with more K/V tiles than query tiles (two blocks would reach a tile at the same step) takes the
-    plain walk; a launch must keep a (batch, K/V head)'s blocks on the SMs at once (a block may
-    wait on one dispatched after it)."""
+    step later from each K/V tile down, and it is kept): without causal, K/V tile n walks its
+    head's Q query tiles from tile n on, cyclically, so that at each step the blocks add into
+    different query tiles and each turn waits on an add a step old, where in the plain walk they
+    all add into the same tile, a chain of waits. The turns then count the blocks that reach a
+    tile at an earlier step. A launch with more K/V tiles than query tiles (two blocks would reach
+    a tile at the same step) takes the plain walk; a launch must keep a (batch, K/V head)'s blocks
+    on the SMs at once (a block may wait on one dispatched after it)."""
     if block_n != 2 * 64 or head_dim not in (64, 128):
         raise ValueError(f"dq_writer: expected head_dim 64 or 128 on 128 keys, got {head_dim}, {block_n}")
     if ordered_dq and heavy_first:
@@ -163,15 +163,15 @@ def writer_program(
         raise ValueError("shifted_walk: expected ordered_dq")
     shifted_walk = shifted_walk and not causal
     # dQ's slots and dS's (two of each would not fit beside K, V and two stages of Q and dO).
-    dq_stages, ds_slots = (2, 1) if ordered_dq else (1, 2)
+    dq_slots, ds_slots = (2, 1) if ordered_dq else (1, 2)
     batch, seqlen_q, seqlen_q_padded, seqlen_k, heads, heads_kv = gradient_sizes(block_m)
     visibility, window_left, window_right, softcap_log2 = variant_visibility(seqlen_q, seqlen_k, causal, PLAIN)
     dtype = DTYPES[dtype]
     accum = T.float32
     pairs_per_group = T.dynamic("pairs_per_group")
     DQ_ROW = dq_row(head_dim)
-    s_regs, kv_regs = block_n * block_m // MMA_THREADS, block_n * head_dim // MMA_THREADS
-    dq_regs = block_m * head_dim // MMA_THREADS
+    kv_regs, dq_regs = block_n * head_dim // MMA_THREADS, block_m * head_dim // MMA_THREADS
+    probabilities = probabilities_and_ds(block_m=block_m, block_n=block_n, threads=MMA_THREADS)
 
     def shifts(q_tiles):
         """Whether the launch walks shifted: asked for, and no more K/V tiles than query tiles."""
@@ -260,7 +260,7 @@ def writer_program(
             kv_start, first_q_block, q_blocks = T.alloc_var(T.int32), T.alloc_var(T.int32), T.alloc_var(T.int32)
             head, q_start, turn = T.alloc_var(T.int32), T.alloc_var(T.int32), T.alloc_var(T.int32)
             buffers = dict(K=K_shared, V=V_shared, Q=Q_shared, dO=dO_shared, lse=lse, delta=delta, dQ=dQ_shared)
-            T.annotate_ws_schedule(roles_schedule(buffers, num_stages, dq_stages))
+            T.annotate_ws_schedule(roles_schedule(buffers, num_stages, dq_slots))
 
             with T.ws_op("block"):
                 if heavy_first:
@@ -295,21 +295,7 @@ def writer_program(
                     T.wgmma_gemm(V_shared, dO_shared, acc_dp, transpose_B=True, clear_accum=True,
                                  policy=T.GemmWarpPolicy.FullRow)  # fmt: skip
                 with T.ws_op("probabilities"):
-                    T.wait_wgmma(1)
-                    T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                    if tile_needs_mask(visibility, kv_start, q_start, block_n, block_m):
-                        for i, j in T.Parallel(block_n, block_m):
-                            visible = visibility.sees(kv_start + i, q_start + j, rows_checked=True)
-                            acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
-                    else:
-                        for i, j in T.Parallel(block_n, block_m):
-                            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
-                    T.copy(acc_s, p_cast)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_dp, num_regs=s_regs)
-                    # dS before dV's GEMM: the fp32 Sᵀ and dPᵀ are then dead while dV and dK run.
-                    for i, j in T.Parallel(block_n, block_m):
-                        ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
+                    probabilities(visibility, acc_s, acc_dp, p_cast, ds_cast, kv_start, q_start, lse, delta, scale_log2)
                 with T.ws_op("dv_gemm"):
                     T.wgmma_gemm(p_cast, dO_shared, acc_dv, policy=T.GemmWarpPolicy.FullRow)
                 with T.ws_op("store_ds"):

@@ -58,3 +58,31 @@ def compiled_at_tiles(program, tiles: dict, pass_configs=lambda **_build: FAST_M
         return compile_program(program(head_dim=head_dim, **build), arch, pass_configs(**build))
 
     return compiled
+
+
+def probabilities_and_ds(*, block_m: int, block_n: int, threads: int):
+    """The dK/dV step's P and dS without a softcap, as a macro (both dK/dV kernels'): Pᵀ =
+    2^(Sᵀ·scale_log2 − LSE₂) once Sᵀ's GEMM is done (the select where the tile needs one), cast
+    while dPᵀ's runs; then dSᵀ = Pᵀ∘(dPᵀ − D), before dV's GEMM: the fp32 Sᵀ and dPᵀ are then
+    dead while dV and dK run (in the other order ptxas serialises every wgmma at head_dim 64:
+    C7512, with spills, docs/performance.md). q_start a register (T.Ref: its uses load it, as the
+    kernel's own do)."""
+
+    @T.macro
+    def probabilities_and_ds(rule, acc_s, acc_dp, p_cast, ds_cast, kv_start, q_start: T.Ref, lse, delta, scale_log2):
+        T.wait_wgmma(1)
+        T.warpgroup_fence_operand(acc_s, num_regs=block_n * block_m // threads)
+        if tile_needs_mask(rule, kv_start, q_start, block_n, block_m):
+            for i, j in T.Parallel(block_n, block_m):
+                visible = rule.sees(kv_start + i, q_start + j, rows_checked=True)
+                acc_s[i, j] = T.if_then_else(visible, T.exp2(acc_s[i, j] * scale_log2 - lse[j]), 0)
+        else:
+            for i, j in T.Parallel(block_n, block_m):
+                acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - lse[j])
+        T.copy(acc_s, p_cast)
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_dp, num_regs=block_n * block_m // threads)
+        for i, j in T.Parallel(block_n, block_m):
+            ds_cast[i, j] = acc_s[i, j] * (acc_dp[i, j] - delta[j])
+
+    return probabilities_and_ds
