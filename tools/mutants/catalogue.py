@@ -150,6 +150,13 @@ def gradient_build_tests(file: str, build: dict) -> tuple[str, ...]:
     return (f"{test}[{head_dim}-{mask}-{'fixed-order-dq' if deterministic else 'atomic-dq'}]",)
 
 
+def own_split_kv_build(build: dict) -> bool:
+    """Whether decode.py's own tests (DECODE) launch the build: a plain one without pages."""
+    from fa_kernel.variants import PLAIN
+
+    return not build.get("page_size") and build.get("variants", PLAIN) == PLAIN
+
+
 def split_kv_build_tests(build: dict) -> tuple[str, ...]:
     """The GPU tests that launch a build of triage.program_builds("decode.py"): () for a plain
     build without pages, which the file's own tests launch, and for a paged build no test
@@ -159,9 +166,10 @@ def split_kv_build_tests(build: dict) -> tuple[str, ...]:
 
     head_dim, block_m, causal = build["head_dim"], build["block_m"], build["causal"]
     variants, page_size = build.get("variants", PLAIN), build.get("page_size", 0)
+    if own_split_kv_build(build):
+        return ()
     if not page_size:
-        mask = "causal" if causal else "full"
-        return () if variants == PLAIN else (f"{SPLIT_KV_VARIANTS}[d{head_dim}-rows{block_m}-{mask}]",)
+        return (f"{SPLIT_KV_VARIANTS}[d{head_dim}-rows{block_m}-{'causal' if causal else 'full'}]",)
     narrowest = min(rows for dim, rows in SPLIT_TILES if dim == head_dim)
     if not causal or (variants == PLAIN and (page_size != 16 or block_m != narrowest)):
         return ()
@@ -177,10 +185,7 @@ def changed_build_tests(file: str, builds: list[dict]) -> tuple[str, ...]:
     alone, and the suite tier after them costs minutes a mutant (session 20: six were still
     there after 410-430 s)."""
     if file == "decode.py":
-        from fa_kernel.variants import PLAIN
-
-        own = [build for build in builds if not build.get("page_size") and build.get("variants", PLAIN) == PLAIN]
-        tests = [] if own else [split_kv_build_tests(build) for build in builds]
+        tests = [] if any(map(own_split_kv_build, builds)) else [split_kv_build_tests(build) for build in builds]
     else:
         tests = [gradient_build_tests(file, build) for build in builds]
         tests = tests if all(tests) else []
