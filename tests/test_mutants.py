@@ -121,9 +121,10 @@ def test_same_kernels_tells_a_refactor_from_a_change(tmp_path):
     ):
         text = text.replace(name, name.replace("r,", "x,").replace("[r", "[x"), 1)
     decode.write_text(text)
-    backward = edited / "fa_kernel" / "backward.py"
+    parts = edited / "fa_kernel" / "gradient_parts.py"  # the plain step's dS (probabilities_and_ds)
     bug = ("(acc_dp[i, j] - delta[j])", "(acc_dp[i, j] + delta[j])")
-    backward.write_text(backward.read_text().replace(*bug))
+    assert parts.read_text().count(bug[0]) == 1
+    parts.write_text(parts.read_text().replace(*bug))
     before = same_kernels.program_digests(package, builds)
     after = same_kernels.program_digests(edited, builds)
     assert list(same_kernels.ENTRIES) == ["forward", "gradient", "decode"]
